@@ -1,0 +1,73 @@
+"""Actor-critic networks: a torso (conv or MLP), a policy head with action masking, a baseline head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from config import AgentConfig
+
+# Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay
+# finite (0 * -1e9 = 0), where -inf would give 0 * inf = nan.
+MASKED_LOGIT = -1e9
+
+
+def mask_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """logits [..., A] float; action_mask [..., A] (bool or 0/1). Illegal entries become MASKED_LOGIT."""
+    return logits.masked_fill(action_mask == 0, MASKED_LOGIT)
+
+
+class ActorCritic(nn.Module):
+    """pi(a|x) and V(x) for one agent's observation.
+
+    Args:
+      obs_shape: one observation's shape; boards are channels-last (H, W, C) as PettingZoo gives them.
+      num_actions: A, the size of the Discrete action space.
+      cfg: torso choice and sizes.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig):
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.num_actions = num_actions
+        if cfg.torso == "conv":
+            if len(obs_shape) != 3:
+                raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
+            h, w, c = obs_shape
+            layers: list[nn.Module] = []
+            for i in range(cfg.conv_layers):
+                layers += [nn.Conv2d(c if i == 0 else cfg.channels, cfg.channels, 3, padding=1), nn.ReLU()]
+            self.conv = nn.Sequential(*layers)
+            flat = cfg.channels * h * w if cfg.conv_layers else c * h * w
+            self.fc = nn.Sequential(nn.Linear(flat, cfg.hidden), nn.ReLU())
+        else:
+            self.conv = None
+            sizes = [math.prod(obs_shape)] + [cfg.hidden] * cfg.mlp_layers
+            layers = []
+            for a, b in zip(sizes[:-1], sizes[1:]):
+                layers += [nn.Linear(a, b), nn.ReLU()]
+            self.fc = nn.Sequential(*layers)
+        self.policy = nn.Linear(cfg.hidden, num_actions)
+        self.baseline = nn.Linear(cfg.hidden, 1)
+
+    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [N, *obs_shape] (any numeric dtype); action_mask [N, A].
+
+        Returns (policy_logits [N, A] float32 with illegal actions at MASKED_LOGIT, baseline [N] float32).
+        """
+        x = obs.float()
+        if self.conv is not None:
+            x = self.conv(x.permute(0, 3, 1, 2))
+        x = self.fc(x.flatten(1))
+        return mask_logits(self.policy(x), action_mask), self.baseline(x).squeeze(-1)
+
+
+def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one action per row from softmax(logits) [N, A] (Gumbel-max: argmax of logits + Gumbel noise).
+
+    Masked actions (MASKED_LOGIT) are never drawn: Gumbel noise is bounded far below 1e9 in float32.
+    """
+    u = torch.rand(logits.shape, generator=generator).clamp_(min=1e-20)
+    return (logits - torch.log(-torch.log(u))).argmax(-1)

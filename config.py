@@ -1,0 +1,213 @@
+"""Typed experiment configuration: one dataclass per component.
+
+Every field has a default and a one-line `help`. YAML files in `configs/` set values, `--set a.b=c`
+overrides them on the command line, and `run.py <role> --help-config` prints every field with its doc.
+An unknown key is an error that names the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says what to change."""
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RunConfig:
+    name: str = _f("connect_four", "run name; namespaces every Redis key ({name}:traj, ...) and the run directory")
+    dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
+    seed: int = _f(0, "base random seed; actor i uses seed + 1000 * (i + 1)")
+    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many env steps")
+    max_minutes: float = _f(0.0, "also stop after this many minutes of training (0 = no time limit)")
+    redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")
+    wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")
+    wandb_project: str = _f("impala-league", "wandb project name")
+    log_every_s: float = _f(10.0, "seconds between progress lines and metrics records")
+
+
+@dataclass
+class EnvConfig:
+    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe")
+
+
+@dataclass
+class AgentConfig:
+    torso: str = _f("conv", "network torso: conv (board games) or mlp")
+    channels: int = _f(64, "conv torso: channels of each 3x3 conv layer")
+    conv_layers: int = _f(2, "conv torso: number of 3x3 conv layers")
+    hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
+    mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
+
+
+@dataclass
+class ActorConfig:
+    num_actors: int = _f(2, "actor processes that `run.py train` starts")
+    num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
+    unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
+    param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
+    high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls")
+
+
+@dataclass
+class LearnerConfig:
+    device: str = _f("auto", "torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
+    batch_size: int = _f(32, "B: unrolls per update")
+    optimizer: str = _f("adam", "adam or rmsprop")
+    learning_rate: float = _f(6e-4, "optimizer learning rate")
+    rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)")
+    rmsprop_eps: float = _f(0.01, "RMSProp epsilon (IMPALA: 0.01)")
+    discount: float = _f(0.99, "gamma")
+    entropy_cost: float = _f(0.01, "weight of the entropy bonus")
+    baseline_cost: float = _f(0.5, "weight of the baseline loss 0.5 * sum (vs - V)^2 (IMPALA: 0.5)")
+    grad_norm_clip: float = _f(40.0, "clip the global gradient norm to this (IMPALA: 40)")
+    clip_rho_threshold: Optional[float] = _f(1.0, "rho-bar; null = no clipping")
+    clip_pg_rho_threshold: Optional[float] = _f(1.0, "pg-rho-bar; null = no clipping")
+    clip_c_threshold: Optional[float] = _f(1.0, "c-bar; null = no clipping")
+    lambda_: float = _f(1.0, "V-trace lambda (multiplies the c's)")
+    mirror_augment: bool = _f(True, "also train on the left-right mirror of each unroll (symmetric boards only)")
+    publish_every: int = _f(1, "publish weights every N updates")
+    checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
+    read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig, "env": EnvConfig, "agent": AgentConfig, "actor": ActorConfig, "learner": LearnerConfig,
+}
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def describe() -> str:
+    """Every config field with its default and one-line doc, for `--help-config`."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            lines.append(f"  {section + '.' + f.name:34s} = {default!s:14s} {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def _unknown_key_error(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.4)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint} (run.py train --help-config lists every key)")
+
+
+def _check_keys(node: Any, prefix: str = "") -> None:
+    valid = set(_all_keys())
+    sections = set(SECTIONS)
+    if not isinstance(node, dict):
+        raise ConfigError(f"config must be a mapping of sections {sorted(sections)}, got {type(node).__name__}")
+    for k, v in node.items():
+        if k not in sections:
+            raise _unknown_key_error(str(k))
+        if not isinstance(v, dict):
+            raise ConfigError(f"config section '{k}' must be a mapping, got {v!r}")
+        for sub in v:
+            if f"{k}.{sub}" not in valid:
+                raise _unknown_key_error(f"{k}.{sub}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load `path` (YAML) over the defaults, then apply `overrides` ("a.b=c" strings).
+
+    Raises:
+      ConfigError: unknown key (naming the closest valid key), a value of the wrong type, a malformed
+        override, or a value out of range (see `validate`).
+    """
+    schema = OmegaConf.structured(Config)
+    try:
+        layers = []
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file not found: {p}")
+            raw = OmegaConf.to_container(OmegaConf.load(p)) or {}
+            _check_keys(raw)
+            layers.append(OmegaConf.create(raw))
+        for item in overrides or []:
+            if "=" not in item:
+                raise ConfigError(f"override '{item}' must look like section.key=value")
+            key = item.split("=", 1)[0].strip()
+            if key not in _all_keys():
+                raise _unknown_key_error(key)
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except ConfigKeyError as e:
+        raise _unknown_key_error(str(e.full_key) if getattr(e, "full_key", None) else str(e)) from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad config value: {e}".splitlines()[0]) from None
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that the type system cannot express. Raises ConfigError."""
+    from envs.registry import ENV_NAMES
+
+    if cfg.env.name not in ENV_NAMES:
+        close = difflib.get_close_matches(cfg.env.name, ENV_NAMES, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown env.name '{cfg.env.name}'{hint}; valid: {', '.join(ENV_NAMES)}")
+    checks = [
+        (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
+        (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
+        (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
+        (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
+        (cfg.actor.high_water_mark >= cfg.learner.batch_size,
+         "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
+        (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
+        (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
+        (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
+        (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
+        (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
+        (cfg.agent.torso in ("conv", "mlp"), "agent.torso must be conv or mlp"),
+        (cfg.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode must be offline, online or disabled"),
+        (cfg.run.total_frames >= 1, "run.total_frames must be >= 1"),
+        (cfg.learner.publish_every >= 1, "learner.publish_every must be >= 1"),
+    ]
+    for threshold in ("clip_rho_threshold", "clip_pg_rho_threshold", "clip_c_threshold"):
+        value = getattr(cfg.learner, threshold)
+        checks.append((value is None or value > 0, f"learner.{threshold} must be > 0 or null"))
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml_text(text: str) -> Config:
+    """Parse a resolved config (as written by `to_yaml`), validating keys and values."""
+    raw = OmegaConf.to_container(OmegaConf.create(text)) or {}
+    _check_keys(raw)
+    cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
+    validate(cfg)
+    return cfg

@@ -1,0 +1,152 @@
+"""Wire format of unrolls and weights. Nothing here unpickles: arrays travel as dtype + shape + bytes.
+
+An unroll is one msgpack map `{"header": {...}, "arrays": {name: [dtype, shape, raw bytes]}}`. The
+decoder trusts nothing: it checks the schema, that exactly the expected arrays are present with the
+whitelisted dtype and the shape the config implies (before touching the bytes, so a huge declared
+shape allocates nothing), that floats are finite, and that actions, masks and done flags are in range.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from envs.registry import EnvSpec
+
+SCHEMA = "impala-unroll/1"
+MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it
+
+
+class DecodeError(ValueError):
+    """A stream entry that is not a valid unroll; the message is the reason sent to the dead-letter stream."""
+
+
+@dataclass(frozen=True)
+class UnrollSpec:
+    """Expected arrays of one unroll of length T for env `env.name`: name -> (dtype, shape).
+
+    obs             [T+1, *obs_shape]  env dtype  (index T is the bootstrap observation)
+    action_mask     [T+1, A]           uint8      (1 = legal)
+    action          [T]                int64
+    reward          [T]                float32    (reward settled on that step, see envs/aec.py)
+    done            [T]                uint8      (1 = the episode ended with this step)
+    behaviour_logits [T, A]            float32    (mu's masked logits, MASKED_LOGIT on illegal actions)
+    """
+
+    env: EnvSpec
+    unroll_length: int
+
+    @property
+    def arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        T, A = self.unroll_length, self.env.num_actions
+        return {
+            "obs": (self.env.obs_dtype, (T + 1, *self.env.obs_shape)),
+            "action_mask": (np.dtype(np.uint8), (T + 1, A)),
+            "action": (np.dtype(np.int64), (T,)),
+            "reward": (np.dtype(np.float32), (T,)),
+            "done": (np.dtype(np.uint8), (T,)),
+            "behaviour_logits": (np.dtype(np.float32), (T, A)),
+        }
+
+
+HEADER_FIELDS = {"schema": str, "unroll_id": str, "policy_version": int, "actor_id": int,
+                 "opponent_id": str, "env": str, "created_at": float}
+
+
+def encode_unroll(arrays: dict[str, np.ndarray], *, unroll_id: str, policy_version: int, actor_id: int,
+                  env: str, opponent_id: str = "self") -> bytes:
+    """Serialize an unroll (arrays as in `UnrollSpec`) with its header to bytes for XADD."""
+    header = {"schema": SCHEMA, "unroll_id": unroll_id, "policy_version": int(policy_version),
+              "actor_id": int(actor_id), "opponent_id": opponent_id, "env": env, "created_at": time.time()}
+    body = {name: [a.dtype.str, list(a.shape), np.ascontiguousarray(a).tobytes()] for name, a in arrays.items()}
+    return msgpack.packb({"header": header, "arrays": body}, use_bin_type=True)
+
+
+def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Parse and validate one unroll. Returns (header, arrays); arrays are read-only views of `data`.
+
+    Raises:
+      DecodeError: with the reason, for anything that does not match `spec` exactly.
+    """
+    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE_BYTES:
+        raise DecodeError(f"payload must be bytes of at most {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
+    except Exception as e:  # msgpack raises several unrelated types for garbage input
+        raise DecodeError(f"not msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(msg, dict) or set(msg) != {"header", "arrays"}:
+        raise DecodeError("message must be a map with exactly 'header' and 'arrays'")
+    header, body = msg["header"], msg["arrays"]
+    _check_header(header, spec)
+    if not isinstance(body, dict) or set(body) != set(spec.arrays):
+        got = sorted(body) if isinstance(body, dict) else type(body).__name__
+        raise DecodeError(f"arrays must be exactly {sorted(spec.arrays)}, got {got}")
+    arrays = {name: _decode_array(name, body[name], *spec.arrays[name]) for name in spec.arrays}
+    _check_values(arrays, spec)
+    return header, arrays
+
+
+def _check_header(header: Any, spec: UnrollSpec) -> None:
+    if not isinstance(header, dict) or set(header) != set(HEADER_FIELDS):
+        raise DecodeError(f"header must have exactly the fields {sorted(HEADER_FIELDS)}")
+    for name, typ in HEADER_FIELDS.items():
+        value = header[name]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else (
+            isinstance(value, typ) and not isinstance(value, bool))
+        if not ok:
+            raise DecodeError(f"header field '{name}' must be {typ.__name__}, got {type(value).__name__}")
+    if header["schema"] != SCHEMA:
+        raise DecodeError(f"schema '{header['schema']}' is not '{SCHEMA}'")
+    if header["env"] != spec.env.name:
+        raise DecodeError(f"unroll is for env '{header['env']}', this learner trains '{spec.env.name}'")
+    if header["policy_version"] < 0:
+        raise DecodeError("policy_version must be >= 0")
+
+
+def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+            and isinstance(item[1], list) and isinstance(item[2], bytes)):
+        raise DecodeError(f"array '{name}' must be [dtype, shape, bytes]")
+    if item[0] != dtype.str:
+        raise DecodeError(f"array '{name}' has dtype '{item[0]}', expected '{dtype.str}'")
+    if item[1] != list(shape):
+        raise DecodeError(f"array '{name}' has shape {item[1]}, expected {list(shape)}")
+    if len(item[2]) != dtype.itemsize * int(np.prod(shape)):
+        raise DecodeError(f"array '{name}' has {len(item[2])} bytes, shape {list(shape)} needs "
+                          f"{dtype.itemsize * int(np.prod(shape))}")
+    return np.frombuffer(item[2], dtype=dtype).reshape(shape)
+
+
+def _check_values(arrays: dict[str, np.ndarray], spec: UnrollSpec) -> None:
+    A = spec.env.num_actions
+    for name in ("reward", "behaviour_logits"):
+        if not np.isfinite(arrays[name]).all():
+            raise DecodeError(f"array '{name}' has non-finite values")
+    if np.issubdtype(arrays["obs"].dtype, np.floating) and not np.isfinite(arrays["obs"]).all():
+        raise DecodeError("array 'obs' has non-finite values")
+    action = arrays["action"]
+    if action.min() < 0 or action.max() >= A:
+        raise DecodeError(f"action out of range [0, {A})")
+    if arrays["done"].max() > 1 or arrays["action_mask"].max() > 1:
+        raise DecodeError("done and action_mask must be 0 or 1")
+    if not arrays["action_mask"][np.arange(len(action)), action].all():
+        raise DecodeError("an action is illegal under its own action_mask")
+
+
+def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Weights as safetensors bytes (no pickle). Tensors are copied to CPU and made contiguous."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    return st_save(tensors, metadata=metadata)
+
+
+def decode_weights(data: bytes) -> dict[str, torch.Tensor]:
+    """Inverse of `encode_weights`. Raises ValueError (safetensors' own error) on a corrupt payload."""
+    return st_load(data)
+

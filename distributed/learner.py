@@ -1,0 +1,296 @@
+"""Learner process: batches of unrolls from Redis -> V-trace actor-critic update -> published weights.
+
+`learn_step` is the algorithm (IMPALA, Espeholt et al. 2018, sec. 4); `Learner` is the plumbing around
+it: reading and decoding the stream, acking, publishing, checkpointing, logging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from agents.network import ActorCritic
+from config import Config, LearnerConfig, to_yaml
+from distributed import vtrace
+from distributed.checkpoint import load_optimizer_state, model_state, read_checkpoint, save_checkpoint
+from distributed.codec import DecodeError, UnrollSpec, decode_unroll
+from distributed.params import ParamStore
+from distributed.transport import ResultsStream, TrajectoryStream, connect, run_done_key
+from envs.registry import EnvSpec, env_spec
+
+log = logging.getLogger("learner")
+
+CHECKPOINT_NAME = "latest.safetensors"
+
+
+@dataclass
+class Batch:
+    """B unrolls stacked time-major. obs [T+1, B, *obs_shape]; action_mask [T+1, B, A];
+    action [T, B] int64; reward [T, B]; done [T, B] bool; behaviour_logits [T, B, A]."""
+
+    obs: torch.Tensor
+    action_mask: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    behaviour_logits: torch.Tensor
+
+    @classmethod
+    def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device) -> "Batch":
+        def field(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1)).to(device, non_blocking=True)
+
+        return cls(obs=field("obs"), action_mask=field("action_mask"), action=field("action"),
+                   reward=field("reward"), done=field("done").bool(), behaviour_logits=field("behaviour_logits"))
+
+    def with_mirror(self, spec: EnvSpec) -> "Batch":
+        """This batch and its reflection through the board's symmetry, side by side: [.., 2B, ..]."""
+        perm = torch.tensor(spec.mirror_actions, device=self.action.device)
+        obs_axis = 2 + spec.mirror_axis  # skip the T and B dimensions
+        return Batch(
+            obs=torch.cat([self.obs, self.obs.flip(obs_axis)], 1),
+            action_mask=torch.cat([self.action_mask, self.action_mask[..., perm]], 1),
+            action=torch.cat([self.action, perm[self.action]], 1),
+            reward=torch.cat([self.reward, self.reward], 1),
+            done=torch.cat([self.done, self.done], 1),
+            behaviour_logits=torch.cat([self.behaviour_logits, self.behaviour_logits[..., perm]], 1),
+        )
+
+
+def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig) -> dict[str, float]:
+    """One IMPALA update on `batch`. Returns the losses and V-trace diagnostics as floats.
+
+    loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
+      policy_gradient_loss = -mean(pg_rho_t * (r_t + gamma_t v_{t+1} - V(x_t)) * log pi(a_t|x_t)),
+      baseline_loss        = mean(0.5 * (v_t - V(x_t))^2),
+      entropy_loss         = -mean(H(pi(.|x_t))),
+    v_t from V-trace (eq. 1) and means over the T x B steps (a sum would tie the step size to T x B).
+    """
+    T, B = batch.action.shape
+    logits, values = model(batch.obs.flatten(0, 1), batch.action_mask.flatten(0, 1))
+    logits, values = logits.view(T + 1, B, -1), values.view(T + 1, B)
+    discounts = (~batch.done).float() * cfg.discount
+    vt = vtrace.from_logits(
+        behaviour_policy_logits=batch.behaviour_logits, target_policy_logits=logits[:-1], actions=batch.action,
+        discounts=discounts, rewards=batch.reward, values=values[:-1].detach(), bootstrap_value=values[-1].detach(),
+        clip_rho_threshold=cfg.clip_rho_threshold, clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
+        clip_c_threshold=cfg.clip_c_threshold, lambda_=cfg.lambda_)
+    policy_gradient_loss = -(vt.target_action_log_probs * vt.pg_advantages).mean()
+    baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
+    log_pi = F.log_softmax(logits[:-1], -1)
+    entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
+    loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
+    optimizer.step()
+
+    rhos = vt.log_rhos.exp()
+    stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
+                         (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
+                         (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
+    names = ["loss", "policy_gradient_loss", "baseline_loss", "entropy", "grad_norm", "mean_rho",
+             "rho_clipped_fraction", "c_clipped_fraction"]
+    return dict(zip(names, stats))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(model.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha,
+                                   eps=cfg.rmsprop_eps)
+    return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"learner.device={name} but CUDA is not available; use learner.device=auto or cpu")
+    return device
+
+
+class Learner:
+    """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
+
+    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.spec = env_spec(cfg.env.name)
+        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
+        self.device = pick_device(cfg.learner.device)
+        torch.manual_seed(cfg.run.seed)
+        self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent).to(self.device)
+        self.optimizer = make_optimizer(self.model, cfg.learner)
+        self.step = self.frames = 0
+        self.checkpoint_path = self.run_dir / "checkpoints" / CHECKPOINT_NAME
+        if resume and self.checkpoint_path.exists():
+            self.restore()
+        self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms)
+        self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
+        self.results = ResultsStream(self.redis, cfg.run.name)
+        self.params = ParamStore(self.redis, cfg.run.name)
+        self.consumer = f"learner-{socket.gethostname()}"
+        self.stopping = False
+        self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
+        self.metrics_file = (self.run_dir / "metrics.jsonl").open("a")
+        self.wandb = None
+
+    def restore(self) -> None:
+        tensors, metadata = read_checkpoint(self.checkpoint_path)
+        self.model.load_state_dict(model_state(tensors))
+        load_optimizer_state(self.optimizer, tensors, metadata)
+        meta = json.loads(metadata["meta"])
+        self.step, self.frames = meta["step"], meta["frames"]
+        log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
+
+    def checkpoint(self) -> None:
+        save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(self.cfg),
+                        {"step": self.step, "frames": self.frames, "params_version": self.step,
+                         "env": self.spec.name, "time": time.time()})
+
+    def stop(self, *_: object) -> None:
+        self.stopping = True
+
+    # -- reading -----------------------------------------------------------------------------------
+    def next_batch(self) -> tuple[list[bytes], list[dict], list[dict]] | None:
+        """Block until B valid unrolls are read (own pending entries first). None when stopping.
+
+        Malformed entries go to the dead-letter stream and do not count towards B.
+        """
+        B = self.cfg.learner.batch_size
+        ids, headers, unrolls = [], [], []
+        while len(unrolls) < B:
+            if self.stopping:
+                return None
+            entries = self.trajectories.read(self.consumer, B - len(unrolls), self.cfg.learner.read_block_ms,
+                                             pending=self.draining_pending)
+            if self.draining_pending and not entries:
+                self.draining_pending = False
+            for entry_id, data in entries:
+                try:
+                    header, arrays = decode_unroll(data, self.unroll_spec)
+                except DecodeError as e:
+                    self.trajectories.dead_letter(entry_id, data, str(e))
+                    log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), e)
+                    continue
+                ids.append(entry_id)
+                headers.append(header)
+                unrolls.append(arrays)
+        return ids, headers, unrolls
+
+    # -- main loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        self.trajectories.ensure_group()
+        claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
+        if claimed:
+            log.info("claimed %d unrolls left pending by a stopped learner", claimed)
+        self.draining_pending = True
+        self.results.skip_to_end()
+        self.params.publish(self.model.state_dict(), self.step)
+        self.start_wandb()
+        start = last_log = last_ckpt = time.monotonic()
+        window = {"frames": 0, "lag": [], "stats": [], "t": start}
+        log.info("learner on %s, %s, %d params; training to %d frames", self.device, self.spec.name,
+                 sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
+        while not self.stopping and self.frames < cfg.run.total_frames:
+            if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
+                log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
+                break
+            got = self.next_batch()
+            if got is None:
+                break
+            ids, headers, unrolls = got
+            batch = Batch.stack(unrolls, self.device)
+            if self.mirror:
+                batch = batch.with_mirror(self.spec)
+            self.model.train()
+            stats = learn_step(self.model, self.optimizer, batch, cfg.learner)
+            self.trajectories.ack(ids)
+            self.step += 1
+            new_frames = cfg.actor.unroll_length * len(unrolls)
+            self.frames += new_frames
+            if self.step % cfg.learner.publish_every == 0:
+                self.params.publish(self.model.state_dict(), self.step)
+            window["frames"] += new_frames
+            window["lag"] += [self.step - 1 - h["policy_version"] for h in headers]
+            window["stats"].append(stats)
+            now = time.monotonic()
+            if now - last_log >= cfg.run.log_every_s:
+                self.log_metrics(window, now)
+                window = {"frames": 0, "lag": [], "stats": [], "t": now}
+                last_log = now
+            if now - last_ckpt >= cfg.learner.checkpoint_every_s:
+                self.checkpoint()
+                last_ckpt = now
+        self.params.publish(self.model.state_dict(), self.step)
+        self.checkpoint()
+        if self.frames >= cfg.run.total_frames or not self.stopping:
+            self.redis.set(run_done_key(cfg.run.name), 1)
+        log.info("learner done: %d updates, %d frames; checkpoint %s", self.step, self.frames, self.checkpoint_path)
+        self.metrics_file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def start_wandb(self) -> None:
+        if self.cfg.run.wandb_mode == "disabled":
+            return
+        import wandb
+
+        self.wandb = wandb.init(project=self.cfg.run.wandb_project, name=self.cfg.run.name,
+                                dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow",
+                                id=self.cfg.run.name, config=json.loads(json.dumps(_plain(self.cfg))))
+
+    def log_metrics(self, window: dict, now: float) -> None:
+        episodes = self.results.read_new()
+        n = len(window["stats"])
+        record = {k: sum(s[k] for s in window["stats"]) / n for k in window["stats"][0]}
+        record.update({
+            "step": self.step, "frames": self.frames, "time": time.time(),
+            "sps": window["frames"] / max(now - window["t"], 1e-9),
+            "policy_lag": float(np.mean(window["lag"])), "policy_lag_max": int(max(window["lag"])),
+            "queue_depth": self.trajectories.backlog(), "dead_letters": self.trajectories.dead_lettered(),
+            "episodes": len(episodes),
+        })
+        if episodes:
+            winners = np.array([e.get("winner", -1) for e in episodes])
+            record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
+            record["first_seat_win_rate"] = float(np.mean(winners == 0))
+            record["draw_rate"] = float(np.mean(winners == -1))
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        if self.wandb is not None:
+            self.wandb.log(record, step=self.step)
+        log.info("frames %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
+                 f"{self.frames:,}", f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"],
+                 record["queue_depth"], record["loss"], record["entropy"], record["mean_rho"],
+                 f"first-seat wins {record['first_seat_win_rate']:.2f} len {record['episode_length']:.1f}"
+                 if episodes else "")
+
+
+def _plain(cfg: Config) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
+
+
+def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False) -> None:
+    """Entry point of `run.py learner`: stop cleanly (final checkpoint) on SIGTERM/SIGINT."""
+    torch.set_num_threads(1)
+    learner = Learner(cfg, redis_url, run_dir, resume)
+    signal.signal(signal.SIGTERM, learner.stop)
+    signal.signal(signal.SIGINT, learner.stop)
+    learner.run()

@@ -1,0 +1,42 @@
+"""Parameter store: the learner publishes weights (safetensors bytes) with a version; actors pull them.
+
+Keys: `{run}:params` (bytes) and `{run}:params:version` (int). Both are written in one MULTI/EXEC and
+read in one, so a reader never pairs new weights with an old version. Actors poll only the small
+version key and fetch the weights when it changed.
+"""
+
+from __future__ import annotations
+
+import redis
+import torch
+
+from distributed.codec import decode_weights, encode_weights
+
+
+class ParamStore:
+    def __init__(self, client: redis.Redis, run: str):
+        self.r = client
+        self.key = f"{run}:params"
+        self.version_key = f"{run}:params:version"
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        data = encode_weights(state_dict)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.key, data)
+        pipe.set(self.version_key, int(version))
+        pipe.execute()
+
+    def version(self) -> int:
+        """Latest published version, or -1 when nothing was published yet."""
+        v = self.r.get(self.version_key)
+        return int(v) if v is not None else -1
+
+    def fetch(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version, state_dict) of the latest weights, or None when nothing was published yet."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.get(self.version_key)
+        pipe.get(self.key)
+        version, data = pipe.execute()
+        if version is None or data is None:
+            return None
+        return int(version), decode_weights(data)

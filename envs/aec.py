@@ -1,0 +1,126 @@
+"""Adapter for PettingZoo turn-based (AEC) games: one learning stream per seat.
+
+The AEC loop (`agent_iter`, `last`, `step`) makes turn order explicit. This adapter turns it into two
+kinds of events for the actor:
+
+* a **turn**: seat `s` must act now on `(observation, action_mask)`;
+* a **settlement**: the reward and done flag of seat `s`'s previous step are now known.
+
+Which step a reward belongs to is decided here and only here:
+
+* *Waiting player.* PettingZoo accumulates every reward an agent receives between two of its own
+  actions; `last()` returns that sum when the agent is next selected. It belongs to the agent's
+  previous step: the move that led to the position it is in now.
+* *Game end.* When the game ends (on either player's move) every agent is selected once more with
+  `terminated` (or `truncated`) set and must be stepped with `None`. Its final reward settles its
+  last step with `done=True`; no extra step is added to its stream. So in connect four the loser's
+  last *own* move carries the -1, the winner's winning move the +1.
+* *Time limit.* A truncated episode is settled with `done=True` like a terminal one (the board games
+  here have no time limit; a truncation-aware bootstrap belongs to envs that have one).
+* *Seat that never acted.* A seat whose episode ends before its first move has no step to settle and
+  is skipped.
+
+After the last agent is stepped with `None` the env is reset (with the next seed) and play goes on,
+so the actor sees an endless sequence of turns with episodes concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The outcome of seat `seat`'s previous step: reward received since that action, and done."""
+
+    seat: int
+    reward: float
+    done: bool
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """A finished episode: per-seat returns (sum of rewards) and the number of actions taken."""
+
+    returns: tuple[float, ...]
+    length: int
+
+    @property
+    def winner(self) -> int | None:
+        """Seat with the strictly highest return, or None for a draw."""
+        best = max(self.returns)
+        leaders = [s for s, r in enumerate(self.returns) if r == best]
+        return leaders[0] if len(leaders) == 1 else None
+
+
+@dataclass
+class Turn:
+    """What `advance` returns: the settlements made, finished episodes, and the seat to act now.
+
+    observation: the acting agent's observation, shape `EnvSpec.obs_shape`, dtype `EnvSpec.obs_dtype`.
+    action_mask: uint8 `[num_actions]`, 1 = legal.
+    """
+
+    seat: int
+    observation: np.ndarray
+    action_mask: np.ndarray
+    settlements: list[Settlement] = field(default_factory=list)
+    episodes: list[EpisodeResult] = field(default_factory=list)
+
+
+class AECAdapter:
+    """One PettingZoo AEC env seen as seats that take turns.
+
+    Args:
+      make: zero-argument factory of the PettingZoo AEC env (with PettingZoo's default wrappers).
+      seed: seed of the first episode; episode k is reset with `seed + k`.
+
+    Use: `turn = adapter.advance()`, pick an action for `turn.seat`, `adapter.act(action)`, repeat.
+    """
+
+    def __init__(self, make: Callable[[], object], seed: int):
+        self.env = make()
+        self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
+        self._seat = {agent: i for i, agent in enumerate(self.agents)}
+        self._seed = seed
+        self._reset()
+
+    def _reset(self) -> None:
+        self.env.reset(seed=self._seed)
+        self._seed += 1
+        self._acted = [False] * len(self.agents)  # has the seat a step awaiting settlement?
+        self._returns = [0.0] * len(self.agents)
+        self._length = 0
+
+    def advance(self) -> Turn:
+        """Run the AEC loop until some agent must choose an action; collect what was settled."""
+        settlements: list[Settlement] = []
+        episodes: list[EpisodeResult] = []
+        env = self.env
+        while True:
+            if not env.agents:
+                episodes.append(EpisodeResult(tuple(self._returns), self._length))
+                self._reset()
+                continue
+            agent = env.agent_selection
+            seat = self._seat[agent]
+            obs, reward, terminated, truncated, _ = env.last()
+            reward = float(reward)
+            self._returns[seat] += reward
+            done = bool(terminated or truncated)
+            if self._acted[seat]:
+                settlements.append(Settlement(seat, reward, done))
+            if done:
+                self._acted[seat] = False
+                env.step(None)
+                continue
+            return Turn(seat, obs["observation"], obs["action_mask"], settlements, episodes)
+
+    def act(self, action: int) -> None:
+        """Play `action` for the seat returned by the last `advance`."""
+        self._acted[self._seat[self.env.agent_selection]] = True
+        self._length += 1
+        self.env.step(int(action))

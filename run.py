@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""IMPALA self-play training: one CLI for every role.
+
+  train     start Redis (embedded unless --redis-url), the learner and the actors, and supervise them
+  learner   the learner alone (multi-machine: point it and the actors at one Redis)
+  actor     one actor process
+  evaluate  play a checkpoint against a baseline bot in both seats
+
+Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from config import Config, ConfigError, describe, load_config, to_yaml
+
+log = logging.getLogger("run")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML experiment config (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set learner.batch_size=64 (repeatable)")
+    p.add_argument("--redis-url", help="redis://[:password@]host:port/db of a shared Redis "
+                   "(default: run.redis_url, else $IMPALA_REDIS_URL, else an embedded Redis for train)")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role", required=True)
+    p = sub.add_parser("train", help="run a whole training job on this machine")
+    _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue runs/<run.name> from its checkpoint")
+    p.add_argument("--eval-games", type=int, default=100,
+                   help="games per seat against each baseline bot after training (0 = skip)")
+    p = sub.add_parser("learner", help="run the learner against a Redis")
+    _config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
+    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
+    p = sub.add_parser("actor", help="run one actor process against a Redis")
+    _config_args(p)
+    p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor process of the run")
+    p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot")
+    p.add_argument("--checkpoint", required=True, help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors)")
+    p.add_argument("--opponent", default="random", help="baseline bot: random or tactical (default random)")
+    p.add_argument("--games", type=int, default=200, help="games per seat (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the games and the bot")
+    p.add_argument("--sample", action="store_true", help="sample from the policy instead of playing greedily")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stdout)
+
+
+def _load(args: argparse.Namespace) -> Config:
+    if args.help_config:
+        print(describe())
+        sys.exit(0)
+    return load_config(args.config, args.overrides)
+
+
+def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
+    from distributed.launcher import REDIS_URL_ENV
+
+    return args.redis_url or cfg.run.redis_url or os.environ.get(REDIS_URL_ENV)
+
+
+def _new_run_dir(cfg: Config, resume: bool) -> Path:
+    """runs/<name>; a fresh run never reuses a directory: it takes <name>-2, <name>-3, ... instead."""
+    base = Path(cfg.run.dir)
+    run_dir = base / cfg.run.name
+    if resume:
+        if not (run_dir / "checkpoints").is_dir():
+            raise ConfigError(f"--resume: no checkpoint under {run_dir}; check run.name and run.dir")
+        return run_dir
+    k = 2
+    name = cfg.run.name
+    while (base / name).exists():
+        name = f"{cfg.run.name}-{k}"
+        k += 1
+    cfg.run.name = name
+    return base / name
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from distributed.launcher import EmbeddedRedis, supervise
+    from distributed.transport import connect
+
+    cfg = _load(args)
+    url = _redis_url(args, cfg)
+    if url:
+        connect(url)  # fail fast with a clear message
+    run_dir = _new_run_dir(cfg, args.resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(to_yaml(cfg))
+    log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
+             cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
+    if url:
+        code = supervise(cfg, config_path, run_dir, url, args.resume)
+    else:
+        with EmbeddedRedis() as server:
+            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+            code = supervise(cfg, config_path, run_dir, server.url, args.resume)
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if code == 0 and checkpoint.exists() and args.eval_games > 0:
+        _final_evaluation(checkpoint, args.eval_games)
+    return code
+
+
+def _final_evaluation(checkpoint: Path, games: int) -> None:
+    from agents.policy import load_policy
+    from evaluation.evaluate import evaluate
+
+    policy = load_policy(checkpoint)
+    for opponent in ("random", "tactical"):
+        result = evaluate(policy, opponent, games)
+        rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
+                          for seat, r in result["seats"].items())
+        log.info("greedy policy vs %s over %d games per seat: %s", opponent, games, rates)
+    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent tactical)", checkpoint, checkpoint)
+
+
+def cmd_learner(args: argparse.Namespace) -> int:
+    from distributed.learner import run_learner
+
+    cfg = _load(args)
+    url = _redis_url(args, cfg)
+    if not url:
+        raise ConfigError("the learner needs a Redis: pass --redis-url or set run.redis_url")
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    run_learner(cfg, url, run_dir, resume=args.resume)
+    return 0
+
+
+def cmd_actor(args: argparse.Namespace) -> int:
+    from distributed.actor import run_actor
+
+    cfg = _load(args)
+    url = _redis_url(args, cfg)
+    if not url:
+        raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
+    run_actor(cfg, url, args.actor_id)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from agents.policy import load_policy
+    from evaluation.bots import make_bot
+    from evaluation.evaluate import evaluate
+
+    if args.games < 1:
+        raise ConfigError("--games must be >= 1")
+    policy = load_policy(args.checkpoint, seed=args.seed)
+    try:
+        make_bot(args.opponent, policy.spec.name)
+    except ValueError as e:
+        raise ConfigError(f"--opponent: {e}") from None
+    result = evaluate(policy, args.opponent, args.games, seed=args.seed, greedy=not args.sample)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['env']}: checkpoint vs {args.opponent}, {args.games} games per seat")
+        for seat, r in result["seats"].items():
+            print(f"  as {seat}: won {r['win_rate']:.1%}  drew {r['draw_rate']:.1%}  lost {r['loss_rate']:.1%}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    from distributed.checkpoint import CheckpointError
+    from distributed.transport import RedisUnavailable
+
+    commands = {"train": cmd_train, "learner": cmd_learner, "actor": cmd_actor, "evaluate": cmd_evaluate}
+    try:
+        return commands[args.role](args)
+    except (ConfigError, RedisUnavailable, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

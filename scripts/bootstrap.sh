@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv at the repository root (if missing) and install the pinned requirements.
+# Re-running is cheap: it reinstalls only when requirements.txt changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "installing requirements into .venv (first time takes a minute or two)"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements.txt
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,218 @@
+"""Tests for evaluation/bots.py; every position is reached by playing moves in the real env."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pettingzoo.classic import connect_four_v3, tictactoe_v3
+
+from evaluation.bots import (
+    CONNECT_FOUR,
+    OPPONENT,
+    TICTACTOE,
+    TO_MOVE,
+    RandomBot,
+    TacticalBot,
+    make_bot,
+)
+
+ENVS = {"connect_four": connect_four_v3, "tictactoe": tictactoe_v3}
+SEEDS = range(20)
+
+
+def play(game: str, moves: list[int]):
+    """Plays ``moves`` from the initial position; returns (env, observation, action_mask)."""
+    env = ENVS[game].env()
+    env.reset(seed=0)
+    for move in moves:
+        assert not any(env.terminations.values()), "setup sequence ended the game"
+        env.step(move)
+    obs, _, terminated, truncated, _ = env.last()
+    assert not (terminated or truncated), "setup sequence ended the game"
+    return env, obs["observation"], obs["action_mask"]
+
+
+def tactical_choices(game: str, moves: list[int]) -> set[int]:
+    """Actions the tactical bot picks in the position after ``moves``, over many seeds."""
+    _, observation, mask = play(game, moves)
+    return {TacticalBot(game, seed).act(observation, mask) for seed in SEEDS}
+
+
+def mover_wins_with(game: str, moves: list[int], action: int) -> bool:
+    """True if the player to move after ``moves`` wins the real game by playing ``action``."""
+    env, _, _ = play(game, moves)
+    mover = env.agent_selection
+    env.step(action)
+    return all(env.terminations.values()) and env.rewards[mover] == 1
+
+
+def mirror(moves: list[int]) -> list[int]:
+    """Connect-four moves reflected left-right (turns a diagonal into an anti-diagonal)."""
+    return [6 - m for m in moves]
+
+
+# Player 1 to move in each; the comment gives the winning move and the line it completes.
+C4_HORIZONTAL = [0, 6, 1, 6, 2, 5]  # 3: row 5, cols 0-3
+C4_VERTICAL = [0, 6, 0, 5, 0, 6]  # 0: col 0, rows 2-5
+C4_DIAGONAL = [0, 1, 1, 2, 3, 2, 2, 3, 6, 3]  # 3: (5,0) (4,1) (3,2) (2,3)
+
+
+@pytest.mark.parametrize(
+    "moves, winning_move",
+    [
+        (C4_HORIZONTAL, 3),
+        (C4_VERTICAL, 0),
+        (C4_DIAGONAL, 3),
+        (mirror(C4_DIAGONAL), 3),  # anti-diagonal
+        (mirror(C4_HORIZONTAL), 3),
+    ],
+    ids=["horizontal", "vertical", "diagonal", "anti-diagonal", "horizontal-mirrored"],
+)
+def test_connect_four_takes_immediate_win(moves, winning_move):
+    assert mover_wins_with("connect_four", moves, winning_move)  # the position is what we claim
+    assert tactical_choices("connect_four", moves) == {winning_move}
+
+
+def test_connect_four_blocks_opponent_win():
+    # Player 2 holds (5,1) (5,2) (5,3) and threatens (5,4); player 1 has no win.
+    moves = [0, 1, 0, 2, 6, 3]
+    assert tactical_choices("connect_four", moves) == {4}
+
+
+def test_connect_four_prefers_win_to_block():
+    # Player 1 wins at col 0 (vertical); player 2 threatens col 4 (horizontal).
+    moves = [0, 1, 0, 2, 0, 3]
+    assert mover_wins_with("connect_four", moves, 0)
+    assert tactical_choices("connect_four", moves) == {0}
+
+
+def test_connect_four_breaks_ties_between_wins_at_random():
+    # Player 1 holds (5,1) (5,2) (5,3): both col 0 and col 4 win.
+    moves = [1, 1, 2, 2, 3, 3]
+    assert mover_wins_with("connect_four", moves, 0)
+    assert mover_wins_with("connect_four", moves, 4)
+    assert tactical_choices("connect_four", moves) == {0, 4}
+
+
+def test_connect_four_never_plays_a_full_column():
+    # Columns 2 and 3 filled with alternating pieces: no win, no threat, 5 legal columns.
+    moves = [3] * 6 + [2] * 6
+    _, observation, mask = play("connect_four", moves)
+    assert mask.tolist() == [1, 1, 0, 0, 1, 1, 1]
+    picks = [TacticalBot("connect_four", seed).act(observation, mask) for seed in range(200)]
+    assert set(picks) == {0, 1, 4, 5, 6}
+
+
+def test_connect_four_does_not_block_a_threat_that_is_not_playable_yet():
+    # The opponent's row-4 line (4,0) _ (4,2) (4,3) needs (4,1), but col 1 drops to (5,1): there
+    # is nothing to win or block this ply, so every legal column must stay possible.
+    moves = [0, 5, 0, 2, 2, 6, 4, 6, 2, 3, 3, 5, 3]
+    _, observation, mask = play("connect_four", moves)
+    board = CONNECT_FOUR.board_from_observation(observation)
+    assert board[4, 1] == 0 and board[5, 1] == 0
+    assert board[4, [0, 2, 3]].tolist() == [OPPONENT] * 3
+    legal = CONNECT_FOUR.legal_moves(board)
+    assert legal == list(range(7))
+    assert CONNECT_FOUR.winning_moves(board, OPPONENT, legal) == []
+    assert CONNECT_FOUR.winning_moves(board, TO_MOVE, legal) == []
+    picks = {TacticalBot("connect_four", seed).act(observation, mask) for seed in range(100)}
+    assert picks == set(range(7))
+
+
+def test_tictactoe_action_numbering_matches_observation_grid():
+    # Action a lands on observation cell (a // 3, a % 3).
+    for action in range(9):
+        env, _, _ = play("tictactoe", [action])
+        opponent_view = env.observe(env.agent_selection)["observation"]
+        expected = np.zeros((3, 3), dtype=np.int8)
+        expected[divmod(action, 3)] = 1
+        np.testing.assert_array_equal(opponent_view[..., 1], expected)
+        np.testing.assert_array_equal(
+            TICTACTOE.play(np.zeros((3, 3), np.int8), action, OPPONENT), -expected
+        )
+
+
+def test_tictactoe_takes_win_over_block():
+    # X at 0, 1 wins at 2; O at 3, 4 threatens 5.
+    moves = [0, 3, 1, 4]
+    assert mover_wins_with("tictactoe", moves, 2)
+    assert tactical_choices("tictactoe", moves) == {2}
+
+
+def test_tictactoe_blocks_win():
+    # X at 0, 8; O at 4, 2 threatens 6 (anti-diagonal); X has no win.
+    moves = [0, 4, 8, 2]
+    assert tactical_choices("tictactoe", moves) == {6}
+
+
+def test_random_bot_plays_only_and_all_legal_moves():
+    _, observation, mask = play("tictactoe", [4, 0, 8])
+    bot = RandomBot(seed=0)
+    picks = [bot.act(observation, mask) for _ in range(600)]
+    assert set(picks) == {1, 2, 3, 5, 6, 7}
+    counts = np.bincount(picks, minlength=9)[[1, 2, 3, 5, 6, 7]]
+    assert counts.min() > 60  # uniform would give 100 each
+
+
+def test_bots_are_deterministic_given_seed():
+    _, observation, mask = play("connect_four", [3, 3])
+    for make in (lambda s: RandomBot(s), lambda s: TacticalBot("connect_four", s)):
+        a, b = make(7), make(7)
+        assert [a.act(observation, mask) for _ in range(50)] == [
+            b.act(observation, mask) for _ in range(50)
+        ]
+
+
+def test_no_legal_move_raises():
+    observation = np.zeros((6, 7, 2), np.int8)
+    mask = np.zeros(7, np.int8)
+    with pytest.raises(ValueError, match="no legal move"):
+        RandomBot(0).act(observation, mask)
+    with pytest.raises(ValueError, match="no legal move"):
+        TacticalBot("connect_four", 0).act(observation, mask)
+
+
+def test_make_bot_builds_requested_bot():
+    assert isinstance(make_bot("random", "connect_four", 0), RandomBot)
+    assert isinstance(make_bot("random", "some_other_game", 0), RandomBot)
+    bot = make_bot("tactical", "tictactoe", 0)
+    assert isinstance(bot, TacticalBot) and bot.game is TICTACTOE
+
+
+def test_make_bot_errors_name_bad_value_and_choices():
+    with pytest.raises(ValueError, match=r"'minimax'.*'random', 'tactical'"):
+        make_bot("minimax", "connect_four")
+    with pytest.raises(ValueError, match=r"'chess'.*'connect_four', 'tictactoe'"):
+        make_bot("tactical", "chess")
+    with pytest.raises(ValueError, match=r"'chess'.*'connect_four', 'tictactoe'"):
+        TacticalBot("chess")
+
+
+def play_game(first, second, seed: int) -> float:
+    """Plays one connect-four game; returns first player's reward. Asserts every move is legal."""
+    env = connect_four_v3.env()
+    env.reset(seed=seed)
+    bots = {"player_0": first, "player_1": second}
+    for agent in env.agent_iter():
+        obs, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            return env.rewards["player_0"]
+        action = bots[agent].act(obs["observation"], obs["action_mask"])
+        assert obs["action_mask"][action] == 1
+        env.step(action)
+    raise AssertionError("game did not end")
+
+
+def test_tactical_beats_random_at_connect_four():
+    wins = 0
+    n_games = 200
+    for game in range(n_games):
+        tactical = TacticalBot("connect_four", seed=game)
+        random_bot = RandomBot(seed=10_000 + game)
+        if game % 2 == 0:
+            wins += play_game(tactical, random_bot, game) == 1
+        else:
+            wins += play_game(random_bot, tactical, game) == -1
+    win_rate = wins / n_games
+    print(f"tactical vs random win rate: {win_rate:.3f}")
+    assert win_rate >= 0.85
