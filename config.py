@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -146,7 +147,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             p = Path(path)
             if not p.is_file():
                 raise ConfigError(f"config file not found: {p}")
-            raw = OmegaConf.to_container(OmegaConf.load(p)) or {}
+            try:
+                raw = OmegaConf.to_container(OmegaConf.load(p)) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{p} is not valid YAML: {e}".splitlines()[0]) from None
             _check_keys(raw)
             layers.append(OmegaConf.create(raw))
         for item in overrides or []:
@@ -205,9 +209,15 @@ def to_yaml(cfg: Config) -> str:
 
 
 def from_yaml_text(text: str) -> Config:
-    """Parse a resolved config (as written by `to_yaml`), validating keys and values."""
-    raw = OmegaConf.to_container(OmegaConf.create(text)) or {}
-    _check_keys(raw)
-    cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
+    """Parse a resolved config (as written by `to_yaml`), validating keys and values.
+
+    Raises ConfigError like `load_config`.
+    """
+    try:
+        raw = OmegaConf.to_container(OmegaConf.create(text)) or {}
+        _check_keys(raw)
+        cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ConfigError(f"bad config: {e}".splitlines()[0]) from None
     validate(cfg)
     return cfg

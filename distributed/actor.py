@@ -71,6 +71,7 @@ class Actor:
     def __init__(self, cfg: Config, redis_url: str, actor_id: int):
         self.cfg = cfg
         self.actor_id = actor_id
+        self.redis = connect(redis_url)  # first, so a wrong URL fails before any env is built
         self.spec = env_spec(cfg.env.name)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         seed = cfg.run.seed + 1000 * (actor_id + 1)
@@ -79,7 +80,6 @@ class Actor:
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.seats] for _ in self.envs]
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent)
         self.model.eval()
-        self.redis = connect(redis_url)
         self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, cfg.run.name)

@@ -147,6 +147,6 @@ def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str]
 
 
 def decode_weights(data: bytes) -> dict[str, torch.Tensor]:
-    """Inverse of `encode_weights`. Raises ValueError (safetensors' own error) on a corrupt payload."""
+    """Inverse of `encode_weights`. Raises safetensors.SafetensorError on a corrupt payload."""
     return st_load(data)
 

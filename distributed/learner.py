@@ -96,7 +96,7 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
     optimizer.step()
 
-    rhos = vt.log_rhos.exp()
+    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
     stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
                          (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
                          (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
@@ -143,6 +143,7 @@ class Learner:
         self.params = ParamStore(self.redis, cfg.run.name)
         self.consumer = f"learner-{socket.gethostname()}"
         self.stopping = False
+        self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.metrics_file = (self.run_dir / "metrics.jsonl").open("a")
         self.wandb = None
@@ -175,9 +176,10 @@ class Learner:
             if self.stopping:
                 return None
             entries = self.trajectories.read(self.consumer, B - len(unrolls), self.cfg.learner.read_block_ms,
-                                             pending=self.draining_pending)
-            if self.draining_pending and not entries:
-                self.draining_pending = False
+                                             pending_after=self.pending_cursor)
+            if self.pending_cursor is not None:
+                # Page through our own unacked entries once (after a restart), then read new ones.
+                self.pending_cursor = entries[-1][0] if entries else None
             for entry_id, data in entries:
                 try:
                     header, arrays = decode_unroll(data, self.unroll_spec)
@@ -197,7 +199,6 @@ class Learner:
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
-        self.draining_pending = True
         self.results.skip_to_end()
         self.params.publish(self.model.state_dict(), self.step)
         self.start_wandb()

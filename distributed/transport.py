@@ -49,7 +49,7 @@ def _safe(url: str) -> str:
     """The URL without its credentials, for messages and logs."""
     if "@" in url:
         scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"  # a password may itself contain '@'
     return url
 
 
@@ -91,11 +91,13 @@ class TrajectoryStream:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    def read(self, consumer: str, count: int, block_ms: int, pending: bool = False) -> list[tuple[bytes, bytes]]:
-        """Up to `count` entries as (entry_id, data). `pending=True` re-reads this consumer's own
-        delivered-but-unacked entries (after a restart) instead of new ones."""
-        reply = self.r.xreadgroup(GROUP, consumer, {self.key: "0" if pending else ">"}, count=count,
-                                  block=None if pending else block_ms)
+    def read(self, consumer: str, count: int, block_ms: int, pending_after: bytes | str | None = None
+             ) -> list[tuple[bytes, bytes]]:
+        """Up to `count` entries as (entry_id, data): new ones, or with `pending_after` set, this
+        consumer's own delivered-but-unacked entries with ids above it (re-read after a restart;
+        start with "0" and pass the last id seen to page through them)."""
+        reply = self.r.xreadgroup(GROUP, consumer, {self.key: ">" if pending_after is None else pending_after},
+                                  count=count, block=block_ms if pending_after is None else None)
         if not reply:
             return []
         # An entry deleted while pending comes back with no fields; it has nothing to train on.
@@ -104,7 +106,7 @@ class TrajectoryStream:
     def claim_stale(self, consumer: str, min_idle_ms: int, count: int = 100) -> int:
         """XAUTOCLAIM entries pending on other (dead) consumers for longer than `min_idle_ms`.
 
-        They become this consumer's pending entries, so `read(pending=True)` returns them.
+        They become this consumer's pending entries, so `read(pending_after="0")` returns them.
         """
         claimed, start = 0, "0-0"
         while True:
@@ -159,9 +161,11 @@ class ResultsStream:
             for eid, fields in reply[0][1]:
                 self.last_id = eid
                 try:
-                    out.append(msgpack.unpackb(fields[b"data"]))
+                    result = msgpack.unpackb(fields[b"data"])
                 except (KeyError, ValueError, msgpack.UnpackException):
                     continue  # a malformed result only costs one statistic
+                if isinstance(result, dict):
+                    out.append(result)
         return out
 
     def skip_to_end(self) -> None:

@@ -1,0 +1,92 @@
+"""End-to-end throughput: learner-consumed SPS of a real run vs the raw rate of stepping the same envs.
+
+Reference: one process steps `actor.num_envs` envs with one batched forward pass per step and
+sampled actions, exactly the actor's inner loop without Redis, unrolls or a learner. Ours: a full
+`run.py train` (embedded Redis, learner, `actor.num_actors` actors) for `--seconds`, measured as the
+env steps the learner trained on per second after a warm-up. Both run in this one invocation,
+one after the other, on the same machine and config.
+
+    python bench/bench_sps.py [--config configs/connect_four.yaml] [--seconds 60] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from agents.network import ActorCritic, sample_actions  # noqa: E402
+from config import load_config  # noqa: E402
+from envs.registry import env_spec, make_env  # noqa: E402
+
+
+def raw_sps(cfg, seconds: float) -> float:
+    """Env steps per second of one process: batched inference over num_envs envs, no transport."""
+    torch.set_num_threads(1)
+    spec = env_spec(cfg.env.name)
+    model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).eval()
+    envs = [make_env(cfg.env.name, seed=i) for i in range(cfg.actor.num_envs)]
+    turns = [env.advance() for env in envs]
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        obs = torch.from_numpy(np.stack([t.observation for t in turns]))
+        masks = torch.from_numpy(np.stack([t.action_mask for t in turns]))
+        with torch.no_grad():
+            logits, _ = model(obs, masks)
+        actions = sample_actions(logits).numpy()
+        for i, env in enumerate(envs):
+            env.act(actions[i])
+            turns[i] = env.advance()
+        steps += len(envs)
+    return steps / (time.perf_counter() - start)
+
+
+def end_to_end_sps(config: str, overrides: list[str], seconds: float, warmup: float) -> tuple[float, dict]:
+    """Learner-consumed env steps per second of a real training run, after `warmup` seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", config, "--eval-games", "0",
+               "--set", f"run.dir={tmp}", "--set", "run.name=bench", "--set", "run.wandb_mode=disabled",
+               "--set", "run.log_every_s=2", "--set", "run.total_frames=1000000000",
+               "--set", f"run.max_minutes={(seconds + warmup) / 60}", *[a for o in overrides for a in ("--set", o)]]
+        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        records = [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
+    t0 = records[0]["time"] - 2
+    steady = [r for r in records if r["time"] - t0 >= warmup]
+    first, last = steady[0], steady[-1]
+    sps = (last["frames"] - first["frames"]) / (last["time"] - first["time"])
+    return sps, {"policy_lag": float(np.mean([r["policy_lag"] for r in steady])),
+                 "queue_depth": float(np.mean([r["queue_depth"] for r in steady]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs/connect_four.yaml"))
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the end-to-end run")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of the end-to-end run not measured")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    raw = raw_sps(cfg, min(args.seconds, 20.0))
+    e2e, extra = end_to_end_sps(args.config, args.overrides, args.seconds, args.warmup)
+    cores = os.cpu_count()
+    print(f"env {cfg.env.name}, torso {cfg.agent.torso}, {cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, "
+          f"T={cfg.actor.unroll_length}, B={cfg.learner.batch_size}, {cores} cores")
+    print(f"  raw env + batched inference, 1 process : {raw:10,.0f} steps/s")
+    print(f"  end-to-end, learner-consumed           : {e2e:10,.0f} steps/s  "
+          f"(policy lag {extra['policy_lag']:.1f} updates, queue {extra['queue_depth']:.0f} unrolls)")
+    print(f"  ratio end-to-end / raw                 : {e2e / raw:10.2f}")
+
+
+if __name__ == "__main__":
+    main()

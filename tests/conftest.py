@@ -1,0 +1,39 @@
+"""Shared fixtures: a real redis-server (the embedded one the launcher uses), never a mock."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from distributed.launcher import EmbeddedRedis  # noqa: E402
+from distributed.transport import connect  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = EmbeddedRedis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = connect(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def run_name() -> str:
+    """A fresh key namespace per test, so tests sharing the server never see each other's keys."""
+    return f"test-{uuid.uuid4().hex[:8]}"

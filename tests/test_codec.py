@@ -1,0 +1,272 @@
+"""Tests for distributed/codec.py: the unroll wire format and the weights format.
+
+The valid unroll is played in the real connect_four env (one seat's learning stream, episodes
+concatenated), so its observations, masks, actions, rewards and done flags are the ones an actor sends.
+Every malformed input starts from that unroll's msgpack map and changes one thing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from pettingzoo.classic import connect_four_v3
+from safetensors import SafetensorError
+
+from distributed.codec import (
+    MAX_MESSAGE_BYTES,
+    SCHEMA,
+    DecodeError,
+    UnrollSpec,
+    decode_unroll,
+    decode_weights,
+    encode_unroll,
+    encode_weights,
+)
+from envs.registry import env_spec
+
+T = 24
+SPEC = env_spec("connect_four")
+USPEC = UnrollSpec(SPEC, T)
+SEAT = "player_0"
+MASKED_LOGIT = -1e9  # agents/network.py: what the actor writes for illegal actions
+HEADER = dict(unroll_id="3-abcd1234-17", policy_version=42, actor_id=3, env="connect_four", opponent_id="snap-5")
+
+
+def play_unroll(seed: int = 0) -> dict[str, np.ndarray]:
+    """One unroll of seat player_0 in connect_four with random legal moves for both seats.
+
+    The reward that reaches player_0 when it next observes (or at game end) belongs to its previous step.
+    """
+    rng = np.random.default_rng(seed)
+    a = {name: np.zeros(shape, dtype) for name, (dtype, shape) in USPEC.arrays.items()}
+    t, episode = 0, 0
+    env = connect_four_v3.env()
+    while True:
+        env.reset(seed=seed + episode)
+        acted = False
+        for agent in env.agent_iter():
+            obs, reward, term, trunc, _ = env.last()
+            done = term or trunc
+            action = None if done else int(rng.choice(np.flatnonzero(obs["action_mask"])))
+            if agent == SEAT:
+                if acted:
+                    a["reward"][t - 1] = reward
+                    a["done"][t - 1] = done
+                if not done:
+                    a["obs"][t] = obs["observation"]
+                    a["action_mask"][t] = obs["action_mask"]
+                    if t == T:
+                        return a
+                    logits = rng.normal(size=SPEC.num_actions).astype(np.float32)
+                    a["behaviour_logits"][t] = np.where(obs["action_mask"] == 1, logits, MASKED_LOGIT)
+                    a["action"][t] = action
+                    t += 1
+                    acted = True
+            env.step(action)
+        episode += 1
+
+
+UNROLL = play_unroll()
+
+
+def test_played_unroll_is_realistic():
+    """Guard for the fixture itself: legal actions, at least one finished game, a settled result."""
+    assert UNROLL["action_mask"][np.arange(T), UNROLL["action"]].all()
+    assert UNROLL["done"].sum() >= 1
+    # connect_four gives +-1 exactly at game end, nothing in between.
+    assert set(np.flatnonzero(UNROLL["reward"])) <= set(np.flatnonzero(UNROLL["done"]))
+    assert np.abs(UNROLL["reward"][UNROLL["done"] == 1]).max() == 1.0
+    assert (UNROLL["obs"].sum(axis=(1, 2, 3)) > 0).any()  # pieces on the board
+
+
+def encode(arrays=None, **header) -> bytes:
+    return encode_unroll(UNROLL if arrays is None else arrays, **{**HEADER, **header})
+
+
+def test_round_trip_bit_for_bit():
+    before = time.time()
+    header, arrays = decode_unroll(encode(), USPEC)
+    after = time.time()
+    assert set(arrays) == set(UNROLL)
+    for name, original in UNROLL.items():
+        assert arrays[name].dtype == original.dtype, name
+        assert arrays[name].shape == original.shape, name
+        assert arrays[name].tobytes() == original.tobytes(), name
+        assert not arrays[name].flags.writeable, name  # documented: read-only views of the payload
+    assert {k: header[k] for k in HEADER} == HEADER
+    assert header["schema"] == SCHEMA
+    assert before <= header["created_at"] <= after
+
+
+def test_round_trip_tictactoe_and_bytearray():
+    """Another env's spec (obs 3x3x2, 9 actions), and a bytearray payload."""
+    spec = UnrollSpec(env_spec("tictactoe"), 3)
+    rng = np.random.default_rng(1)
+    arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
+    arrays["obs"][:] = rng.integers(0, 2, arrays["obs"].shape)
+    arrays["action_mask"][:] = 1
+    arrays["action"][:] = [0, 8, 4]
+    arrays["reward"][:] = [0.0, 0.0, -1.0]
+    arrays["done"][:] = [0, 0, 1]
+    arrays["behaviour_logits"][:] = rng.normal(size=(3, 9))
+    data = encode_unroll(arrays, unroll_id="u", policy_version=0, actor_id=0, env="tictactoe")
+    header, decoded = decode_unroll(bytearray(data), spec)
+    assert header["opponent_id"] == "self" and header["policy_version"] == 0
+    for name in arrays:
+        np.testing.assert_array_equal(decoded[name], arrays[name])
+
+
+# -- malformed inputs -------------------------------------------------------------------------------
+
+def tamper(mutate) -> bytes:
+    """The valid unroll's message with `mutate(msg)` applied, re-packed."""
+    msg = msgpack.unpackb(encode(), raw=False)
+    mutate(msg)
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def set_array(name: str, values: np.ndarray):
+    """Replace array `name` with `values` (same dtype and shape as declared)."""
+    def mutate(msg):
+        msg["arrays"][name] = [values.dtype.str, list(values.shape), values.tobytes()]
+    return mutate
+
+
+def with_values(name: str, change):
+    """Array `name` of the valid unroll after `change(copy)`."""
+    copy = UNROLL[name].copy()
+    change(copy)
+    return set_array(name, copy)
+
+
+def illegal_action(a):
+    a[5, UNROLL["action"][5]] = 0
+
+
+def _set(path, value):
+    def mutate(msg):
+        msg[path[0]][path[1]] = value
+    return mutate
+
+
+def _del(path):
+    def mutate(msg):
+        del msg[path[0]][path[1]]
+    return mutate
+
+
+MALFORMED = {
+    "not msgpack": (b"\xc1", "not msgpack"),
+    "truncated msgpack": (encode()[:-10], "not msgpack"),
+    "random bytes": (np.random.default_rng(0).bytes(4096), "msgpack|map"),
+    "msgpack list": (msgpack.packb([1, 2, 3]), "map with exactly 'header' and 'arrays'"),
+    "extra top-level key": (tamper(lambda m: m.update(pickle=b"x")), "map with exactly"),
+    "missing array": (tamper(_del(("arrays", "done"))), r"arrays must be exactly .*got \['action', 'action_mask', "
+                                                       r"'behaviour_logits', 'obs', 'reward'\]"),
+    "extra array": (tamper(_set(("arrays", "extra"), ["|u1", [1], b"\x00"])), "arrays must be exactly.*'extra'"),
+    "array not a triple": (tamper(_set(("arrays", "done"), "oops")), r"array 'done' must be \[dtype, shape, bytes\]"),
+    "reward float64": (tamper(set_array("reward", UNROLL["reward"].astype(np.float64))),
+                       "array 'reward' has dtype '<f8', expected '<f4'"),
+    "object dtype": (tamper(_set(("arrays", "obs"), ["|O", [T + 1, 6, 7, 2], b"\x80\x04N."])),
+                     "array 'obs' has dtype '|O'"),
+    "T off by one": (tamper(set_array("action", UNROLL["action"][:-1])),
+                     rf"array 'action' has shape \[{T - 1}\], expected \[{T}\]"),
+    "byte length mismatch": (tamper(_set(("arrays", "reward"), ["<f4", [T], b"\x00" * (4 * T - 4)])),
+                             rf"array 'reward' has {4 * T - 4} bytes, shape \[{T}\] needs {4 * T}"),
+    "nan reward": (tamper(with_values("reward", lambda a: a.__setitem__(3, np.nan))), "'reward' has non-finite"),
+    "inf reward": (tamper(with_values("reward", lambda a: a.__setitem__(0, np.inf))), "'reward' has non-finite"),
+    "nan logits": (tamper(with_values("behaviour_logits", lambda a: a.__setitem__((2, 1), np.nan))),
+                   "'behaviour_logits' has non-finite"),
+    "-inf logits": (tamper(with_values("behaviour_logits", lambda a: a.__setitem__((0, 0), -np.inf))),
+                    "'behaviour_logits' has non-finite"),
+    "action 7": (tamper(with_values("action", lambda a: a.__setitem__(4, 7))), r"action out of range \[0, 7\)"),
+    "action -1": (tamper(with_values("action", lambda a: a.__setitem__(0, -1))), r"action out of range \[0, 7\)"),
+    "action illegal under mask": (tamper(with_values("action_mask", illegal_action)), "illegal under its own action_mask"),
+    "done 2": (tamper(with_values("done", lambda a: a.__setitem__(1, 2))), "done and action_mask must be 0 or 1"),
+    "mask 2": (tamper(with_values("action_mask", lambda a: a.__setitem__((T, 0), 2))),
+               "done and action_mask must be 0 or 1"),
+    "wrong schema": (tamper(_set(("header", "schema"), "impala-unroll/0")), "schema 'impala-unroll/0'"),
+    "header missing field": (tamper(_del(("header", "actor_id"))), "header must have exactly the fields"),
+    "header extra field": (tamper(_set(("header", "pickled"), "x")), "header must have exactly the fields"),
+    "bool as int": (tamper(_set(("header", "policy_version"), True)),
+                    "header field 'policy_version' must be int, got bool"),
+    "str as int": (tamper(_set(("header", "actor_id"), "3")), "header field 'actor_id' must be int, got str"),
+    "created_at str": (tamper(_set(("header", "created_at"), "now")), "header field 'created_at' must be float"),
+    "negative policy_version": (tamper(_set(("header", "policy_version"), -1)), "policy_version must be >= 0"),
+    "env mismatch": (encode(env="tictactoe"), "unroll is for env 'tictactoe', this learner trains 'connect_four'"),
+    "over MAX_MESSAGE_BYTES": (b"\x00" * (MAX_MESSAGE_BYTES + 1), f"at most {MAX_MESSAGE_BYTES} bytes"),
+    "not bytes": ("a str", "payload must be bytes"),
+}
+
+
+@pytest.mark.parametrize("data, reason", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_input_raises_decode_error_naming_the_problem(data, reason):
+    with pytest.raises(DecodeError, match=reason):
+        decode_unroll(data, USPEC)
+
+
+def test_unroll_length_mismatch_against_spec():
+    """An unroll of length T read by a learner configured for T + 1 is refused by shape."""
+    with pytest.raises(DecodeError, match=rf"array 'obs' has shape \[{T + 1}, 6, 7, 2\], expected \[{T + 2}, 6, 7, 2\]"):
+        decode_unroll(encode(), UnrollSpec(SPEC, T + 1))
+
+
+@pytest.mark.parametrize("shape", [[10**12], [2**62, 2**62], [T, 2**40]])
+def test_huge_declared_shape_is_refused_without_allocating(shape):
+    data = tamper(_set(("arrays", "behaviour_logits"), ["<f4", shape, b"\x00" * 16]))
+    start = time.perf_counter()
+    with pytest.raises(DecodeError, match="array 'behaviour_logits' has shape"):
+        decode_unroll(data, USPEC)
+    assert time.perf_counter() - start < 0.5
+
+
+# -- weights ----------------------------------------------------------------------------------------
+
+def small_state_dict() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    net(torch.randn(8, 5))  # moves BatchNorm's running stats off their initial values
+    state = dict(net.state_dict())
+    state["half"] = torch.randn(2, 3).to(torch.bfloat16)
+    state["strided"] = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
+    return state
+
+
+def test_weights_round_trip():
+    state = small_state_dict()
+    decoded = decode_weights(encode_weights(state))
+    assert set(decoded) == set(state)
+    for name, tensor in state.items():
+        assert decoded[name].dtype == tensor.dtype, name
+        assert torch.equal(decoded[name], tensor), name
+    assert decoded["1.num_batches_tracked"].item() == 1
+    assert decoded["strided"][1, 0].item() == 1.0  # transposed values, not the storage order
+
+
+def corrupt_payloads() -> dict[str, bytes]:
+    good = encode_weights(small_state_dict())
+    header_len = int.from_bytes(good[:8], "little")
+    return {
+        "garbage": b"definitely not safetensors",
+        "empty": b"",
+        "truncated": good[:-7],
+        "header length beyond payload": (len(good) * 4).to_bytes(8, "little") + good[8:],
+        "header not json": good[:8] + b"{" * header_len + good[8 + header_len:],
+    }
+
+
+@pytest.mark.parametrize("data", corrupt_payloads().values(), ids=corrupt_payloads().keys())
+def test_corrupt_weights_do_not_decode(data):
+    with pytest.raises((ValueError, SafetensorError)):
+        decode_weights(data)
+
+
+def test_corrupt_weights_raise_safetensor_error_as_documented():
+    from safetensors import SafetensorError
+
+    with pytest.raises(SafetensorError):
+        decode_weights(b"definitely not safetensors")

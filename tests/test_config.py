@@ -1,0 +1,260 @@
+"""Tests for config.py and the CLI's handling of bad configs (run.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config import SECTIONS, Config, ConfigError, describe, from_yaml_text, load_config, to_yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
+ALL_KEYS = [(s, f) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults():
+    cfg = load_config()
+    assert cfg == Config()
+    assert cfg.learner.batch_size == 32 and cfg.learner.discount == 0.99 and cfg.env.name == "connect_four"
+    assert cfg.run.redis_url is None
+
+
+def test_yaml_values_apply_and_the_rest_stay_default(tmp_path):
+    cfg = load_config(write(tmp_path, "run:\n  name: exp1\nlearner:\n  batch_size: 16\n  clip_c_threshold: null\n"
+                                      "actor:\n  high_water_mark: 64\nenv:\n  name: tictactoe\n"))
+    assert cfg.run.name == "exp1"
+    assert cfg.learner.batch_size == 16
+    assert cfg.learner.clip_c_threshold is None
+    assert cfg.actor.high_water_mark == 64
+    assert cfg.env.name == "tictactoe"
+    assert cfg.learner.learning_rate == 6e-4 and cfg.actor.unroll_length == 40  # untouched defaults
+
+
+def test_overrides_apply_with_their_types_and_beat_the_file(tmp_path):
+    path = write(tmp_path, "learner:\n  batch_size: 16\n")
+    cfg = load_config(path, ["learner.batch_size=64", "learner.learning_rate=1e-3", "learner.mirror_augment=false",
+                             "run.redis_url=redis://10.0.0.5:6379/2", "run.max_minutes=2.5", "run.name=42"])
+    assert cfg.learner.batch_size == 64 and type(cfg.learner.batch_size) is int
+    assert cfg.learner.learning_rate == 0.001 and type(cfg.learner.learning_rate) is float
+    assert cfg.learner.mirror_augment is False
+    assert cfg.run.redis_url == "redis://10.0.0.5:6379/2"
+    assert cfg.run.max_minutes == 2.5
+    assert cfg.run.name == "42" and type(cfg.run.name) is str
+
+
+def test_null_clip_thresholds_are_accepted():
+    cfg = load_config(None, ["learner.clip_rho_threshold=null", "learner.clip_pg_rho_threshold=null",
+                             "learner.clip_c_threshold=null"])
+    assert (cfg.learner.clip_rho_threshold, cfg.learner.clip_pg_rho_threshold, cfg.learner.clip_c_threshold) == \
+        (None, None, None)
+
+
+def test_unknown_key_in_yaml_names_it_and_the_closest_key(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "learner:\n  batch_sise: 3\n"))
+    assert "learner.batch_sise" in str(info.value) and "learner.batch_size" in str(info.value)
+
+
+def test_unknown_key_in_override_names_it_and_the_closest_key():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.batch_sise=3"])
+    assert "learner.batch_sise" in str(info.value) and "learner.batch_size" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["lerner:\n  batch_size: 3\n", "training:\n  steps: 3\n"])
+def test_unknown_section_in_yaml(tmp_path, text):
+    with pytest.raises(ConfigError, match=f"unknown config key '{text.split(':')[0]}'"):
+        load_config(write(tmp_path, text))
+
+
+def test_unknown_section_in_override():
+    with pytest.raises(ConfigError, match="unknown config key 'lerner.batch_size'; did you mean 'learner.batch_size'"):
+        load_config(None, ["lerner.batch_size=3"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- learner\n- run\n", "config must be a mapping of sections"),
+    ("learner: 3\n", "config section 'learner' must be a mapping"),
+])
+def test_yaml_of_the_wrong_structure(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent/exp.yaml")
+
+
+@pytest.mark.parametrize("override", ["learner.batch_size=abc", "learner.batch_size=3.5",
+                                      "learner.mirror_augment=maybe", "learner.discount=high", "run.name="])
+def test_wrong_type_override(override):
+    with pytest.raises(ConfigError, match="bad config value"):
+        load_config(None, [override])
+
+
+def test_wrong_type_in_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="bad config value.*'abc'"):
+        load_config(write(tmp_path, "learner:\n  batch_size: abc\n"))
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match="override 'learner.batch_size' must look like section.key=value"):
+        load_config(None, ["learner.batch_size"])
+
+
+def test_unknown_env_names_valid_envs_and_the_closest():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["env.name=conect_four"])
+    message = str(info.value)
+    assert "conect_four" in message and "did you mean 'connect_four'" in message
+    assert "valid: connect_four, tictactoe" in message
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["learner.batch_size=0"], "learner.batch_size must be >= 1"),
+    (["learner.discount=1.5"], r"learner.discount must be in \[0, 1\]"),
+    (["learner.discount=-0.1"], r"learner.discount must be in \[0, 1\]"),
+    (["actor.high_water_mark=31"], "actor.high_water_mark must be >= learner.batch_size"),
+    (["learner.batch_size=300"], "actor.high_water_mark must be >= learner.batch_size"),
+    (["learner.clip_rho_threshold=0"], "learner.clip_rho_threshold must be > 0 or null"),
+    (["learner.clip_pg_rho_threshold=-1"], "learner.clip_pg_rho_threshold must be > 0 or null"),
+    (["learner.clip_c_threshold=0.0"], "learner.clip_c_threshold must be > 0 or null"),
+    (["learner.optimizer=sgd"], "learner.optimizer must be adam or rmsprop"),
+    (["learner.lambda_=1.01"], r"learner.lambda_ must be in \[0, 1\]"),
+    (["actor.unroll_length=0"], "actor.unroll_length must be >= 1"),
+    (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
+])
+def test_range_checks(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_boundary_values_are_accepted():
+    cfg = load_config(None, ["learner.discount=1.0", "learner.batch_size=256", "actor.high_water_mark=256",
+                             "learner.lambda_=0"])
+    assert (cfg.learner.discount, cfg.learner.batch_size, cfg.actor.high_water_mark, cfg.learner.lambda_) == \
+        (1.0, 256, 256, 0.0)
+
+
+def test_yaml_round_trip():
+    cfg = load_config(None, ["learner.batch_size=64", "learner.clip_rho_threshold=null", "run.name=rt",
+                             "run.redis_url=redis://h:1/0", "learner.learning_rate=0.00031", "env.name=tictactoe",
+                             "learner.mirror_augment=false"])
+    text = to_yaml(cfg)
+    assert "batch_size: 64" in text
+    again = from_yaml_text(text)
+    assert again == cfg
+    assert again.learner.clip_rho_threshold is None and again.learner.learning_rate == 0.00031
+
+
+def test_from_yaml_text_rejects_unknown_keys():
+    with pytest.raises(ConfigError, match="learner.batch_size"):
+        from_yaml_text("learner:\n  batch_sise: 3\n")
+
+
+def test_describe_lists_every_key_with_its_help_and_default():
+    lines = {line.split()[0]: line for line in describe().splitlines()}
+    assert len(lines) == len(ALL_KEYS)
+    for section, f in ALL_KEYS:
+        line = lines[f"{section}.{f.name}"]
+        assert f.metadata["help"] in line
+        assert f"= {f.default!s}" in line
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.name for p in CONFIG_FILES])
+def test_every_shipped_config_loads_with_its_values(path):
+    cfg = load_config(path)
+    raw = yaml.safe_load(path.read_text())
+    for section, values in raw.items():
+        for key, value in values.items():
+            assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+
+
+def test_shipped_configs_exist():
+    assert {p.name for p in CONFIG_FILES} >= {"connect_four.yaml", "tictactoe.yaml"}
+
+
+# -- bugs -------------------------------------------------------------------------------------------
+
+def test_malformed_yaml_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError):
+        load_config(write(tmp_path, "learner: [\n"))
+
+
+def test_from_yaml_text_wrong_type_is_a_config_error():
+    with pytest.raises(ConfigError):
+        from_yaml_text("learner:\n  batch_size: abc\n")
+
+
+# -- CLI --------------------------------------------------------------------------------------------
+
+COMMANDS = {
+    "train typo": ["train", "--config", str(REPO / "configs/connect_four.yaml"), "--set", "learner.batch_sise=3"],
+    "help-config": ["train", "--help-config"],
+    "actor no redis": ["actor", "--redis-url", "redis://127.0.0.1:1/0", "--config",
+                       str(REPO / "configs/connect_four.yaml")],
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Runs the three commands at once (each pays torch's import time) in empty working directories.
+
+    Returns name -> (returncode, stdout, stderr, seconds, working directory).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}
+    procs = {}
+    for name, args in COMMANDS.items():
+        cwd = tmp_path_factory.mktemp(name.replace(" ", "_"))
+        procs[name] = (subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                       time.monotonic(), cwd)
+    results = {}
+    for name, (proc, start, cwd) in procs.items():
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        results[name] = (proc.returncode, out, err, time.monotonic() - start, cwd)
+    return results
+
+
+def test_cli_unknown_key_exits_2_and_starts_nothing(cli):
+    code, out, err, seconds, cwd = cli["train typo"]
+    assert code == 2, err
+    assert "learner.batch_size" in err and "learner.batch_sise" in err
+    assert err.startswith("error: ")
+    assert "Traceback" not in err + out
+    assert list(cwd.iterdir()) == []  # no run directory, no config.yaml written
+    assert seconds < 30  # a few seconds of imports, not a training run (loose: the CPU may be busy)
+
+
+def test_cli_help_config_lists_every_key(cli):
+    code, out, err, _, _ = cli["help-config"]
+    assert code == 0, err
+    for section, f in ALL_KEYS:
+        assert f"{section}.{f.name}" in out
+    assert "Traceback" not in err
+
+
+def test_cli_actor_without_redis_exits_2(cli):
+    code, out, err, seconds, _ = cli["actor no redis"]
+    assert code == 2, err
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in err
+    assert "Traceback" not in err + out
+    assert seconds < 30

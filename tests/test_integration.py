@@ -1,0 +1,98 @@
+"""A short real training run: run.py train -> learner + actor processes -> a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distributed.checkpoint import CheckpointError, read_checkpoint
+from distributed.transport import GROUP
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
+           "--redis-url", redis_url, "--eval-games", "0",
+           "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
+           "--set", f"run.total_frames={frames}", "--set", "run.log_every_s=1",
+           "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
+           "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, redis_server):
+    tmp = tmp_path_factory.mktemp("runs")
+    name = "integration"
+    proc = train(tmp, name, redis_server.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tmp, name, proc
+
+
+def test_unrolls_are_produced_consumed_acked_and_params_advance(finished_run, redis_server):
+    tmp, name, proc = finished_run
+    from distributed.transport import connect
+
+    r = connect(redis_server.url)
+    checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
+    _, metadata = read_checkpoint(checkpoint)
+    meta = json.loads(metadata["meta"])
+    # 3000 frames at T * B = 32 frames per update: 94 updates.
+    assert meta["frames"] >= 3000 and meta["step"] == meta["frames"] // 32
+    assert int(r.get(f"{name}:params:version")) == meta["step"]
+    group = next(g for g in r.xinfo_groups(f"{name}:traj") if g["name"].decode() == GROUP)
+    assert group["pending"] == 0  # everything delivered was acked
+    # Accounting: every unroll sent was trained on (acked, then deleted) or is still unread.
+    sent = sum(int(m) for m in re.findall(r"sent (\d+) unrolls", proc.stdout))
+    consumed = meta["step"] * 4
+    assert sent == consumed + r.xlen(f"{name}:traj")
+    # Backpressure kept the unread backlog near the high-water mark (16) plus one send per actor.
+    assert r.xlen(f"{name}:traj") <= 16 + 2 * 8
+    assert r.exists(f"{name}:done")
+    assert r.xlen(f"{name}:results") > 0
+    assert int(r.get(f"{name}:deadletter:count") or 0) == 0
+    records = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+    assert records and records[-1]["frames"] <= meta["frames"] and records[-1]["sps"] > 0
+    assert (tmp / name / "config.yaml").exists()
+
+
+def test_resume_continues_from_the_checkpoint(finished_run, redis_server):
+    tmp, name, _ = finished_run
+    before = json.loads(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["meta"])
+    proc = train(tmp, name, redis_server.url, "--resume", frames=before["frames"] + 1000)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = json.loads(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["meta"])
+    assert "resumed from" in proc.stdout
+    assert after["step"] > before["step"] and after["frames"] >= before["frames"] + 1000
+    assert after["step"] == after["frames"] // 32  # the update counter continued, not restarted
+
+
+def test_evaluate_prints_per_seat_rates_as_json(finished_run):
+    tmp, name, _ = finished_run
+    checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), "evaluate", "--checkpoint", str(checkpoint),
+                           "--opponent", "tactical", "--games", "20", "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result["seats"]) == {"player_1", "player_2"}
+    for seat in result["seats"].values():
+        assert seat["games"] == 20 and seat["wins"] + seat["draws"] + seat["losses"] == 20
+        assert abs(seat["win_rate"] + seat["draw_rate"] + seat["loss_rate"] - 1) < 1e-9
+
+
+def test_load_policy_rejects_a_corrupt_file(tmp_path):
+    from agents.policy import load_policy
+
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all")
+    with pytest.raises(CheckpointError, match="bad.safetensors"):
+        load_policy(bad)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_policy(tmp_path / "missing.safetensors")

@@ -1,0 +1,112 @@
+"""The learner's update: loss values against a hand computation, finiteness, mirror augmentation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from agents.network import MASKED_LOGIT, ActorCritic, mask_logits
+from config import AgentConfig, LearnerConfig
+from distributed.learner import Batch, learn_step, make_optimizer
+from envs.registry import env_spec
+
+
+class TableModel(nn.Module):
+    """A 'network' whose outputs are free parameters per time step: logits [T+1, A], values [T+1]."""
+
+    def __init__(self, logits: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.logits = nn.Parameter(logits.clone())
+        self.values = nn.Parameter(values.clone())
+
+    def forward(self, obs, action_mask):  # obs [(T+1) * B, 1] holds the time index
+        t = obs[:, 0].long()
+        return mask_logits(self.logits[t], action_mask), self.values[t]
+
+
+def make_batch(T: int, A: int, actions, rewards, dones, behaviour_logits, masks=None) -> Batch:
+    B = 1
+    obs = torch.arange(T + 1).view(T + 1, 1, 1).float()
+    mask = torch.ones(T + 1, B, A, dtype=torch.uint8) if masks is None else masks
+    return Batch(obs=obs, action_mask=mask, action=torch.tensor(actions).view(T, B),
+                 reward=torch.tensor(rewards, dtype=torch.float32).view(T, B),
+                 done=torch.tensor(dones).view(T, B).bool(),
+                 behaviour_logits=torch.as_tensor(behaviour_logits, dtype=torch.float32).view(T, B, A))
+
+
+def test_losses_match_a_hand_computation_on_policy():
+    # T=2, two actions, on-policy (mu = pi), so rho = 1 and vs are the n-step returns.
+    logits = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0], [0.0, 0.0]])  # pi(a=1|x0) = 0.75
+    values = torch.tensor([0.5, -0.2, 0.4])
+    model = TableModel(logits, values)
+    batch = make_batch(2, 2, actions=[1, 0], rewards=[0.0, 1.0], dones=[0, 0], behaviour_logits=logits[:2])
+    cfg = LearnerConfig(discount=0.9, entropy_cost=0.01, baseline_cost=0.5, grad_norm_clip=1e9)
+    stats = learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)
+    # vs_1 = r_1 + g V(x_2) = 1 + 0.9 * 0.4 = 1.36; vs_0 = r_0 + g vs_1 = 1.224.
+    vs = np.array([1.224, 1.36])
+    v = np.array([0.5, -0.2])
+    # pg advantage_t = r_t + g vs_{t+1} - V(x_t): [0 + 0.9 * 1.36 - 0.5, 1 + 0.9 * 0.4 + 0.2] = [0.724, 1.56]
+    adv = np.array([0.724, 1.56])
+    logp = np.log([0.75, 0.75])
+    expected_pg = -(logp * adv).mean()
+    expected_baseline = 0.5 * ((vs - v) ** 2).mean()
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert math.isclose(stats["policy_gradient_loss"], expected_pg, rel_tol=1e-5)
+    assert math.isclose(stats["baseline_loss"], expected_baseline, rel_tol=1e-5)
+    assert math.isclose(stats["entropy"], h, rel_tol=1e-5)
+    assert math.isclose(stats["loss"], expected_pg + 0.5 * expected_baseline - 0.01 * h, rel_tol=1e-5)
+    assert math.isclose(stats["mean_rho"], 1.0, rel_tol=1e-6)
+
+
+def test_extreme_log_ratio_and_masked_actions_give_finite_loss_and_gradients():
+    spec = env_spec("connect_four")
+    T, B, A = 5, 3, spec.num_actions
+    torch.manual_seed(0)
+    model = ActorCritic(spec.obs_shape, A, AgentConfig(torso="conv", channels=8, hidden=16))
+    mask = torch.ones(T + 1, B, A, dtype=torch.uint8)
+    mask[..., 3:] = 0  # four of seven columns illegal everywhere
+    action = torch.zeros(T, B, dtype=torch.int64)
+    behaviour = torch.full((T, B, A), MASKED_LOGIT)
+    behaviour[..., 0] = -99.0  # log mu(a=0) ~ -99 below pi's: log-ratio ~ 99
+    behaviour[..., 1] = 0.0
+    batch = Batch(obs=torch.randint(0, 2, (T + 1, B, *spec.obs_shape), dtype=torch.int8), action_mask=mask,
+                  action=action, reward=torch.ones(T, B), done=torch.zeros(T, B, dtype=torch.bool),
+                  behaviour_logits=behaviour)
+    cfg = LearnerConfig()
+    stats = learn_step(model, make_optimizer(model, cfg), batch, cfg)
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert stats["rho_clipped_fraction"] == 1.0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    # The clipped rho (1.0) is what the update used, not e^99.
+    model.zero_grad()
+    logits, _ = model(batch.obs.flatten(0, 1), mask.flatten(0, 1))
+    assert torch.isfinite(torch.log_softmax(logits, -1)).all()
+
+
+def test_mirror_reflects_boards_actions_and_masks_consistently():
+    spec = env_spec("connect_four")
+    T, B, A = 3, 2, 7
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 2, (T + 1, B, 6, 7, 2), generator=g, dtype=torch.int8)
+    mask = torch.randint(0, 2, (T + 1, B, A), generator=g, dtype=torch.uint8)
+    mask[..., 2] = 1
+    action = torch.full((T, B), 2, dtype=torch.int64)
+    logits = torch.randn(T, B, A, generator=g)
+    batch = Batch(obs, mask, action, torch.randn(T, B), torch.zeros(T, B, dtype=torch.bool), logits)
+    m = batch.with_mirror(spec)
+    assert m.obs.shape[1] == 2 * B
+    torch.testing.assert_close(m.obs[:, B:, :, 0], obs[:, :, :, 6])  # column 0 of the mirror = column 6
+    assert (m.action[:, B:] == 4).all()  # column 2 -> column 4
+    torch.testing.assert_close(m.action_mask[:, B:, 4], mask[..., 2])
+    torch.testing.assert_close(m.behaviour_logits[:, B:, 0], logits[..., 6])
+    torch.testing.assert_close(m.reward[:, B:], batch.reward)
+
+
+def test_tictactoe_mirror_maps_actions_like_the_board():
+    spec = env_spec("tictactoe")
+    # Cell (row 0, col 0) = action 0 reflects to (row 0, col 2) = action 2; centre column stays.
+    assert spec.mirror_actions[0] == 2 and spec.mirror_actions[4] == 4 and spec.mirror_actions[5] == 3
+    assert sorted(spec.mirror_actions) == list(range(9))
