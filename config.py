@@ -48,7 +48,9 @@ class EnvConfig:
 class AgentConfig:
     torso: str = _f("conv", "network torso: conv (board games) or mlp")
     channels: int = _f(64, "conv torso: channels of each 3x3 conv layer")
-    conv_layers: int = _f(2, "conv torso: number of 3x3 conv layers")
+    conv_layers: int = _f(2, "conv torso: number of conv layers")
+    kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)")
+    padding: str = _f("same", "conv torso: same (keep the board size) or valid (no padding)")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
 
@@ -192,6 +194,9 @@ def validate(cfg: Config) -> None:
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
         (cfg.agent.torso in ("conv", "mlp"), "agent.torso must be conv or mlp"),
+        (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
+        (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
+         "agent.padding=same needs an odd agent.kernel_size"),
         (cfg.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode must be offline, online or disabled"),
         (cfg.run.total_frames >= 1, "run.total_frames must be >= 1"),
         (cfg.learner.publish_every >= 1, "learner.publish_every must be >= 1"),

@@ -36,11 +36,14 @@ class ActorCritic(nn.Module):
             if len(obs_shape) != 3:
                 raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
             h, w, c = obs_shape
+            padding = cfg.kernel_size // 2 if cfg.padding == "same" else 0
             layers: list[nn.Module] = []
             for i in range(cfg.conv_layers):
-                layers += [nn.Conv2d(c if i == 0 else cfg.channels, cfg.channels, 3, padding=1), nn.ReLU()]
+                layers += [nn.Conv2d(c if i == 0 else cfg.channels, cfg.channels, cfg.kernel_size, padding=padding),
+                           nn.ReLU()]
             self.conv = nn.Sequential(*layers)
-            flat = cfg.channels * h * w if cfg.conv_layers else c * h * w
+            with torch.no_grad():
+                flat = self.conv(torch.zeros(1, c, h, w)).numel()
             self.fc = nn.Sequential(nn.Linear(flat, cfg.hidden), nn.ReLU())
         else:
             self.conv = None

@@ -111,7 +111,8 @@ class Actor:
     def run(self) -> None:
         """The actor loop: observe all envs, one forward pass, act, send finished unrolls."""
         self.sync_params(wait=True)
-        log.info("actor %d: %d x %s, policy version %d", self.actor_id, len(self.envs), self.spec.name, self.version)
+        log.info("actor %d (pid %d): %d x %s, policy version %d", self.actor_id, os.getpid(), len(self.envs),
+                 self.spec.name, self.version)
         turns = [env.advance() for env in self.envs]
         while not self.stopping:
             unrolls, episodes = [], []

@@ -96,3 +96,39 @@ def test_load_policy_rejects_a_corrupt_file(tmp_path):
         load_policy(bad)
     with pytest.raises(CheckpointError, match="not found"):
         load_policy(tmp_path / "missing.safetensors")
+
+
+def test_crashed_actor_is_restarted_and_malformed_entries_are_dead_lettered(tmp_path, redis_server, run_name):
+    """kill -9 of an actor mid-run: the launcher restarts it and the run finishes; garbage on the
+    trajectory stream goes to the dead-letter stream with a reason and the learner goes on."""
+    import os
+    import signal
+
+    from distributed.transport import connect
+
+    r = connect(redis_server.url)
+    r.xadd(f"{run_name}:traj", {"data": b"\x93not an unroll"})
+    r.xadd(f"{run_name}:traj", {"junk": b"no data field"})
+    cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
+           "--redis-url", redis_server.url, "--eval-games", "0", "--set", f"run.name={run_name}",
+           "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "run.total_frames=20000",
+           "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
+           "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    lines = []
+    killed = None
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"actor 0 \(pid (\d+)\): 4 x", line)
+        if m and killed is None:
+            killed = int(m.group(1))
+            os.kill(killed, signal.SIGKILL)
+    assert proc.wait(timeout=120) == 0, "".join(lines)
+    out = "".join(lines)
+    assert killed is not None
+    assert f"actor 0 (pid {killed}) exited with code -9; restarting it" in out
+    assert len(re.findall(r"actor 0 \(pid \d+\): 4 x", out)) == 2  # started twice
+    assert int(r.get(f"{run_name}:deadletter:count")) == 2
+    reasons = [f[b"reason"].decode() for _, f in r.xrange(f"{run_name}:deadletter")]
+    assert any("not msgpack" in x or "must be a map" in x for x in reasons), reasons
+    assert r.exists(f"{run_name}:done")

@@ -1,0 +1,36 @@
+"""Networks: masking gives zero probability to illegal actions with finite numbers; sampling obeys masks."""
+
+from __future__ import annotations
+
+import torch
+
+from agents.network import MASKED_LOGIT, ActorCritic, sample_actions
+from config import AgentConfig
+
+
+def test_masked_actions_are_never_sampled_and_frequencies_follow_softmax():
+    logits = torch.tensor([[0.0, MASKED_LOGIT, torch.log(torch.tensor(3.0)).item(), MASKED_LOGIT]]).repeat(20000, 1)
+    actions = sample_actions(logits, torch.Generator().manual_seed(0))
+    counts = torch.bincount(actions, minlength=4).float() / len(actions)
+    assert counts[1] == 0 and counts[3] == 0
+    assert abs(counts[2].item() - 0.75) < 0.015  # softmax([0, log 3]) = [0.25, 0.75]
+
+
+def test_policy_masks_illegal_actions_with_finite_log_probs_and_entropy():
+    torch.manual_seed(0)
+    for cfg in (AgentConfig(torso="mlp", hidden=32), AgentConfig(torso="conv", channels=4, kernel_size=4,
+                                                                 padding="valid", conv_layers=1, hidden=16)):
+        model = ActorCritic((6, 7, 2), 7, cfg)
+        obs = torch.randint(0, 2, (5, 6, 7, 2), dtype=torch.int8)
+        mask = torch.zeros(5, 7, dtype=torch.uint8)
+        mask[:, 2] = 1
+        mask[0, :] = 1
+        logits, value = model(obs, mask)
+        log_pi = torch.log_softmax(logits, -1)
+        entropy = -(log_pi.exp() * log_pi).sum(-1)
+        assert torch.isfinite(log_pi).all() and torch.isfinite(entropy).all() and value.shape == (5,)
+        # Rows with one legal action: it has probability 1 and the entropy is 0.
+        torch.testing.assert_close(log_pi[1:, 2], torch.zeros(4), atol=1e-6, rtol=0)
+        torch.testing.assert_close(entropy[1:], torch.zeros(4), atol=1e-6, rtol=0)
+        entropy.sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
