@@ -12,7 +12,7 @@ import math
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +47,11 @@ class Batch:
 
     @classmethod
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device) -> "Batch":
-        def field(name: str) -> torch.Tensor:
+        def stacked(name: str) -> torch.Tensor:
             return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1)).to(device, non_blocking=True)
 
-        return cls(obs=field("obs"), action_mask=field("action_mask"), action=field("action"),
-                   reward=field("reward"), done=field("done").bool(), behaviour_logits=field("behaviour_logits"))
+        return cls(obs=stacked("obs"), action_mask=stacked("action_mask"), action=stacked("action"),
+                   reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=stacked("behaviour_logits"))
 
     def with_mirror(self, spec: EnvSpec) -> "Batch":
         """This batch and its reflection through the board's symmetry, side by side: [.., 2B, ..]."""
@@ -194,6 +194,7 @@ class Learner:
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
+        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint."""
         cfg = self.cfg
         self.trajectories.ensure_group()
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
@@ -202,10 +203,10 @@ class Learner:
         self.results.skip_to_end()
         self.params.publish(self.model.state_dict(), self.step)
         self.start_wandb()
-        start = last_log = last_ckpt = time.monotonic()
-        window = {"frames": 0, "lag": [], "stats": [], "t": start}
         log.info("learner on %s, %s, %d params; training to %d frames", self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
+        start = last_ckpt = time.monotonic()
+        window = MetricsWindow(start)
         while not self.stopping and self.frames < cfg.run.total_frames:
             if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
                 log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
@@ -214,32 +215,37 @@ class Learner:
             if got is None:
                 break
             ids, headers, unrolls = got
-            batch = Batch.stack(unrolls, self.device)
-            if self.mirror:
-                batch = batch.with_mirror(self.spec)
-            self.model.train()
-            stats = learn_step(self.model, self.optimizer, batch, cfg.learner)
+            stats = self.train_on(unrolls)
             self.trajectories.ack(ids)
-            self.step += 1
-            new_frames = cfg.actor.unroll_length * len(unrolls)
-            self.frames += new_frames
-            if self.step % cfg.learner.publish_every == 0:
-                self.params.publish(self.model.state_dict(), self.step)
-            window["frames"] += new_frames
-            window["lag"] += [self.step - 1 - h["policy_version"] for h in headers]
-            window["stats"].append(stats)
+            window.add(cfg.actor.unroll_length * len(unrolls), [self.step - 1 - h["policy_version"] for h in headers],
+                       stats)
             now = time.monotonic()
-            if now - last_log >= cfg.run.log_every_s:
+            if now - window.start >= cfg.run.log_every_s:
                 self.log_metrics(window, now)
-                window = {"frames": 0, "lag": [], "stats": [], "t": now}
-                last_log = now
+                window = MetricsWindow(now)
             if now - last_ckpt >= cfg.learner.checkpoint_every_s:
                 self.checkpoint()
                 last_ckpt = now
+        self.finish()
+
+    def train_on(self, unrolls: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        """One update on B decoded unrolls; publishes the weights on schedule."""
+        batch = Batch.stack(unrolls, self.device)
+        if self.mirror:
+            batch = batch.with_mirror(self.spec)
+        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner)
+        self.step += 1
+        self.frames += self.cfg.actor.unroll_length * len(unrolls)
+        if self.step % self.cfg.learner.publish_every == 0:
+            self.params.publish(self.model.state_dict(), self.step)
+        return stats
+
+    def finish(self) -> None:
+        """Publish and checkpoint the final weights; tell actors the run is over unless interrupted."""
         self.params.publish(self.model.state_dict(), self.step)
         self.checkpoint()
-        if self.frames >= cfg.run.total_frames or not self.stopping:
-            self.redis.set(run_done_key(cfg.run.name), 1)
+        if not self.stopping:
+            self.redis.set(run_done_key(self.cfg.run.name), 1)
         log.info("learner done: %d updates, %d frames; checkpoint %s", self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
@@ -255,14 +261,11 @@ class Learner:
                                 dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow",
                                 id=self.cfg.run.name, config=json.loads(json.dumps(_plain(self.cfg))))
 
-    def log_metrics(self, window: dict, now: float) -> None:
+    def log_metrics(self, window: "MetricsWindow", now: float) -> None:
         episodes = self.results.read_new()
-        n = len(window["stats"])
-        record = {k: sum(s[k] for s in window["stats"]) / n for k in window["stats"][0]}
+        record = window.summary(now)
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
-            "sps": window["frames"] / max(now - window["t"], 1e-9),
-            "policy_lag": float(np.mean(window["lag"])), "policy_lag_max": int(max(window["lag"])),
             "queue_depth": self.trajectories.backlog(), "dead_letters": self.trajectories.dead_lettered(),
             "episodes": len(episodes),
         })
@@ -280,6 +283,28 @@ class Learner:
                  record["queue_depth"], record["loss"], record["entropy"], record["mean_rho"],
                  f"first-seat wins {record['first_seat_win_rate']:.2f} len {record['episode_length']:.1f}"
                  if episodes else "")
+
+
+@dataclass
+class MetricsWindow:
+    """What the updates since `start` (monotonic seconds) trained on and measured."""
+
+    start: float
+    frames: int = 0
+    lags: list = field(default_factory=list)
+    stats: list = field(default_factory=list)
+
+    def add(self, frames: int, lags: list[int], stats: dict[str, float]) -> None:
+        self.frames += frames
+        self.lags += lags
+        self.stats.append(stats)
+
+    def summary(self, now: float) -> dict[str, float]:
+        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag."""
+        record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0]}
+        record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
+                       "policy_lag_max": int(max(self.lags))})
+        return record
 
 
 def _plain(cfg: Config) -> dict:
