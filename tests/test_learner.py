@@ -110,3 +110,31 @@ def test_tictactoe_mirror_maps_actions_like_the_board():
     # Cell (row 0, col 0) = action 0 reflects to (row 0, col 2) = action 2; centre column stays.
     assert spec.mirror_actions[0] == 2 and spec.mirror_actions[4] == 4 and spec.mirror_actions[5] == 3
     assert sorted(spec.mirror_actions) == list(range(9))
+
+
+def test_reward_on_the_last_step_survives_batch_assembly():
+    """T=4, rewards [0, 0, 0, 1], the episode ends at t=3: vs = pg_advantages = [0.970299, 0.9801, 0.99, 1]."""
+    from distributed import vtrace
+    from distributed.actor import UnrollBuffer
+    from distributed.codec import UnrollSpec
+
+    spec = env_spec("tictactoe")
+    buffers = [UnrollBuffer(UnrollSpec(spec, 4)) for _ in range(2)]
+    unrolls = []
+    for buf in buffers:
+        for t in range(5):
+            got = buf.observe(np.zeros((3, 3, 2), np.int8), np.ones(9, np.uint8))
+            if got is not None:
+                unrolls.append(got)
+                break
+            buf.record_action(t, np.zeros(9, np.float32))
+            buf.settle(1.0 if t == 3 else 0.0, t == 3)
+    batch = Batch.stack(unrolls, torch.device("cpu"))
+    assert batch.reward.shape == (4, 2) and batch.reward[-1].tolist() == [1.0, 1.0]
+    discounts = (~batch.done).float() * 0.99
+    zeros = torch.zeros(4, 2)
+    out = vtrace.from_logits(batch.behaviour_logits, batch.behaviour_logits, batch.action, discounts, batch.reward,
+                             zeros, torch.zeros(2))
+    expected = torch.tensor([0.970299, 0.9801, 0.99, 1.0]).unsqueeze(1).expand(4, 2)
+    torch.testing.assert_close(out.vs, expected)
+    torch.testing.assert_close(out.pg_advantages, expected)
