@@ -61,6 +61,8 @@ class ActorConfig:
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
     unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
+    epsilon: float = _f(0.0, "exploration: env i plays uniformly random legal moves with probability "
+                        "epsilon * i / (num_envs - 1); V-trace corrects for it")
     high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls")
 
 
@@ -185,6 +187,7 @@ def validate(cfg: Config) -> None:
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
+        (0.0 <= cfg.actor.epsilon <= 1.0, "actor.epsilon must be in [0, 1]"),
         (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),

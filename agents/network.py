@@ -74,3 +74,16 @@ def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = Non
     """
     u = torch.rand(logits.shape, generator=generator).clamp_(min=1e-20)
     return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+def explore(logits: torch.Tensor, action_mask: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+    """Behaviour logits of mu = (1 - epsilon) * pi + epsilon * uniform(legal actions).
+
+    logits [N, A] masked policy logits; action_mask [N, A]; epsilon [N] in [0, 1].
+    Returns masked logits [N, A] whose softmax is mu, so the learner's V-trace sees the true
+    behaviour probabilities of the exploratory moves (Ape-X style per-env epsilon).
+    """
+    legal = (action_mask != 0).float()
+    uniform = legal / legal.sum(-1, keepdim=True)
+    mu = (1 - epsilon[:, None]) * torch.softmax(logits, -1) + epsilon[:, None] * uniform
+    return mask_logits(torch.log(mu.clamp(min=1e-30)), action_mask)

@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import torch
 
-from agents.network import ActorCritic, sample_actions
+from agents.network import ActorCritic, explore, sample_actions
 from config import Config
 from distributed.codec import UnrollSpec, encode_unroll
 from distributed.params import ParamStore
@@ -80,6 +80,9 @@ class Actor:
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.seats] for _ in self.envs]
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent)
         self.model.eval()
+        # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
+        # policy as it is, others see the positions that off-policy moves lead to.
+        self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
         self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, cfg.run.name)
@@ -131,6 +134,8 @@ class Actor:
             masks = torch.from_numpy(np.stack([t.action_mask for t in turns]))
             with torch.no_grad():
                 logits, _ = self.model(obs, masks)
+            if self.cfg.actor.epsilon > 0:
+                logits = explore(logits, masks, self.epsilons)
             actions = sample_actions(logits, self.rng).numpy()
             logits_np = logits.numpy()
             for i, (env, turn) in enumerate(zip(self.envs, turns)):

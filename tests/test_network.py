@@ -34,3 +34,16 @@ def test_policy_masks_illegal_actions_with_finite_log_probs_and_entropy():
         torch.testing.assert_close(entropy[1:], torch.zeros(4), atol=1e-6, rtol=0)
         entropy.sum().backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_explore_mixes_the_policy_with_uniform_legal_moves():
+    from agents.network import explore, mask_logits
+
+    mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0]])
+    logits = mask_logits(torch.tensor([[2.0, 0.0, 5.0, 1.0], [0.3, 0.0, 0.0, 0.0]]), mask)
+    mu = torch.softmax(explore(logits, mask, torch.tensor([0.3, 0.5])), -1)
+    pi = torch.softmax(logits, -1)
+    torch.testing.assert_close(mu[0], 0.7 * pi[0] + 0.1 * torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    torch.testing.assert_close(mu[1], torch.tensor([1.0, 0.0, 0.0, 0.0]))  # one legal move stays certain
+    # epsilon 0 leaves the policy unchanged.
+    torch.testing.assert_close(torch.softmax(explore(logits, mask, torch.zeros(2)), -1), pi)
