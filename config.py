@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +18,12 @@ from typing import Any, Optional
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+MAX_ACTORS = 256
+MAX_ENVS = 4096
+MAX_UNROLL_LENGTH = 10_000
+MAX_BUFFERED_STEPS = 2_000_000
 
 
 class ConfigError(ValueError):
@@ -155,6 +163,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 raw = OmegaConf.to_container(OmegaConf.load(p)) or {}
             except yaml.YAMLError as e:
                 raise ConfigError(f"{p} is not valid YAML: {e}".splitlines()[0]) from None
+            except (UnicodeDecodeError, OSError) as e:
+                raise ConfigError(f"cannot read config file {p}: {e}".splitlines()[0]) from None
             _check_keys(raw)
             layers.append(OmegaConf.create(raw))
         for item in overrides or []:
@@ -170,14 +180,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except ConfigKeyError as e:
         raise _unknown_key_error(str(e.full_key) if getattr(e, "full_key", None) else str(e)) from None
     except OmegaConfBaseException as e:
-        raise ConfigError(f"bad config value: {e}".splitlines()[0]) from None
+        raise _bad_value(e) from None
     validate(cfg)
     return cfg
 
 
+def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> ConfigError:
+    """OmegaConf's first message line, naming the key (its own first line often does not)."""
+    key = getattr(e, "full_key", None)
+    where = f" for {key}" if key else ""
+    return ConfigError(f"{prefix}{where}: {e}".splitlines()[0])
+
+
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError."""
-    from envs.registry import ENV_NAMES
+    from envs.registry import ENV_NAMES, env_spec
 
     if cfg.env.name not in ENV_NAMES:
         close = difflib.get_close_matches(cfg.env.name, ENV_NAMES, n=1)
@@ -203,17 +220,65 @@ def validate(cfg: Config) -> None:
         (cfg.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode must be offline, online or disabled"),
         (cfg.run.total_frames >= 1, "run.total_frames must be >= 1"),
         (cfg.learner.publish_every >= 1, "learner.publish_every must be >= 1"),
+        # Limits that keep one process's memory and the machine's process count sane.
+        (cfg.actor.num_actors <= MAX_ACTORS, f"actor.num_actors must be <= {MAX_ACTORS}"),
+        (cfg.actor.num_envs <= MAX_ENVS, f"actor.num_envs must be <= {MAX_ENVS}"),
+        (cfg.actor.unroll_length <= MAX_UNROLL_LENGTH, f"actor.unroll_length must be <= {MAX_UNROLL_LENGTH}"),
+        (cfg.actor.num_envs * cfg.actor.unroll_length <= MAX_BUFFERED_STEPS,
+         f"actor.num_envs * actor.unroll_length must be <= {MAX_BUFFERED_STEPS:,} (each actor buffers an "
+         "unroll per env and seat)"),
+        (cfg.agent.channels >= 1, "agent.channels must be >= 1"),
+        (cfg.agent.conv_layers >= 1, "agent.conv_layers must be >= 1"),
+        (cfg.agent.kernel_size >= 1, "agent.kernel_size must be >= 1"),
+        (cfg.agent.hidden >= 1, "agent.hidden must be >= 1"),
+        (cfg.agent.mlp_layers >= 1, "agent.mlp_layers must be >= 1"),
+        (cfg.learner.grad_norm_clip > 0, "learner.grad_norm_clip must be > 0"),
+        (cfg.learner.entropy_cost >= 0, "learner.entropy_cost must be >= 0"),
+        (cfg.learner.baseline_cost >= 0, "learner.baseline_cost must be >= 0"),
+        (0.0 <= cfg.learner.rmsprop_alpha <= 1.0, "learner.rmsprop_alpha must be in [0, 1]"),
+        (cfg.learner.rmsprop_eps >= 0, "learner.rmsprop_eps must be >= 0"),
+        (cfg.learner.checkpoint_every_s > 0, "learner.checkpoint_every_s must be > 0"),
+        # Redis reads BLOCK 0 as "forever": the learner could then never notice a stop signal.
+        # ... and it notices one only between reads: the launcher waits 60 s for its final checkpoint.
+        (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
+        (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
+         "learner.device must be auto, cpu, mps, cuda or cuda:N"),
+        (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),
+        (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
+        (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),
+        # The name becomes a directory under run.dir and the prefix of every Redis key.
+        (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.run.name) is not None,
+         "run.name must be letters, digits, '.', '_' or '-' (starting with a letter or digit)"),
     ]
     for threshold in ("clip_rho_threshold", "clip_pg_rho_threshold", "clip_c_threshold"):
         value = getattr(cfg.learner, threshold)
         checks.append((value is None or value > 0, f"learner.{threshold} must be > 0 or null"))
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            value = getattr(getattr(cfg, section), f.name)
+            if isinstance(value, float) and math.isnan(value):
+                raise ConfigError(f"{section}.{f.name} must be a number, not nan")
+    checks.append((math.isfinite(cfg.learner.learning_rate), "learner.learning_rate must be finite"))
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if cfg.agent.torso == "conv" and cfg.agent.padding == "valid":
+        h, w = env_spec(cfg.env.name).obs_shape[:2]
+        shrink = cfg.agent.conv_layers * (cfg.agent.kernel_size - 1)
+        if shrink >= min(h, w):
+            raise ConfigError(f"agent: {cfg.agent.conv_layers} valid-padded conv layers of kernel "
+                              f"{cfg.agent.kernel_size} do not fit the {h}x{w} board of {cfg.env.name}; "
+                              "use a smaller agent.kernel_size or agent.conv_layers, or agent.padding=same")
 
 
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def without_secrets(cfg: Config) -> Config:
+    """A copy without `run.redis_url` (it may hold a password), for files and logs that outlive the run:
+    config.yaml, checkpoints, wandb. Processes get the URL from --redis-url or $IMPALA_REDIS_URL."""
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, redis_url=None))
 
 
 def from_yaml_text(text: str) -> Config:
@@ -225,7 +290,9 @@ def from_yaml_text(text: str) -> Config:
         raw = OmegaConf.to_container(OmegaConf.create(text)) or {}
         _check_keys(raw)
         cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
-    except (yaml.YAMLError, OmegaConfBaseException) as e:
+    except yaml.YAMLError as e:
         raise ConfigError(f"bad config: {e}".splitlines()[0]) from None
+    except OmegaConfBaseException as e:
+        raise _bad_value(e, "bad config") from None
     validate(cfg)
     return cfg

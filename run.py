@@ -18,9 +18,11 @@ import os
 import sys
 from pathlib import Path
 
-from config import Config, ConfigError, describe, load_config, to_yaml
+from config import Config, ConfigError, describe, load_config, to_yaml, without_secrets
 
 log = logging.getLogger("run")
+
+MAX_EVAL_GAMES = 10_000  # games per seat; evaluation steps all of them at once
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -92,28 +94,43 @@ def _new_run_dir(cfg: Config, resume: bool) -> Path:
     return base / name
 
 
+def _write_run_config(run_dir: Path, cfg: Config, where: str) -> None:
+    """Create the run directory and its config.yaml (without the Redis URL, which may hold a password)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(without_secrets(cfg)))
+    except OSError as e:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {e.strerror}; check {where}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from distributed.launcher import EmbeddedRedis, supervise
     from distributed.transport import connect
 
     cfg = _load(args)
+    if args.eval_games > MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
     url = _redis_url(args, cfg)
     if url:
         connect(url)  # fail fast with a clear message
+    from distributed.learner import pick_device
+
+    pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
     run_dir = _new_run_dir(cfg, args.resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
-    config_path.write_text(to_yaml(cfg))
+    _write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
     log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
              cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
     if url:
-        code = supervise(cfg, config_path, run_dir, url, args.resume)
+        code, finished = supervise(cfg, config_path, run_dir, url, args.resume)
     else:
         with EmbeddedRedis() as server:
             log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
-            code = supervise(cfg, config_path, run_dir, server.url, args.resume)
+            code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume)
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
-    if code == 0 and checkpoint.exists() and args.eval_games > 0:
+    if not finished and code == 0:
+        log.info("stopped before the end of the run; `run.py train --resume` (same run.name) continues it")
+    if finished and checkpoint.exists() and args.eval_games > 0:
         _final_evaluation(checkpoint, args.eval_games)
     return code
 
@@ -138,10 +155,12 @@ def cmd_learner(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the learner needs a Redis: pass --redis-url or set run.redis_url")
+    from distributed.transport import connect
+
+    connect(url)  # fail fast, before anything is written
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        _write_run_config(run_dir, cfg, "--run-dir or run.dir")
     run_learner(cfg, url, run_dir, resume=args.resume)
     return 0
 
@@ -150,6 +169,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
     from distributed.actor import run_actor
 
     cfg = _load(args)
+    if args.actor_id < 0:
+        raise ConfigError("--actor-id must be >= 0")
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
@@ -162,8 +183,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from evaluation.bots import make_bot
     from evaluation.evaluate import evaluate
 
-    if args.games < 1:
-        raise ConfigError("--games must be >= 1")
+    if not 1 <= args.games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--games must be in [1, {MAX_EVAL_GAMES}]")  # every game is a live env at once
+    if not 0 <= args.seed < 2**31:
+        raise ConfigError("--seed must be in [0, 2**31)")
     policy = load_policy(args.checkpoint, seed=args.seed)
     try:
         make_bot(args.opponent, policy.spec.name)
@@ -183,14 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
     from distributed.checkpoint import CheckpointError
-    from distributed.transport import RedisUnavailable
+    from distributed.transport import LeaseHeld, RedisUnavailable
 
     commands = {"train": cmd_train, "learner": cmd_learner, "actor": cmd_actor, "evaluate": cmd_evaluate}
     try:
         return commands[args.role](args)
-    except (ConfigError, RedisUnavailable, CheckpointError) as e:
+    except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside the launcher's own handling (start-up, final evaluation)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

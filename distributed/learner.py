@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import time
@@ -16,16 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import redis
 import torch
 import torch.nn.functional as F
 
 from agents.network import ActorCritic
-from config import Config, LearnerConfig, to_yaml
+from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.checkpoint import load_optimizer_state, model_state, read_checkpoint, save_checkpoint
+from distributed.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
+                                   save_checkpoint)
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
 from distributed.params import ParamStore
-from distributed.transport import ResultsStream, TrajectoryStream, connect, run_done_key
+from distributed.transport import (LearnerLease, RedisUnavailable, ResultsStream, TrajectoryStream, connect,
+                                   run_done_key)
 from envs.registry import EnvSpec, env_spec
 
 log = logging.getLogger("learner")
@@ -94,7 +98,13 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
-    optimizer.step()
+    # A batch whose loss or gradient is not finite (finite but extreme values that overflow on the way,
+    # e.g. rewards near float32's max) would turn every weight into nan for good: skip that update.
+    skipped = not bool(torch.isfinite(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
 
     rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
     stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
@@ -102,7 +112,7 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
                          (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
     names = ["loss", "policy_gradient_loss", "baseline_loss", "entropy", "grad_norm", "mean_rho",
              "rho_clipped_fraction", "c_clipped_fraction"]
-    return dict(zip(names, stats))
+    return {**dict(zip(names, stats)), "skipped_update": float(skipped)}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:
@@ -115,9 +125,16 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Op
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"learner.device={name}: {e}".splitlines()[0]) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"learner.device={name} but CUDA is not available; use learner.device=auto or cpu")
+        raise ConfigError(f"learner.device={name} but CUDA is not available; use learner.device=auto or cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"learner.device={name} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"learner.device={name} but MPS is not available; use learner.device=auto or cpu")
     return device
 
 
@@ -137,6 +154,8 @@ class Learner:
         self.checkpoint_path = self.run_dir / "checkpoints" / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
+        elif resume:
+            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms)
         self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
         self.results = ResultsStream(self.redis, cfg.run.name)
@@ -149,15 +168,29 @@ class Learner:
         self.wandb = None
 
     def restore(self) -> None:
+        """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
         tensors, metadata = read_checkpoint(self.checkpoint_path)
-        self.model.load_state_dict(model_state(tensors))
-        load_optimizer_state(self.optimizer, tensors, metadata)
-        meta = json.loads(metadata["meta"])
-        self.step, self.frames = meta["step"], meta["frames"]
+        fresh_groups = self.optimizer.state_dict()["param_groups"]
+        try:
+            self.model.load_state_dict(model_state(tensors))
+            saved_groups = json.loads(metadata.get("optim_groups", "[]"))
+            marker = "betas" if self.cfg.learner.optimizer == "adam" else "alpha"  # Adam's vs RMSprop's own key
+            if len(saved_groups) != len(fresh_groups) or not all(marker in g for g in saved_groups):
+                raise ValueError(f"its optimizer state is not that of learner.optimizer={self.cfg.learner.optimizer}")
+            load_optimizer_state(self.optimizer, tensors, metadata)
+            meta = json.loads(metadata["meta"])
+            step, frames = int(meta["step"]), int(meta["frames"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
+                                  f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
+        # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
+        for group, fresh in zip(self.optimizer.param_groups, fresh_groups):
+            group.update({k: v for k, v in fresh.items() if k != "params"})
+        self.step, self.frames = step, frames
         log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
 
     def checkpoint(self) -> None:
-        save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(self.cfg),
+        save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
                          "env": self.spec.name, "time": time.time()})
 
@@ -196,6 +229,13 @@ class Learner:
     def run(self) -> None:
         """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint."""
         cfg = self.cfg
+        self.lease = LearnerLease(self.redis, cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}")
+        if not self.lease.acquire(should_stop=lambda: self.stopping):
+            self.metrics_file.close()
+            return
+        # A `done` left by an earlier end of this run (now resumed with more frames) would send every
+        # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
+        self.redis.delete(run_done_key(cfg.run.name))
         self.trajectories.ensure_group()
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
         if claimed:
@@ -226,6 +266,8 @@ class Learner:
             if now - last_ckpt >= cfg.learner.checkpoint_every_s:
                 self.checkpoint()
                 last_ckpt = now
+        if window.stats:  # the last, partial window: a run shorter than run.log_every_s still gets a record
+            self.log_metrics(window, time.monotonic())
         self.finish()
 
     def train_on(self, unrolls: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -234,6 +276,9 @@ class Learner:
         if self.mirror:
             batch = batch.with_mirror(self.spec)
         stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner)
+        if stats["skipped_update"]:
+            log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
+                        self.step + 1, stats["loss"])
         self.step += 1
         self.frames += self.cfg.actor.unroll_length * len(unrolls)
         if self.step % self.cfg.learner.publish_every == 0:
@@ -241,11 +286,12 @@ class Learner:
         return stats
 
     def finish(self) -> None:
-        """Publish and checkpoint the final weights; tell actors the run is over unless interrupted."""
+        """Checkpoint and publish the final weights; tell actors the run is over unless interrupted."""
+        self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step)
-        self.checkpoint()
         if not self.stopping:
             self.redis.set(run_done_key(self.cfg.run.name), 1)
+        self.lease.release()
         log.info("learner done: %d updates, %d frames; checkpoint %s", self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
@@ -259,7 +305,8 @@ class Learner:
 
         self.wandb = wandb.init(project=self.cfg.run.wandb_project, name=self.cfg.run.name,
                                 dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow",
-                                id=self.cfg.run.name, config=json.loads(json.dumps(_plain(self.cfg))))
+                                id=self.cfg.run.name,
+                                config=json.loads(json.dumps(_plain(without_secrets(self.cfg)))))
 
     def log_metrics(self, window: "MetricsWindow", now: float) -> None:
         episodes = self.results.read_new()
@@ -319,4 +366,9 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     learner = Learner(cfg, redis_url, run_dir, resume)
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
-    learner.run()
+    try:
+        learner.run()
+    except redis.RedisError as e:
+        learner.checkpoint()  # keep what was learned: the checkpoint is a local file
+        raise RedisUnavailable(f"the learner lost Redis ({type(e).__name__}: {e}); checkpoint at update "
+                               f"{learner.step} written to {learner.checkpoint_path}; `--resume` continues") from None

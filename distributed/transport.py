@@ -13,11 +13,16 @@ the learner deletes an entry only after acknowledging it, i.e. after the update 
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
 import time
 from typing import Callable
 
 import msgpack
 import redis
+
+log = logging.getLogger("transport")
 
 GROUP = "learners"
 RESULTS_MAXLEN = 100_000  # episode results are statistics: the oldest may be trimmed
@@ -33,8 +38,11 @@ def connect(url: str, *, block_ms: int = 1000) -> redis.Redis:
     Raises RedisUnavailable with the host (never the password) if Redis does not answer PING.
     """
     # A blocking XREADGROUP longer than the socket timeout would surface as a TimeoutError.
-    client = redis.Redis.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5,
-                                  health_check_interval=30)
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5,
+                                      health_check_interval=30)
+    except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
+        raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
     try:
         client.ping()
     except redis.AuthenticationError as e:
@@ -42,11 +50,15 @@ def connect(url: str, *, block_ms: int = 1000) -> redis.Redis:
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
         raise RedisUnavailable(f"cannot reach Redis at {_safe(url)}: {e}. Is redis-server running there, "
                                f"and is the URL (redis://[:password@]host:port/db) right?") from None
+    except redis.RedisError as e:  # e.g. an HTTP server on that port, or a db index out of range
+        raise RedisUnavailable(f"Redis at {_safe(url)} did not answer as a usable Redis: "
+                               f"{type(e).__name__}: {e}") from None
     return client
 
 
 def _safe(url: str) -> str:
-    """The URL without its credentials, for messages and logs."""
+    """The URL without its credentials (user info and query string), for messages and logs."""
+    url = url.split("?", 1)[0]  # redis-py also reads ?password=... from the query string
     if "@" in url:
         scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"  # a password may itself contain '@'
@@ -138,6 +150,14 @@ class TrajectoryStream:
         return int(self.r.get(self.deadletter_count_key) or 0)
 
 
+def _valid_result(result: dict) -> bool:
+    """The fields the learner aggregates are numbers (a string or a list there would crash np.mean)."""
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    return number(result.get("winner", -1)) and number(result.get("length", 0))
+
+
 class ResultsStream:
     """`{run}:results`: one msgpack map per finished episode."""
 
@@ -164,7 +184,7 @@ class ResultsStream:
                     result = msgpack.unpackb(fields[b"data"])
                 except (KeyError, ValueError, msgpack.UnpackException):
                     continue  # a malformed result only costs one statistic
-                if isinstance(result, dict):
+                if isinstance(result, dict) and _valid_result(result):
                     out.append(result)
         return out
 
@@ -173,6 +193,68 @@ class ResultsStream:
         info = self.r.xinfo_stream(self.key) if self.r.exists(self.key) else None
         if info:
             self.last_id = info["last-generated-id"]
+
+
+class LearnerLease:
+    """`{run}:learner`: at most one learner trains a run.
+
+    Two learners on one run would each count frames, publish interleaved weight versions, overwrite
+    each other's checkpoints and, holding unacked entries that count against the actors'
+    high-water mark, can starve each other. The key names its holder and expires unless the holder
+    refreshes it (a background thread does, every TTL / 3), so a killed learner's lease lapses by itself.
+    """
+
+    TTL_MS = 10_000
+    _REFRESH = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end "
+                "return 0")
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+    def __init__(self, client: redis.Redis, run: str, holder: str):
+        self.r = client
+        self.run = run
+        self.key = f"{run}:learner"
+        self.holder = holder
+        self._stop = threading.Event()
+
+    def acquire(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Take the lease, waiting up to one TTL for a lapsed holder's. Returns False if told to stop.
+
+        Raises LeaseHeld when another live learner keeps it.
+        """
+        deadline = time.monotonic() + self.TTL_MS / 1000 + 1
+        logged = False
+        while not self.r.set(self.key, self.holder, nx=True, px=self.TTL_MS):
+            if should_stop():
+                return False
+            other = (self.r.get(self.key) or b"?").decode(errors="replace")
+            if time.monotonic() > deadline:
+                raise LeaseHeld(f"another learner ({other}) is training run '{self.run}' on this Redis; "
+                                f"one learner per run: stop it, or choose another run.name")
+            if not logged:
+                log.info("run '%s' is held by learner %s; waiting up to %.0f s for its lease to lapse",
+                         self.run, other, self.TTL_MS / 1000)
+                logged = True
+            time.sleep(0.2)
+        threading.Thread(target=self._keep, name="learner-lease", daemon=True).start()
+        return True
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.TTL_MS / 3000):
+            try:
+                self.r.eval(self._REFRESH, 1, self.key, self.holder, self.TTL_MS)
+            except redis.RedisError:
+                pass  # the main thread meets the same error and reports it
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.r.eval(self._RELEASE, 1, self.key, self.holder)
+        except redis.RedisError:
+            pass  # it lapses by itself
+
+
+class LeaseHeld(RuntimeError):
+    """Another learner holds the run; the message names it."""
 
 
 def run_done_key(run: str) -> str:

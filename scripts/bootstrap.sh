@@ -12,7 +12,9 @@ stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing requirements into .venv (first time takes a minute or two)"
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -r requirements.txt
+  # pip warns once per package about local index folders this machine's pip config may name; hide only those.
+  quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+  quiet .venv/bin/python -m pip install --quiet --upgrade pip
+  quiet .venv/bin/python -m pip install --quiet -r requirements.txt
   echo "$want" > "$stamp"
 fi

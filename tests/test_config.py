@@ -143,6 +143,51 @@ def test_range_checks(overrides, message):
         load_config(None, overrides)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["agent.mlp_layers=0"], "agent.mlp_layers must be >= 1"),
+    (["agent.hidden=0"], "agent.hidden must be >= 1"),
+    (["agent.channels=0"], "agent.channels must be >= 1"),
+    (["agent.kernel_size=9", "agent.padding=valid"], "do not fit the 6x7 board of connect_four"),
+    (["learner.grad_norm_clip=0"], "learner.grad_norm_clip must be > 0"),
+    (["learner.entropy_cost=-1"], "learner.entropy_cost must be >= 0"),
+    (["learner.rmsprop_eps=-1"], "learner.rmsprop_eps must be >= 0"),
+    (["learner.read_block_ms=0"], r"learner.read_block_ms must be in \[1, 30000\]"),
+    (["learner.read_block_ms=600000"], r"learner.read_block_ms must be in \[1, 30000\]"),
+    (["learner.checkpoint_every_s=0"], "learner.checkpoint_every_s must be > 0"),
+    (["learner.device=banana"], "learner.device must be auto, cpu"),
+    (["learner.learning_rate=inf"], "learner.learning_rate must be finite"),
+    (["learner.entropy_cost=nan"], "learner.entropy_cost must be a number, not nan"),
+    (["run.log_every_s=nan"], "run.log_every_s must be a number, not nan"),
+    (["run.max_minutes=-1"], "run.max_minutes must be >= 0"),
+    (["run.seed=-1"], r"run.seed must be in \[0, 2\*\*31\)"),
+    (["run.name=../outside"], "run.name must be letters, digits"),
+    (["run.name=/tmp/abs"], "run.name must be letters, digits"),
+    (["actor.num_envs=100000000"], "actor.num_envs must be <= 4096"),
+    (["actor.num_actors=100000"], "actor.num_actors must be <= 256"),
+    (["actor.unroll_length=10000000"], "actor.unroll_length must be <= 10000"),
+    (["actor.num_envs=4096", "actor.unroll_length=5000"], "actor.num_envs \\* actor.unroll_length must be <="),
+])
+def test_nonsense_values_are_refused_by_name(overrides, message):
+    """Values that used to be accepted and then crashed a child process (or silently misbehaved)."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_value_message_names_the_key():
+    with pytest.raises(ConfigError, match="bad config value for learner.batch_size: .*'abc'"):
+        load_config(None, ["learner.batch_size=abc"])
+    with pytest.raises(ConfigError, match="bad config value for run.name"):
+        load_config(None, ["run.name="])
+
+
+def test_without_secrets_drops_the_redis_url():
+    from config import without_secrets
+
+    cfg = load_config(None, ["run.redis_url=redis://:hunter2@h:1/0"])
+    assert "hunter2" not in to_yaml(without_secrets(cfg))
+    assert cfg.run.redis_url == "redis://:hunter2@h:1/0"  # the original is untouched
+
+
 def test_boundary_values_are_accepted():
     cfg = load_config(None, ["learner.discount=1.0", "learner.batch_size=256", "actor.high_water_mark=256",
                              "learner.lambda_=0"])
@@ -193,6 +238,13 @@ def test_shipped_configs_exist():
 def test_malformed_yaml_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError):
         load_config(write(tmp_path, "learner: [\n"))
+
+
+def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(b"run:\n  name: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(path)
 
 
 def test_from_yaml_text_wrong_type_is_a_config_error():

@@ -138,3 +138,26 @@ def test_reward_on_the_last_step_survives_batch_assembly():
     expected = torch.tensor([0.970299, 0.9801, 0.99, 1.0]).unsqueeze(1).expand(4, 2)
     torch.testing.assert_close(out.vs, expected)
     torch.testing.assert_close(out.pg_advantages, expected)
+
+
+def test_a_batch_whose_loss_overflows_skips_the_update_instead_of_poisoning_the_weights():
+    """Rewards near float32's max pass the decoder (they are finite) but overflow in V-trace: the
+    update used to write nan into every weight, after which every unroll was dead-lettered."""
+    spec = env_spec("tictactoe")
+    T, B, A = 4, 2, spec.num_actions
+    torch.manual_seed(0)
+    model = ActorCritic(spec.obs_shape, A, AgentConfig(torso="mlp", hidden=16))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    reward = torch.tensor([3e38, 3e38, -3e38, 3e38]).view(T, 1).expand(T, B).contiguous()
+    batch = Batch(obs=torch.zeros(T + 1, B, *spec.obs_shape, dtype=torch.int8),
+                  action_mask=torch.ones(T + 1, B, A, dtype=torch.uint8), action=torch.zeros(T, B, dtype=torch.int64),
+                  reward=reward, done=torch.zeros(T, B, dtype=torch.bool), behaviour_logits=torch.zeros(T, B, A))
+    cfg = LearnerConfig()
+    optimizer = make_optimizer(model, cfg)
+    stats = learn_step(model, optimizer, batch, cfg)
+    assert stats["skipped_update"] == 1.0
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    ok = Batch(batch.obs, batch.action_mask, batch.action, torch.ones(T, B), batch.done, batch.behaviour_logits)
+    assert learn_step(model, optimizer, ok, cfg)["skipped_update"] == 0.0
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -54,6 +54,30 @@ def test_connect_error_hides_a_password_containing_at_sign():
     assert "wxyz" not in str(info.value) and "pass@" not in str(info.value)
 
 
+@pytest.mark.parametrize("url, message", [
+    ("http://:s3cret@127.0.0.1:6379/0", "bad Redis URL"),
+    ("redis://:s3cret@127.0.0.1:notaport/0", "bad Redis URL"),
+    ("redis://:s3cret@127.0.0.1:99999/0", "bad Redis URL"),
+    ("localhost:6379", "bad Redis URL localhost:6379"),
+])
+def test_malformed_url_is_redis_unavailable_without_the_password(url, message):
+    with pytest.raises(RedisUnavailable, match=message) as info:
+        connect(url)
+    assert "s3cret" not in str(info.value)
+
+
+def test_db_index_out_of_range_is_redis_unavailable(redis_server):
+    with pytest.raises(RedisUnavailable, match="DB index is out of range") as info:
+        connect(f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/999")
+    assert redis_server.password not in str(info.value)
+
+
+def test_password_in_the_query_string_is_not_shown(redis_server):
+    with pytest.raises(RedisUnavailable, match="refused the password") as info:
+        connect(f"redis://127.0.0.1:{redis_server.port}/0?password=hunter2")
+    assert "hunter2" not in str(info.value)
+
+
 def test_connect_with_wrong_password(redis_server):
     url = f"redis://:wrong-{redis_server.password[:4]}x@127.0.0.1:{redis_server.port}/0"
     with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{redis_server.port}") as info:
@@ -257,6 +281,16 @@ def test_results_skip_entries_that_are_not_maps(redis_client, run_name):
     assert stream.read_new() == RESULTS[:1]
 
 
+def test_results_skip_entries_whose_numbers_are_not_numbers(redis_client, run_name):
+    """The learner takes np.mean of winners and lengths: a string there used to crash it."""
+    stream = ResultsStream(redis_client, run_name)
+    for bad in ({"winner": "x", "length": 3}, {"winner": 0, "length": "long"}, {"winner": [0, 1], "length": 3},
+                {"winner": 0, "length": float("nan")}, {"winner": True, "length": 3}):
+        redis_client.xadd(stream.key, {"data": msgpack.packb(bad)})
+    stream.add_many(RESULTS[:1])
+    assert stream.read_new() == RESULTS[:1]
+
+
 def test_results_skip_to_end(redis_client, run_name):
     writer = ResultsStream(redis_client, run_name)
     resumed = ResultsStream(redis_client, run_name)
@@ -294,3 +328,32 @@ def test_param_store_publish_fetch_replace(redis_client, run_name):
         assert torch.equal(fetched[name], tensor), name
     assert not torch.equal(fetched["torso.weight"], state(1)["torso.weight"])
     assert ParamStore(redis_client, run_name + "-other").version() == -1
+
+
+# -- one learner per run ----------------------------------------------------------------------------
+
+def test_a_second_learner_is_refused_and_a_dead_ones_lease_lapses(redis_client, run_name):
+    from distributed.transport import LearnerLease, LeaseHeld
+
+    def lease(holder: str) -> LearnerLease:
+        lease = LearnerLease(redis_client, run_name, holder)
+        lease.TTL_MS = 600
+        return lease
+
+    first = lease("host-a pid 1")
+    assert first.acquire()
+    time.sleep(1.0)  # longer than the TTL: the holder's thread keeps the lease alive
+    start = time.monotonic()
+    with pytest.raises(LeaseHeld, match=f"another learner \\(host-a pid 1\\) is training run '{run_name}'"):
+        lease("host-b pid 2").acquire()
+    assert time.monotonic() - start < 3
+    assert not lease("host-b pid 2").acquire(should_stop=lambda: True)  # a stop request ends the wait
+    first.release()
+    second = lease("host-b pid 2")
+    assert second.acquire()
+    second._stop.set()  # the holder is killed: nobody refreshes, nobody releases
+    third = lease("host-c pid 3")
+    assert third.acquire()
+    assert redis_client.get(third.key) == b"host-c pid 3"
+    third.release()
+    assert not redis_client.exists(third.key)
