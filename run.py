@@ -129,7 +129,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume)
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
     if not finished and code == 0:
-        log.info("stopped before the end of the run; `run.py train --resume` (same run.name) continues it")
+        log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
+                 "continues it", args.config, cfg.run.name)
     if finished and checkpoint.exists() and args.eval_games > 0:
         _final_evaluation(checkpoint, args.eval_games)
     return code
