@@ -2,13 +2,16 @@
 
 Tensors: `model.<name>` (the network) and `optim.<param index>.<state name>` (optimizer moments).
 Metadata (strings in the safetensors header): `config` (resolved YAML), `meta` (JSON: update step,
-frames, params version, consumed stream position) and `optim_groups` (JSON: optimizer hyperparameters).
+frames, params version, consumed stream position), `optim_groups` (JSON: optimizer hyperparameters) and
+`tensors_sha256` (see `tensors_digest`), which `read_checkpoint` verifies before returning anything.
 A `checkpoint.json` beside it repeats `meta` for people; loading never reads it. Nothing is pickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -18,13 +21,32 @@ from safetensors import SafetensorError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+log = logging.getLogger("checkpoint")
+
+DIGEST_KEY = "tensors_sha256"
+
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, corrupt, or not one of ours; the message names the file."""
 
 
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) over the tensors in name order: each name, dtype, shape and raw bytes.
+
+    safetensors checks the header's offsets but not the data, so a flipped bit in a weight would load
+    silently; this digest, stored in the metadata, catches it.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes of any dtype (bfloat16 too)
+    return h.hexdigest()
+
+
 def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     config_yaml: str, meta: dict[str, Any]) -> None:
+    """Write model, optimizer state, config and `meta` to `path` atomically, with the tensors' digest."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -35,7 +57,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
             for name, value in param_state.items():
                 tensors[f"optim.{idx}.{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
         groups = state["param_groups"]
-    metadata = {"config": config_yaml, "meta": json.dumps(meta), "optim_groups": json.dumps(groups)}
+    metadata = {"config": config_yaml, "meta": json.dumps(meta), "optim_groups": json.dumps(groups),
+                DIGEST_KEY: tensors_digest(tensors)}
     tmp = path.with_suffix(path.suffix + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
     os.replace(tmp, path)
@@ -46,7 +69,11 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """All tensors and the metadata of a checkpoint. Raises CheckpointError naming the file."""
+    """All tensors and the metadata of a checkpoint, after checking the tensors against their digest.
+
+    Raises CheckpointError naming the file if it is missing, unreadable, not ours, or its tensor data
+    does not match the digest saved with it. A file written before digests existed loads with a warning.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -58,15 +85,23 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {e}") from None
     if "config" not in metadata or "meta" not in metadata:
         raise CheckpointError(f"{path} has no run config in its metadata; is it a checkpoint of this project?")
+    expected = metadata.get(DIGEST_KEY)
+    if expected is None:
+        log.warning("%s has no %s (written before checkpoints carried one): loaded without verifying its data",
+                    path, DIGEST_KEY)
+    elif tensors_digest(tensors) != expected:
+        raise CheckpointError(f"{path} is corrupt: its tensor data does not match the SHA-256 saved with it")
     return tensors, metadata
 
 
 def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The network's state dict from a checkpoint's tensors (names without the `model.` prefix)."""
     return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                          metadata: dict[str, str]) -> None:
+    """Restore `optimizer` from a checkpoint's `optim.*` tensors and its `optim_groups` metadata."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
