@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import io
 import math
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ MAX_ACTORS = 256
 MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
 MAX_BUFFERED_STEPS = 2_000_000
+MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
 class ConfigError(ValueError):
@@ -140,9 +142,20 @@ def _check_keys(node: Any, prefix: str = "") -> None:
             raise _unknown_key_error(str(k))
         if not isinstance(v, dict):
             raise ConfigError(f"config section '{k}' must be a mapping, got {v!r}")
-        for sub in v:
+        for sub, value in v.items():
             if f"{k}.{sub}" not in valid:
                 raise _unknown_key_error(f"{k}.{sub}")
+            _check_value(f"{k}.{sub}", value)
+
+
+def _check_value(key: str, value: Any) -> None:
+    """Refuse by name what OmegaConf would mishandle: integers beyond int64 (an OverflowError on a float
+    field) and its "???" placeholder (merged over a default, it would silently keep the default)."""
+    if value == "???":
+        raise ConfigError(f"{key} is '???' (OmegaConf's placeholder for a missing value): give it a value")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+        shown = str(value) if len(str(value)) <= 30 else str(value)[:27] + "..."
+        raise ConfigError(f"{key}={shown} is out of range (at most {MAX_INT_BITS} bits)")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -173,14 +186,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             key = item.split("=", 1)[0].strip()
             if key not in _all_keys():
                 raise _unknown_key_error(key)
-        if overrides:
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
+            try:  # one layer per override (later ones win), so a parse error names its override
+                layer = OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as e:
+                raise ConfigError(f"override '{item}': the value is not valid YAML: {e}".splitlines()[0]) from None
+            _check_keys(OmegaConf.to_container(layer))
+            layers.append(layer)
         merged = OmegaConf.merge(schema, *layers)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except ConfigKeyError as e:
         raise _unknown_key_error(str(e.full_key) if getattr(e, "full_key", None) else str(e)) from None
     except OmegaConfBaseException as e:
         raise _bad_value(e) from None
+    except OverflowError as e:  # a number no config field can hold (after the int64 check: e.g. a float field)
+        raise ConfigError(f"bad config value: {e}") from None
     validate(cfg)
     return cfg
 
@@ -287,10 +306,11 @@ def from_yaml_text(text: str) -> Config:
     Raises ConfigError like `load_config`.
     """
     try:
-        raw = OmegaConf.to_container(OmegaConf.create(text)) or {}
+        # OmegaConf.load, not create: create asserts on a document that is a bare number.
+        raw = OmegaConf.to_container(OmegaConf.load(io.StringIO(text))) or {}
         _check_keys(raw)
         cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, OSError, OverflowError) as e:  # OSError: a document that is not a mapping
         raise ConfigError(f"bad config: {e}".splitlines()[0]) from None
     except OmegaConfBaseException as e:
         raise _bad_value(e, "bad config") from None

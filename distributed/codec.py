@@ -86,7 +86,7 @@ def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
     header, body = msg["header"], msg["arrays"]
     _check_header(header, spec)
     if not isinstance(body, dict) or set(body) != set(spec.arrays):
-        got = sorted(body) if isinstance(body, dict) else type(body).__name__
+        got = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__  # keys: str or bytes
         raise DecodeError(f"arrays must be exactly {sorted(spec.arrays)}, got {got}")
     arrays = {name: _decode_array(name, body[name], *spec.arrays[name]) for name in spec.arrays}
     _check_values(arrays, spec)
