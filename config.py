@@ -47,6 +47,7 @@ class RunConfig:
     wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")
     wandb_project: str = _f("impala-league", "wandb project name")
     log_every_s: float = _f(10.0, "seconds between progress lines and metrics records")
+    redis_retry_s: float = _f(60.0, "retry a lost Redis connection (backoff up to 2 s) this long before a process gives up")
 
 
 @dataclass
@@ -263,6 +264,7 @@ def validate(cfg: Config) -> None:
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
          "learner.device must be auto, cpu, mps, cuda or cuda:N"),
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),
+        (0 <= cfg.run.redis_retry_s <= 86_400, "run.redis_retry_s must be in [0, 86400]"),
         (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
         (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),
         # The name becomes a directory under run.dir and the prefix of every Redis key.

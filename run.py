@@ -124,7 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if url:
         code, finished = supervise(cfg, config_path, run_dir, url, args.resume)
     else:
-        with EmbeddedRedis() as server:
+        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
             log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
             code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume)
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"

@@ -73,7 +73,7 @@ class Actor:
     def __init__(self, cfg: Config, redis_url: str, actor_id: int):
         self.cfg = cfg
         self.actor_id = actor_id
-        self.redis = connect(redis_url)  # first, so a wrong URL fails before any env is built
+        self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
         self.spec = env_spec(cfg.env.name)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         seed = cfg.run.seed + 1000 * (actor_id + 1)

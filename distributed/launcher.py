@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,38 +55,59 @@ def _free_port() -> int:
 class EmbeddedRedis:
     """A private redis-server on a free loopback port with a random password; stopped on `stop()`.
 
+    It keeps an append-only file (`appendonly yes`, fsynced every second) in a folder it owns: `dir` if
+    given (emptied first; the launcher uses `<run dir>/redis`), else a temporary one. So a restarted
+    server (`restart()`, or the watchdog that `restart_on_exit=True` starts) comes back on the same port
+    and password with its streams, groups and pending entries, and actors and learner carry on (they
+    retry a lost connection, see transport.RetryPolicy). `stop()` removes the folder.
+
     On Linux it also dies with the thread that created it (see `_die_with_parent`): create it from a
     thread that outlives it, such as the main thread."""
 
-    def __init__(self) -> None:
+    MAX_RESTARTS = 5  # by the watchdog: a server that keeps dying has a cause a restart will not fix
+
+    def __init__(self, dir: str | Path | None = None, *, appendonly: bool = True,
+                 restart_on_exit: bool = False) -> None:
         self.password = secrets.token_hex(16)
-        self.dir = tempfile.mkdtemp(prefix="impala-redis-")
+        self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        if dir is None:
+            self.dir = tempfile.mkdtemp(prefix="impala-redis-")
+        else:  # left over by a killed launcher of this run: stale data must not be loaded
+            shutil.rmtree(dir, ignore_errors=True)
+            Path(dir).mkdir(parents=True)
+            self.dir = str(dir)
         try:
             for _ in range(3):  # the free port may be taken by someone else before redis-server binds it
-                err = self._start()
+                err = self._start(_free_port())
                 if err is None:
-                    # It saves nothing (no RDB, no AOF): drop its working directory now, so that not even
-                    # a SIGKILLed launcher can leave it behind. redis-server keeps running in the unlinked dir.
-                    shutil.rmtree(self.dir, ignore_errors=True)
-                    return
-            raise RedisUnavailable(f"embedded redis-server did not start: {err}")
+                    break
+            else:
+                raise RedisUnavailable(f"embedded redis-server did not start: {err}")
         except BaseException:
-            self.stop()  # no orphan redis-server or temp dir, whatever went wrong (Ctrl-C included)
+            self.stop()  # no orphan redis-server or folder, whatever went wrong (Ctrl-C included)
             raise
+        if restart_on_exit:
+            self._watchdog = threading.Thread(target=self._watch, name="redis-watchdog", daemon=True)
+            self._watchdog.start()
 
-    def _start(self) -> str | None:
-        """Start redis-server on a free port; None once it answers, else why it did not."""
-        self.port = _free_port()
+    def _start(self, port: int) -> str | None:
+        """Start redis-server on `port`; None once it answers, else why it did not."""
+        self.port = port
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
+             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+             "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis.from_url(self.url, socket_connect_timeout=1).ping()
+                redis.Redis.from_url(self.url, socket_connect_timeout=1).ping()  # BusyLoading while it reads its AOF
                 return None
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -93,6 +115,36 @@ class EmbeddedRedis:
                     self._stop_proc()
                     return err
                 time.sleep(0.05)
+
+    def restart(self) -> None:
+        """Stop redis-server if it still runs and start it again: same port, password and data folder.
+
+        The new server dies with the calling thread (`_die_with_parent`): call it from one that lives on."""
+        with self._lock:
+            self._stop_proc()
+            err = self._start(self.port)
+            if err is not None:
+                raise RedisUnavailable(f"embedded redis-server did not restart on port {self.port}: {err}")
+            self.restarts += 1
+
+    def _watch(self) -> None:
+        """Restart redis-server when it exits (killed, crashed) until `stop()`, at most MAX_RESTARTS times."""
+        while not self._stopping.wait(0.2):
+            code = self.proc.poll()
+            if code is None:
+                continue
+            if self.restarts >= self.MAX_RESTARTS:
+                log.error("embedded redis-server %s; it was restarted %d times already: giving up",
+                          _describe_exit(code), self.restarts)
+                return
+            log.warning("embedded redis-server (pid %d) %s; restarting it from its append-only file",
+                        self.proc.pid, _describe_exit(code))
+            try:
+                self.restart()
+            except RedisUnavailable as e:
+                log.error("%s", e)
+                return
+            log.info("embedded redis-server back on 127.0.0.1:%d (pid %d)", self.port, self.proc.pid)
 
     def _stop_proc(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -104,6 +156,10 @@ class EmbeddedRedis:
                 self.proc.wait()
 
     def stop(self) -> None:
+        """Stop the watchdog and redis-server, and remove the data folder."""
+        self._stopping.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join()
         self._stop_proc()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -169,7 +225,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
     clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the actors kept crashing.
     """
-    client = connect(redis_url)
+    client = connect(redis_url, retry_s=cfg.run.redis_retry_s)
     client.delete(run_done_key(cfg.run.name))
     if not resume:  # weights another run of this name left behind must not reach the new actors
         client.delete(f"{cfg.run.name}:params", f"{cfg.run.name}:params:version")  # see distributed/params.py

@@ -28,8 +28,8 @@ from distributed.checkpoint import (CheckpointError, load_optimizer_state, model
                                    save_checkpoint)
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
 from distributed.params import ParamStore
-from distributed.transport import (LearnerLease, RedisUnavailable, ResultsStream, TrajectoryStream, connect,
-                                   run_done_key)
+from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
+                                   TrajectoryStream, connect, redis_outages, run_done_key)
 from envs.registry import EnvSpec, env_spec
 
 log = logging.getLogger("learner")
@@ -156,11 +156,12 @@ class Learner:
             self.restore()
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
-        self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms)
+        self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, cfg.run.name)
         self.consumer = f"learner-{socket.gethostname()}"
+        self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
@@ -208,6 +209,8 @@ class Learner:
         while len(unrolls) < B:
             if self.stopping:
                 return None
+            if not ids and self.sweeper.claim_due():  # dead consumers' unrolls are now our own pending ones
+                self.pending_cursor = "0"
             entries = self.trajectories.read(self.consumer, B - len(unrolls), self.cfg.learner.read_block_ms,
                                              pending_after=self.pending_cursor)
             if self.pending_cursor is not None:
@@ -315,6 +318,7 @@ class Learner:
             "step": self.step, "frames": self.frames, "time": time.time(),
             "queue_depth": self.trajectories.backlog(), "dead_letters": self.trajectories.dead_lettered(),
             "episodes": len(episodes),
+            "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
         })
         if episodes:
             winners = np.array([e.get("winner", -1) for e in episodes])

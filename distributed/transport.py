@@ -9,18 +9,26 @@ Keys (see docs/architecture.md):
 
 Unread and pending unrolls are never trimmed: actors apply backpressure instead (`wait_for_room`), and
 the learner deletes an entry only after acknowledging it, i.e. after the update that used it.
+
+Failures (docs/architecture.md, "Failures and recovery"): every client made by `connect` retries a lost
+connection with capped exponential backoff for `run.redis_retry_s` (`RetryPolicy`); a group read that
+answers NOGROUP recreates the group and counts the loss (`TrajectoryStream.read`); unrolls pending on a
+dead consumer are claimed by the live learner and the consumer is then removed (`DeadConsumerSweeper`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import msgpack
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger("transport")
 
@@ -32,15 +40,105 @@ class RedisUnavailable(RuntimeError):
     """Redis cannot be reached; the message says where and what to check."""
 
 
-def connect(url: str, *, block_ms: int = 1000) -> redis.Redis:
-    """A client for `url` whose socket timeout exceeds any blocking read we issue.
+class RedisGaveUp(redis.ConnectionError):
+    """Redis stayed unreachable for longer than the retry policy's limit."""
 
-    Raises RedisUnavailable with the host (never the password) if Redis does not answer PING.
+
+class RetryPolicy(Retry):
+    """How a client lives through a Redis outage (a restart, a network blip): the one retry policy of
+    actors, learner and launcher, installed by `connect` as redis-py's connection-level `Retry`.
+
+    A command that fails with a connection error or timeout is retried at once (a pooled connection is
+    stale after a restart), then after 0.1, 0.2, 0.4 ... seconds, capped at `cap_s`, until it succeeds or
+    Redis has been unreachable for `limit_s` (run.redis_retry_s): then RedisGaveUp is raised, which the
+    processes turn into their RedisUnavailable exit. An outage is logged once when it starts and once when
+    it ends, however many commands and threads wait on it. A refused password is never retried.
+
+    Commands are re-sent after a lost connection, so one whose reply was lost may run twice: an XADD
+    then duplicates an unroll (trained on twice), every other command the processes send is idempotent.
     """
-    # A blocking XREADGROUP longer than the socket timeout would surface as a TimeoutError.
+
+    def __init__(self, where: str, limit_s: float, base_s: float = 0.1, cap_s: float = 2.0):
+        super().__init__(NoBackoff(), retries=-1)  # the schedule is ours: call_with_retry below
+        self.where, self.limit_s, self.base_s, self.cap_s = where, limit_s, base_s, cap_s
+        self.armed = False  # until connect's first PING succeeds: a wrong URL must fail fast, not wait
+        self.outages = 0  # outages that ended with Redis back
+        self.attempts = 0  # failed attempts, all outages together (no busy loop: tests bound it)
+        self._down_since: float | None = None
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> "RetryPolicy":
+        return self  # redis-py copies its retry into every connection: they must share one outage clock
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any],
+                        is_retryable: Callable[[Exception], bool] | None = None,
+                        with_failure_count: bool = False) -> Any:
+        """Run `do` until it succeeds or the outage outlasts `limit_s` (redis-py's Retry interface)."""
+        failures = 0
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if isinstance(error, (redis.AuthenticationError, RedisGaveUp)) or (
+                        is_retryable is not None and not is_retryable(error)):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                if not self.armed:
+                    raise
+                down_for = self._failed(error)
+                if failures == 1:
+                    continue
+                if down_for >= self.limit_s:
+                    raise RedisGaveUp(f"Redis at {self.where} unreachable for {down_for:.0f} s "
+                                      f"(run.redis_retry_s={self.limit_s:g}): {error}") from None
+                time.sleep(min(self.base_s * 2 ** (failures - 2), self.cap_s, self.limit_s - down_for))
+                continue
+            if self._down_since is not None:
+                self._recovered()
+            return result
+
+    def _failed(self, error: Exception) -> float:
+        """Note a failed attempt; returns seconds since the outage began (logging its start once)."""
+        with self._lock:
+            self.attempts += 1
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("pid %d: lost Redis at %s (%s: %s); retrying for up to %g s", os.getpid(), self.where,
+                            type(error).__name__, error, self.limit_s)
+            return now - self._down_since
+
+    def _recovered(self) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                log.info("pid %d: Redis at %s is back after %.1f s", os.getpid(), self.where,
+                         time.monotonic() - self._down_since)
+                self._down_since = None
+                self.outages += 1
+
+
+def redis_outages(client: redis.Redis) -> int:
+    """Outages that `client` lived through (0 for a client not made by `connect`)."""
+    policy = client.get_retry()
+    return policy.outages if isinstance(policy, RetryPolicy) else 0
+
+
+def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.Redis:
+    """A client for `url` whose socket timeout exceeds any blocking read we issue, and which retries a
+    lost connection for up to `retry_s` seconds (`RetryPolicy`).
+
+    Raises RedisUnavailable with the host (never the password) if Redis does not answer PING now.
+    """
+    # Block time and socket timeout are set together: a blocking XREADGROUP longer than the socket
+    # timeout would surface as a TimeoutError (and, retried, would never return). `read` checks it.
+    policy = RetryPolicy(_safe(url), retry_s)
     try:
         client = redis.Redis.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5,
-                                      health_check_interval=30)
+                                      health_check_interval=30, retry=policy)
     except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
         raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
     try:
@@ -53,6 +151,7 @@ def connect(url: str, *, block_ms: int = 1000) -> redis.Redis:
     except redis.RedisError as e:  # e.g. an HTTP server on that port, or a db index out of range
         raise RedisUnavailable(f"Redis at {_safe(url)} did not answer as a usable Redis: "
                                f"{type(e).__name__}: {e}") from None
+    policy.armed = True
     return client
 
 
@@ -73,6 +172,8 @@ class TrajectoryStream:
         self.key = f"{run}:traj"
         self.deadletter_key = f"{run}:deadletter"
         self.deadletter_count_key = f"{run}:deadletter:count"
+        self.group_losses = 0  # times the stream and its group were found gone (see `read`)
+        self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
     # -- actor side --------------------------------------------------------------------------------
     def add(self, payloads: list[bytes]) -> None:
@@ -84,7 +185,9 @@ class TrajectoryStream:
 
     def backlog(self) -> int:
         """Unrolls in the stream: unread plus delivered-but-unacked (acked ones are deleted)."""
-        return self.r.xlen(self.key)
+        n = self.r.xlen(self.key)
+        self.last_backlog = (n, time.monotonic())
+        return n
 
     def wait_for_room(self, high_water_mark: int, should_stop: Callable[[], bool] = lambda: False,
                       poll_s: float = 0.05) -> float:
@@ -107,13 +210,59 @@ class TrajectoryStream:
              ) -> list[tuple[bytes, bytes]]:
         """Up to `count` entries as (entry_id, data): new ones, or with `pending_after` set, this
         consumer's own delivered-but-unacked entries with ids above it (re-read after a restart;
-        start with "0" and pass the last id seen to page through them)."""
-        reply = self.r.xreadgroup(GROUP, consumer, {self.key: ">" if pending_after is None else pending_after},
-                                  count=count, block=block_ms if pending_after is None else None)
+        start with "0" and pass the last id seen to page through them).
+
+        If the group is gone (NOGROUP: Redis restarted without persistence, or the key was deleted), the
+        group is created again (`recreate_lost_group`) and the read returns no entries; the caller goes on.
+        Raises ValueError if `block_ms` is not below the client's socket timeout (see `connect`).
+        """
+        timeout = self.r.connection_pool.connection_kwargs.get("socket_timeout")
+        if pending_after is None and timeout is not None and block_ms / 1000 >= timeout:
+            raise ValueError(f"a read blocking {block_ms} ms needs a socket timeout above {block_ms / 1000:g} s, this "
+                             f"client's is {timeout:g} s: make the client with connect(url, block_ms={block_ms})")
+        try:
+            reply = self.r.xreadgroup(GROUP, consumer, {self.key: ">" if pending_after is None else pending_after},
+                                      count=count, block=block_ms if pending_after is None else None)
+        except redis.ResponseError as e:
+            if not str(e).startswith("NOGROUP"):
+                raise
+            self.recreate_lost_group()
+            return []
         if not reply:
             return []
         # An entry deleted while pending comes back with no fields; it has nothing to train on.
         return [(eid, (fields or {}).get(b"data", b"")) for eid, fields in reply[0][1]]
+
+    def recreate_lost_group(self) -> None:
+        """Create the group again after it was found gone, and count and log the loss.
+
+        The unrolls that were in the stream went with it; their number is known only as of the last
+        `backlog` count. A learner racing to recreate the group is fine (`ensure_group`).
+        """
+        self.ensure_group()
+        self.group_losses += 1
+        if self.last_backlog is None:
+            lost = "an unknown number of unrolls"
+        else:
+            n, at = self.last_backlog
+            lost = f"{n} unrolls (the count {time.monotonic() - at:.0f} s before)"
+        log.warning("stream and group lost: %s and its group '%s' were gone (Redis restarted without its data?) "
+                    "and are recreated; %s pending at the time were lost (loss %d of this run)",
+                    self.key, GROUP, lost, self.group_losses)
+
+    def remove_idle_consumers(self, keep: str, min_idle_ms: int) -> list[str]:
+        """XGROUP DELCONSUMER each consumer but `keep` idle for `min_idle_ms` with nothing pending.
+
+        DELCONSUMER drops a consumer's pending entries with it, so emptiness is checked in the same
+        script that deletes: an entry delivered in between is never lost. Returns the removed names.
+        """
+        removed = []
+        for info in self.r.xinfo_consumers(self.key, GROUP):
+            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            if name != keep and info["idle"] >= min_idle_ms and info["pending"] == 0:
+                if self.r.eval(_DELETE_IF_EMPTY, 1, self.key, GROUP, name) == 0:
+                    removed.append(name)
+        return removed
 
     def claim_stale(self, consumer: str, min_idle_ms: int, count: int = 100) -> int:
         """XAUTOCLAIM entries pending on other (dead) consumers for longer than `min_idle_ms`.
@@ -148,6 +297,55 @@ class TrajectoryStream:
 
     def dead_lettered(self) -> int:
         return int(self.r.get(self.deadletter_count_key) or 0)
+
+
+# XGROUP DELCONSUMER KEYS[1] ARGV[1] ARGV[2] if that consumer has no pending entry; -1 if it has.
+_DELETE_IF_EMPTY = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
+  return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
+"""
+
+
+class DeadConsumerSweeper:
+    """Gives the unrolls left pending by dead consumers to a live learner, then forgets those consumers.
+
+    A consumer that dies (a learner killed on another host, or one renamed by a new hostname) keeps its
+    delivered-but-unacked entries forever: nobody would train on them, and they count against the
+    actors' high-water mark. Every `every_s` seconds `claim_due` XAUTOCLAIMs the entries idle for
+    `min_idle_ms` (they become pending on `consumer`, to be re-read from its pending list), then removes
+    every other consumer idle as long whose pending list is empty (`remove_idle_consumers`).
+    """
+
+    def __init__(self, stream: TrajectoryStream, consumer: str, min_idle_ms: int = 60_000, every_s: float = 60.0):
+        self.stream = stream
+        self.consumer = consumer
+        self.min_idle_ms = min_idle_ms
+        self.every_s = every_s
+        self.next_at = time.monotonic() + every_s
+        self.claimed = 0  # entries claimed, all sweeps together
+        self.removed: list[str] = []  # consumers removed, all sweeps together
+
+    def claim_due(self) -> int:
+        """Sweep if one is due. Returns the entries claimed by this call (0 when none or not due)."""
+        if time.monotonic() < self.next_at:
+            return 0
+        self.next_at = time.monotonic() + self.every_s
+        try:
+            claimed = self.stream.claim_stale(self.consumer, self.min_idle_ms)
+            removed = self.stream.remove_idle_consumers(self.consumer, self.min_idle_ms)
+        except redis.ResponseError as e:
+            if "NOGROUP" in str(e) or "no such key" in str(e):
+                return 0  # the group is gone: the next read recreates it and counts the loss
+            raise
+        if claimed:
+            log.info("claimed %d unrolls left pending by dead consumers of %s", claimed, self.stream.key)
+        if removed:
+            log.info("removed dead consumers with nothing pending from group '%s': %s", GROUP, ", ".join(removed))
+        self.claimed += claimed
+        self.removed += removed
+        return claimed
 
 
 def _valid_result(result: dict) -> bool:
@@ -239,11 +437,26 @@ class LearnerLease:
         return True
 
     def _keep(self) -> None:
+        warned = False
         while not self._stop.wait(self.TTL_MS / 3000):
             try:
-                self.r.eval(self._REFRESH, 1, self.key, self.holder, self.TTL_MS)
+                if not self.r.eval(self._REFRESH, 1, self.key, self.holder, self.TTL_MS):
+                    warned = self._retake(warned)
             except redis.RedisError:
                 pass  # the main thread meets the same error and reports it
+
+    def _retake(self, warned: bool) -> bool:
+        """The lease is not ours any more: Redis lost it (restart without persistence) or an outage
+        outlasted its TTL. Take it again if free; say so once if another learner has it. Returns warned."""
+        if self.r.set(self.key, self.holder, nx=True, px=self.TTL_MS):
+            log.warning("the lease of run '%s' had lapsed (Redis lost it, or was unreachable for longer than "
+                        "%d s); taken again", self.run, self.TTL_MS // 1000)
+            return False
+        if not warned:
+            other = (self.r.get(self.key) or b"?").decode(errors="replace")
+            log.error("run '%s' is now held by another learner (%s) after this one's lease lapsed; stop one of them",
+                      self.run, other)
+        return True
 
     def release(self) -> None:
         self._stop.set()
