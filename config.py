@@ -47,7 +47,8 @@ class RunConfig:
     wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")
     wandb_project: str = _f("impala-league", "wandb project name")
     log_every_s: float = _f(10.0, "seconds between progress lines and metrics records")
-    redis_retry_s: float = _f(60.0, "retry a lost Redis connection (backoff up to 2 s) this long before a process gives up")
+    redis_retry_s: float = _f(60.0, "seconds a process retries a lost Redis connection (backoff up to 2 s) "
+                              "before it exits")
 
 
 @dataclass

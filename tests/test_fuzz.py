@@ -250,7 +250,8 @@ config_values = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.jus
                  | st.text(max_size=20)
                  | st.sampled_from(["auto", "cpu", "conv", "mlp", "same", "valid", "adam", "rmsprop", "tictactoe",
                                     "connect_four", "offline", "disabled", "???", "${run.seed}", "1e400", ".nan"])
-                 | st.lists(st.integers(), max_size=3) | st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+                 | st.lists(st.integers(), max_size=3)
+                 | st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
 config_keys = st.sampled_from(KEYS) | st.text(max_size=20)
 
 

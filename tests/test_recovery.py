@@ -380,7 +380,7 @@ def test_an_actor_exits_with_redis_unavailable_when_redis_stays_down(tmp_path, o
     stopper.start()
     start = time.monotonic()
     try:
-        with pytest.raises(RedisUnavailable, match=r"actor 0 lost Redis: .*unreachable for 1 s \(run.redis_retry_s=1\)"):
+        with pytest.raises(RedisUnavailable, match=r"actor 0 lost Redis: .*unreachable for 1 s \(run.redis_retry_s=1"):
             run_actor(cfg, own_redis.url, 0)
     finally:
         stopper.join()
