@@ -2,7 +2,8 @@
 """IMPALA self-play training: one CLI for every role.
 
   train     start Redis (embedded unless --redis-url), the learner and the actors, and supervise them
-  learner   the learner alone (multi-machine: point it and the actors at one Redis)
+  learner   one learner alone (multi-machine: point it, the league and the actors at one Redis)
+  league    the league manager alone (snapshots, payoff, Elo, opponent distributions)
   actor     one actor process
   evaluate  play a checkpoint against a baseline bot in both seats
 
@@ -46,9 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
+    p.add_argument("--player", default="main", help="which learner: main (default), main_exploiter_N or "
+                   "league_exploiter_N (see league.* in --help-config)")
+    p = sub.add_parser("league", help="run the league manager against a Redis")
+    _config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
+    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/league/state.json")
     p = sub.add_parser("actor", help="run one actor process against a Redis")
     _config_args(p)
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor process of the run")
+    p.add_argument("--player", default="main", help="the learner this actor plays for (default main)")
     p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot")
     p.add_argument("--checkpoint", required=True, help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors)")
     p.add_argument("--opponent", default="random", help="baseline bot: random or tactical (default random)")
@@ -159,10 +167,38 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from distributed.transport import connect
 
     connect(url)  # fail fast, before anything is written
+    player = _player(args, cfg)
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
-    run_learner(cfg, url, run_dir, resume=args.resume)
+    run_learner(cfg, url, run_dir, resume=args.resume, player=player)
+    return 0
+
+
+def _player(args: argparse.Namespace, cfg: Config) -> str:
+    """The --player id, checked against the learners this config has."""
+    from league.players import learner_players
+
+    players = learner_players(cfg)
+    if args.player not in players:
+        raise ConfigError(f"--player {args.player!r} is not a learner of this config; it has: {', '.join(players)} "
+                          "(exploiters need league.enabled=true and league.main_exploiters / league.league_exploiters)")
+    return args.player
+
+
+def cmd_league(args: argparse.Namespace) -> int:
+    from distributed.transport import connect
+    from league.manager import run_league
+
+    cfg = _load(args)
+    if not cfg.league.enabled:
+        raise ConfigError("the league manager needs league.enabled=true")
+    url = _redis_url(args, cfg)
+    if not url:
+        raise ConfigError("the league manager needs a Redis: pass --redis-url or set run.redis_url")
+    connect(url)
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
+    run_league(cfg, url, run_dir, resume=args.resume)
     return 0
 
 
@@ -175,7 +211,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
-    run_actor(cfg, url, args.actor_id)
+    run_actor(cfg, url, args.actor_id, _player(args, cfg))
     return 0
 
 
@@ -209,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     from distributed.checkpoint import CheckpointError
     from distributed.transport import LeaseHeld, RedisUnavailable
 
-    commands = {"train": cmd_train, "learner": cmd_learner, "actor": cmd_actor, "evaluate": cmd_evaluate}
+    commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor, "evaluate": cmd_evaluate}
     try:
         return commands[args.role](args)
     except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld) as e:

@@ -1,6 +1,7 @@
-"""Processes of a training run: an embedded Redis (unless one is given), the learner and N actors.
+"""Processes of a training run: an embedded Redis (unless one is given), the learners, the league
+manager (when the league is on) and the actors.
 
-`run.py train` calls `train`. Children are `run.py learner` / `run.py actor` processes, the same
+`run.py train` calls `supervise`. Children are `run.py learner|league|actor` processes, the same
 commands a multi-machine deployment starts by hand, reading the run's resolved config file. The Redis
 URL (with its password) reaches them through the environment, never the command line.
 """
@@ -22,7 +23,10 @@ from pathlib import Path
 import redis
 
 from config import Config
+from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, connect, run_done_key
+from league.players import MAIN, learner_players, namespace
+from league.store import LeagueStore
 
 log = logging.getLogger("launcher")
 
@@ -163,16 +167,45 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple[str, list[str]]]:
+    """Every process of the run except the main learner: name -> (role, extra args).
+
+    Actors 0..num_actors-1 serve the main agent; each exploiter learner gets `league.exploiter_actors`
+    actors with the next ids. `--resume` on restart: a restarted exploiter or manager continues.
+    """
+    run_args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    commands: dict[str, tuple[str, list[str]]] = {}
+    if cfg.league.enabled:
+        commands["league manager"] = ("league", run_args)
+    next_id = 0
+    for player in learner_players(cfg):
+        if player != MAIN:
+            commands[f"learner {player}"] = ("learner", run_args + ["--player", player])
+        for _ in range(cfg.actor.num_actors if player == MAIN else cfg.league.exploiter_actors):
+            commands[f"actor {next_id}"] = ("actor", ["--actor-id", str(next_id), "--player", player])
+            next_id += 1
+    return commands
+
+
+def _restart_args(role: str, args: list[str]) -> list[str]:
+    """A restarted learner or league manager continues from its own files."""
+    return args if role == "actor" or "--resume" in args else args + ["--resume"]
+
+
 def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool) -> tuple[int, bool]:
-    """Start the learner and the actors, restart crashed actors, stop everything when the learner ends.
+    """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
+    main learner ends.
 
     Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
-    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the actors kept crashing.
+    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the workers kept crashing.
     """
     client = connect(redis_url)
     client.delete(run_done_key(cfg.run.name))
-    if not resume:  # weights another run of this name left behind must not reach the new actors
-        client.delete(f"{cfg.run.name}:params", f"{cfg.run.name}:params:version")  # see distributed/params.py
+    if not resume:  # weights, opponents and results another run of this name left must not reach this one
+        for player in learner_players(cfg):
+            ParamStore(client, namespace(cfg.run.name, player)).clear()
+        LeagueStore(client, cfg.run.name).clear_opponents()
+        client.delete(f"{cfg.run.name}:results")
     interrupted = False
     failure = ""
 
@@ -185,17 +218,18 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     learner = None
-    actors: dict[int, subprocess.Popen] = {}
+    commands = worker_commands(cfg, run_dir, resume)
+    workers: dict[str, subprocess.Popen] = {}
     try:
         learner = _spawn("learner", config_path, redis_url,
                          ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
-        for i in range(cfg.actor.num_actors):
-            actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
-        log.info("started the learner (pid %d) and %d actors (pids %s)", learner.pid, len(actors),
-                 " ".join(str(p.pid) for p in actors.values()))
+        for name, (role, args) in commands.items():
+            workers[name] = _spawn(role, config_path, redis_url, args)
+        log.info("started the learner (pid %d) and %s", learner.pid,
+                 ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
         while learner.poll() is None and not interrupted and not failure:
-            for i, proc in list(actors.items()):
+            for name, proc in list(workers.items()):
                 code = proc.poll()
                 if code is None:
                     continue
@@ -207,18 +241,24 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                 if not finished:
                     restarts += 1
                     if restarts > MAX_ACTOR_RESTARTS:
-                        failure = f"actors crashed {restarts} times; giving up (see their errors above)"
+                        failure = f"workers crashed {restarts} times; giving up (see their errors above)"
                         break
-                    log.warning("actor %d (pid %d) exited with code %s; restarting it", i, proc.pid, code)
-                    actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
+                    log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
+                    role, args = commands[name]
+                    commands[name] = (role, _restart_args(role, args))
+                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1])
             time.sleep(0.5)
     finally:
         if interrupted or failure:
-            log.info("stopping: learner writes a final checkpoint")
+            log.info("stopping: learners write a final checkpoint")
+        # Learners and the manager first (they write their files), then the actors.
+        for name, proc in workers.items():
+            if not name.startswith("actor") and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         if learner is not None:
             _stop(learner, timeout=60)
-        for proc in actors.values():
-            _stop(proc, timeout=10)
+        for name, proc in workers.items():
+            _stop(proc, timeout=60 if not name.startswith("actor") else 10)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if failure:
