@@ -238,6 +238,11 @@ def _check_evaluate_args(args: argparse.Namespace) -> None:
             raise ConfigError("--env goes with --players; a checkpoint names its own env")
         if args.workers != 1:
             raise ConfigError("--workers goes with --players")
+    if args.record:
+        try:
+            Path(args.record).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--record: cannot create the directory {args.record}: {e.strerror}") from None
 
 
 def _emit_json(result: dict, target: str) -> None:
@@ -257,10 +262,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.players is not None:
         return _tournament(args)
     from agents.policy import load_policy
-    from distributed.checkpoint import read_checkpoint
     from evaluation.bots import make_bot
     from evaluation.evaluate import evaluate
-    from evaluation.tournament import checkpoint_name
+    from evaluation.tournament import checkpoint_player
 
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
@@ -268,10 +272,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         make_bot(opponent, policy.spec.name)
     except ValueError as e:
         raise ConfigError(f"--opponent: {e}") from None
-    name = "checkpoint"
-    if args.record:
-        meta = json.loads(read_checkpoint(args.checkpoint)[1]["meta"])
-        name = checkpoint_name(Path(args.checkpoint).resolve(), meta if isinstance(meta, dict) else {})
+    name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
     result = evaluate(policy, opponent, args.games, seed=args.seed, greedy=not args.sample,
                       record_dir=args.record, name=name)
     if args.json:

@@ -86,16 +86,21 @@ def save_match(directory: str | Path, env_name: str, players: tuple[str, str], r
 
     players: display names of the seat-0 and seat-1 players (characters other than letters,
     digits, ``.``, ``_``, ``-`` become ``_`` in file names). Returns the paths written.
+
+    Raises ReplayError naming the directory if it cannot be written.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for k, record in enumerate(records):
-        path = directory / f"{_safe(players[0])}-vs-{_safe(players[1])}-{k:04d}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(make_replay(env_name, players, record))) + "\n")
-        os.replace(tmp, path)
-        paths.append(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for k, record in enumerate(records):
+            path = directory / f"{_safe(players[0])}-vs-{_safe(players[1])}-{k:04d}.json"
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(asdict(make_replay(env_name, players, record))) + "\n")
+            os.replace(tmp, path)
+            paths.append(path)
+    except OSError as e:
+        raise ReplayError(f"cannot write replays to {directory}: {e.strerror}") from None
     return paths
 
 

@@ -2,7 +2,8 @@
 
 A *player spec* (``run.py evaluate --players SPEC ...``) is one of:
 
-* a bot: ``random``, ``tactical`` or ``minimax:D`` (see ``evaluation/bots.py``);
+* a bot: ``random``, ``tactical`` or ``minimax:D`` (see ``evaluation/bots.py``; a bot name is
+  never read as a path: write ``./random`` for a directory called ``random``);
 * a ``.safetensors`` checkpoint file (a learner checkpoint or a league snapshot: same format);
 * a run directory, which stands for its learners' latest checkpoints
   (``RUN/checkpoints/latest.safetensors``, and ``RUN/checkpoints/<learner>/latest.safetensors`` of
@@ -80,8 +81,12 @@ def checkpoint_name(path: Path, meta: dict) -> str:
     return path.stem
 
 
-def _checkpoint_player(path: Path, source: str, name: str | None = None) -> Player:
-    """Load (and so fully check) a checkpoint; raises PlayerError naming `source` and the file."""
+def checkpoint_player(path: Path, source: str, name: str | None = None) -> Player:
+    """The player of the checkpoint at `path`, named `name` or by `checkpoint_name`.
+
+    The checkpoint is loaded, and so fully checked. Raises PlayerError naming `source` (the spec it
+    came from) and the file if it is missing, corrupt or not a policy of this project.
+    """
     from agents.policy import load_policy
     from distributed.checkpoint import CheckpointError, read_checkpoint
 
@@ -104,10 +109,10 @@ def _run_dir_players(run_dir: Path, source: str) -> list[Player]:
     checkpoints = run_dir / "checkpoints"
     players = []
     if (checkpoints / "latest.safetensors").is_file():
-        players.append(_checkpoint_player(checkpoints / "latest.safetensors", source))
+        players.append(checkpoint_player(checkpoints / "latest.safetensors", source))
     for path in sorted(checkpoints.glob("*/latest.safetensors")):
-        players.append(_checkpoint_player(path, source, f"{run_dir.name}/{path.parent.name}"))
-    snapshots = [_checkpoint_player(p, source) for p in sorted((run_dir / "league" / "snapshots").glob("*.safetensors"))]
+        players.append(checkpoint_player(path, source, f"{run_dir.name}/{path.parent.name}"))
+    snapshots = [checkpoint_player(p, source) for p in sorted((run_dir / "league" / "snapshots").glob("*.safetensors"))]
     # Oldest first: by update step where the snapshot records it, else by file name.
     snapshots.sort(key=lambda p: (not isinstance(p.meta.get("step"), int), p.meta.get("step", 0), Path(p.load).name))
     players += snapshots
@@ -136,12 +141,12 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
     players: list[Player] = []
     for spec in specs:
         path = Path(spec)
-        if path.is_dir():
+        if is_bot_spec(spec):  # bot names win over same-named paths (write ./random for a directory)
+            players.append(Player(spec, "bot", spec, spec))
+        elif path.is_dir():
             players += _run_dir_players(path, spec)
         elif path.is_file():
-            players.append(_checkpoint_player(path, spec))
-        elif is_bot_spec(spec):
-            players.append(Player(spec, "bot", spec, spec))
+            players.append(checkpoint_player(path, spec))
         elif spec.endswith(".safetensors") or "/" in spec:
             raise PlayerError(f"player {spec!r}: no such checkpoint file or run directory")
         else:

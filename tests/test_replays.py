@@ -139,3 +139,11 @@ def test_old_evaluate_form_records_replays_too(tmp_path, capsys):
         replay = load_replay(tmp_path / "rec" / name)
         assert "run/main" in replay.players and replay.env == "tictactoe"
         simulate(replay, tmp_path / "rec" / name)
+
+
+def test_an_unwritable_record_directory_exits_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert run.main(["evaluate", "--players", "random", "tactical", "--env", "tictactoe", "--games", "1",
+                     "--record", str(blocker / "replays")]) == 2
+    assert capsys.readouterr().err.startswith("error: --record: cannot create the directory")

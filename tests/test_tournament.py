@@ -245,3 +245,14 @@ def test_old_checkpoint_vs_opponent_form_takes_minimax(league_run, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["opponent"] == "minimax:9"
     assert all(seat["wins"] == 0 for seat in result["seats"].values())  # perfect play never loses
+
+
+def test_a_failing_worker_is_reported_with_its_pair(tmp_path):
+    from evaluation.tournament import TournamentError
+
+    checkpoint = write_checkpoint(tmp_path / "gone.safetensors")
+    env, players = resolve_players([str(checkpoint), "random"])
+    checkpoint.unlink()  # vanishes after the parent checked it
+    with pytest.raises(TournamentError, match=r"gone vs random: the worker process failed \(exit 2\): "
+                                              r"error: checkpoint not found: .*gone.safetensors"):
+        round_robin(env, players, games=1, workers=2)
