@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -350,7 +349,7 @@ def summarize(env_name: str, players: list[Player], matches: list[dict], games: 
         total = int(wins[i] + draws[i] + losses[i])
         ratings.append({"name": names[i], "elo": float(fit.ratings[i]), "stderr": float(fit.stderr[i]),
                         "games": total, "wins": int(wins[i]), "draws": int(draws[i]), "losses": int(losses[i]),
-                        "score": float((wins[i] + draws[i] / 2) / total) if total else math.nan})
+                        "score": float((wins[i] + draws[i] / 2) / total) if total else None})
     described = [{"name": p.name, "kind": p.kind, "source": p.source,
                   **({"file": p.load, "step": p.meta.get("step"), "frames": p.meta.get("frames")}
                      if p.kind == "checkpoint" else {})} for p in players]
