@@ -193,7 +193,8 @@ def _final_evaluation(checkpoint: Path, games: int) -> None:
     from evaluation.evaluate import evaluate
 
     policy = load_policy(checkpoint)
-    for opponent in ("random", "tactical"):
+    strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
+    for opponent in ("random", "tactical", strongest[policy.spec.name]):
         result = evaluate(policy, opponent, games)
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
