@@ -118,6 +118,8 @@ class LeagueConfig:
     main_exploiters: int = _f(0, "main exploiter learners: train against the main agent, reset when they beat it")
     league_exploiters: int = _f(0, "league exploiter learners: PFSP against the whole league")
     exploiter_actors: int = _f(1, "actor processes per exploiter learner")
+    exploiter_nice: int = _f(10, "run.py train starts exploiter learners and actors at this niceness (0-19), so that "
+                             "on a shared machine the main agent gets the CPU first")
     exploiter_reset_win_rate: float = _f(0.7, "a main exploiter that beats the main agent at this rate is "
                                          "snapshotted and reset")
     league_exploiter_reset_prob: float = _f(0.25, "chance that a league exploiter is reset after each snapshot")
@@ -297,6 +299,7 @@ def validate(cfg: Config) -> None:
          "league.main_exploiters and league.league_exploiters must be in [0, 8]"),
         (1 <= league.exploiter_actors <= MAX_ACTORS, f"league.exploiter_actors must be in [1, {MAX_ACTORS}]"),
         (league.manager_every_s > 0, "league.manager_every_s must be > 0"),
+        (0 <= league.exploiter_nice <= 19, "league.exploiter_nice must be in [0, 19]"),
         (league.opponent_cache >= 1, "league.opponent_cache must be >= 1"),
         (league.enabled or not (league.main_exploiters or league.league_exploiters),
          "exploiters need league.enabled=true"),

@@ -141,11 +141,17 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
-def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str]) -> subprocess.Popen:
+def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0) -> subprocess.Popen:
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url}, PYTHONUNBUFFERED="1")
+
+    def setup() -> None:
+        _die_with_parent()
+        if nice:
+            os.nice(nice)
+
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
     return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
-                            env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                            env=env, start_new_session=True, preexec_fn=setup)
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -167,22 +173,23 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple[str, list[str]]]:
-    """Every process of the run except the main learner: name -> (role, extra args).
+def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple[str, list[str], int]]:
+    """Every process of the run except the main learner: name -> (role, extra args, niceness).
 
     Actors 0..num_actors-1 serve the main agent; each exploiter learner gets `league.exploiter_actors`
-    actors with the next ids. `--resume` on restart: a restarted exploiter or manager continues.
+    actors with the next ids, and it and they run at niceness `league.exploiter_nice`.
     """
     run_args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
-    commands: dict[str, tuple[str, list[str]]] = {}
+    commands: dict[str, tuple[str, list[str], int]] = {}
     if cfg.league.enabled:
-        commands["league manager"] = ("league", run_args)
+        commands["league manager"] = ("league", run_args, 0)
     next_id = 0
     for player in learner_players(cfg):
+        nice = 0 if player == MAIN else cfg.league.exploiter_nice
         if player != MAIN:
-            commands[f"learner {player}"] = ("learner", run_args + ["--player", player])
+            commands[f"learner {player}"] = ("learner", run_args + ["--player", player], nice)
         for _ in range(cfg.actor.num_actors if player == MAIN else cfg.league.exploiter_actors):
-            commands[f"actor {next_id}"] = ("actor", ["--actor-id", str(next_id), "--player", player])
+            commands[f"actor {next_id}"] = ("actor", ["--actor-id", str(next_id), "--player", player], nice)
             next_id += 1
     return commands
 
@@ -223,8 +230,8 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     try:
         learner = _spawn("learner", config_path, redis_url,
                          ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
-        for name, (role, args) in commands.items():
-            workers[name] = _spawn(role, config_path, redis_url, args)
+        for name, (role, args, nice) in commands.items():
+            workers[name] = _spawn(role, config_path, redis_url, args, nice)
         log.info("started the learner (pid %d) and %s", learner.pid,
                  ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
@@ -244,9 +251,9 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                         failure = f"workers crashed {restarts} times; giving up (see their errors above)"
                         break
                     log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
-                    role, args = commands[name]
-                    commands[name] = (role, _restart_args(role, args))
-                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1])
+                    role, args, nice = commands[name]
+                    commands[name] = (role, _restart_args(role, args), nice)
+                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice)
             time.sleep(0.5)
     finally:
         if interrupted or failure:
