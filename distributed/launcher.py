@@ -148,6 +148,10 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
         _die_with_parent()
         if nice:
             os.nice(nice)
+            try:  # with autogroup scheduling each session is weighed by its group's niceness instead
+                Path("/proc/self/autogroup").write_text(str(nice))
+            except OSError:
+                pass
 
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
     return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
