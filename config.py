@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -34,6 +34,10 @@ class ConfigError(ValueError):
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+def _f_list(default: list, help: str) -> Any:
+    return field(default_factory=lambda: list(default), metadata={"help": help, "default": default})
 
 
 @dataclass
@@ -101,16 +105,46 @@ class LearnerConfig:
 
 
 @dataclass
+class LeagueConfig:
+    enabled: bool = _f(False, "train against a league (snapshots, bots, exploiters) instead of the latest weights only")
+    snapshot_every: int = _f(200, "freeze a snapshot of each learner every this many of its updates")
+    snapshot_win_rate: float = _f(0.7, "also snapshot a learner once it beats every league member at this win rate")
+    min_games: float = _f(20.0, "decayed games before a win rate between two players counts")
+    payoff_decay: float = _f(0.99, "a pair's win/draw/loss counts are multiplied by this before each new game")
+    elo_k: float = _f(8.0, "Elo K-factor (rating points per game) of the league's online ratings")
+    self_play: float = _f(0.35, "main agent: share of games against its own latest weights")
+    pfsp: float = _f(0.5, "main agent: share of games drawn by PFSP over the whole league")
+    forgotten: float = _f(0.15, "main agent: share of games against its own snapshots it no longer beats")
+    forgotten_below: float = _f(0.3, "a snapshot is forgotten when the main agent's win rate against it is below this")
+    pfsp_weighting: str = _f("hard", "PFSP weighting: hard (1-x)^p, variance x(1-x), or uniform")
+    pfsp_p: float = _f(2.0, "the exponent p of the hard weighting")
+    bots: List[str] = _f_list(["random", "tactical"], "baseline bots that are league members (random, tactical, minimax:D)")
+    main_exploiters: int = _f(0, "main exploiter learners: train against the main agent, reset when they beat it")
+    league_exploiters: int = _f(0, "league exploiter learners: PFSP against the whole league")
+    exploiter_actors: int = _f(1, "actor processes per exploiter learner")
+    exploiter_nice: int = _f(10, "run.py train starts exploiter learners and actors at this niceness (0-19), so that "
+                             "on a shared machine the main agent gets the CPU first")
+    exploiter_reset_win_rate: float = _f(0.7, "a main exploiter that beats the main agent at this rate is "
+                                         "snapshotted and reset")
+    league_exploiter_reset_prob: float = _f(0.25, "chance that a league exploiter is reset after each snapshot")
+    exploiter_gives_up_below: float = _f(0.1, "a main exploiter below this win rate against the main agent "
+                                         "plays its snapshots instead")
+    manager_every_s: float = _f(2.0, "seconds between league manager passes (results, snapshots, matchmaking)")
+    opponent_cache: int = _f(16, "snapshots an actor keeps in memory, least recently used dropped first")
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    league: LeagueConfig = field(default_factory=LeagueConfig)
 
 
 SECTIONS: dict[str, type] = {
-    "run": RunConfig, "env": EnvConfig, "agent": AgentConfig, "actor": ActorConfig, "learner": LearnerConfig,
+    "run": RunConfig, "env": EnvConfig, "agent": AgentConfig, "actor": ActorConfig, "learner": LearnerConfig, "league": LeagueConfig,
 }
 
 
@@ -123,7 +157,7 @@ def describe() -> str:
     lines = []
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else None
+            default = f.default if f.default is not dataclasses.MISSING else f.metadata.get("default")
             lines.append(f"  {section + '.' + f.name:34s} = {default!s:14s} {f.metadata['help']}")
     return "\n".join(lines)
 
@@ -272,6 +306,29 @@ def validate(cfg: Config) -> None:
         (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.run.name) is not None,
          "run.name must be letters, digits, '.', '_' or '-' (starting with a letter or digit)"),
     ]
+    league = cfg.league
+    checks += [
+        (league.snapshot_every >= 1, "league.snapshot_every must be >= 1"),
+        (0.0 < league.payoff_decay <= 1.0, "league.payoff_decay must be in (0, 1]"),
+        (league.min_games >= 1, "league.min_games must be >= 1"),
+        (league.elo_k > 0, "league.elo_k must be > 0"),
+        (min(league.self_play, league.pfsp, league.forgotten) >= 0 and league.self_play + league.pfsp > 0,
+         "league.self_play, league.pfsp and league.forgotten must be >= 0, with self_play + pfsp > 0"),
+        (league.pfsp_weighting in ("hard", "variance", "uniform"),
+         "league.pfsp_weighting must be hard, variance or uniform"),
+        (league.pfsp_p > 0, "league.pfsp_p must be > 0"),
+        (0 <= league.main_exploiters <= 8 and 0 <= league.league_exploiters <= 8,
+         "league.main_exploiters and league.league_exploiters must be in [0, 8]"),
+        (1 <= league.exploiter_actors <= MAX_ACTORS, f"league.exploiter_actors must be in [1, {MAX_ACTORS}]"),
+        (league.manager_every_s > 0, "league.manager_every_s must be > 0"),
+        (0 <= league.exploiter_nice <= 19, "league.exploiter_nice must be in [0, 19]"),
+        (league.opponent_cache >= 1, "league.opponent_cache must be >= 1"),
+        (league.enabled or not (league.main_exploiters or league.league_exploiters),
+         "exploiters need league.enabled=true"),
+    ]
+    for key in ("snapshot_win_rate", "forgotten_below", "exploiter_reset_win_rate", "league_exploiter_reset_prob",
+                "exploiter_gives_up_below"):
+        checks.append((0.0 <= getattr(league, key) <= 1.0, f"league.{key} must be in [0, 1]"))
     for threshold in ("clip_rho_threshold", "clip_pg_rho_threshold", "clip_c_threshold"):
         value = getattr(cfg.learner, threshold)
         checks.append((value is None or value > 0, f"learner.{threshold} must be > 0 or null"))
@@ -284,6 +341,13 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    from evaluation.bots import make_bot
+
+    for bot in league.bots:
+        try:
+            make_bot(bot, cfg.env.name)
+        except ValueError as e:
+            raise ConfigError(f"league.bots: {e}") from None
     if cfg.agent.torso == "conv" and cfg.agent.padding == "valid":
         h, w = env_spec(cfg.env.name).obs_shape[:2]
         shrink = cfg.agent.conv_layers * (cfg.agent.kernel_size - 1)

@@ -2,9 +2,12 @@
 """IMPALA self-play training: one CLI for every role.
 
   train     start Redis (embedded unless --redis-url), the learner and the actors, and supervise them
-  learner   the learner alone (multi-machine: point it and the actors at one Redis)
+  learner   one learner alone (multi-machine: point it, the league and the actors at one Redis)
+  league    the league manager alone (snapshots, payoff, Elo, opponent distributions)
   actor     one actor process
-  evaluate  play a checkpoint against a baseline bot in both seats
+  evaluate  play a checkpoint against a baseline bot in both seats, or a round-robin of checkpoints,
+            run directories and bots with Elo ratings
+  replay    re-simulate a recorded game, check it, and show it (text boards, GIF)
 
 Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
 """
@@ -23,6 +26,26 @@ from config import Config, ConfigError, describe, load_config, to_yaml, without_
 log = logging.getLogger("run")
 
 MAX_EVAL_GAMES = 10_000  # games per seat; evaluation steps all of them at once
+MAX_WORKERS = 64
+
+EVALUATE_HELP = """Play trained policies and baseline bots against each other.
+
+One checkpoint against one baseline bot, in both seats (win/draw/loss rates per seat):
+  run.py evaluate --checkpoint runs/connect_four/checkpoints/latest.safetensors --opponent minimax:2
+
+A round-robin: every pair of players plays --games games in each seat, then a table of win/draw/
+loss percentages and Elo ratings (Bradley-Terry maximum likelihood, draws count half, mean rating
+0, +- one standard error). A player is a bot (random, tactical, minimax:D with D plies of search),
+a .safetensors checkpoint or league snapshot, or a run directory, which stands for its learners'
+latest checkpoints and all its league snapshots:
+  run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
+"""
+
+REPLAY_HELP = """Re-simulate a game saved by `run.py evaluate --record DIR` in the same env version and
+seed, check every action is legal and that rewards and outcome match the record, and show it: a
+text board per move (X moves first), or only the last with --final; --gif writes an animation.
+A replay that does not re-simulate to what it records is an error (exit code 2).
+"""
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -46,16 +69,45 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
+    p.add_argument("--player", default="main", help="which learner: main (default), main_exploiter_N or "
+                   "league_exploiter_N (see league.* in --help-config)")
+    p = sub.add_parser("league", help="run the league manager against a Redis")
+    _config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
+    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/league/state.json")
     p = sub.add_parser("actor", help="run one actor process against a Redis")
     _config_args(p)
     p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor process of the run")
-    p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot")
-    p.add_argument("--checkpoint", required=True, help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors)")
-    p.add_argument("--opponent", default="random", help="baseline bot: random or tactical (default random)")
-    p.add_argument("--games", type=int, default=200, help="games per seat (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the games and the bot")
-    p.add_argument("--sample", action="store_true", help="sample from the policy instead of playing greedily")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--player", default="main", help="the learner this actor plays for (default main)")
+    p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot, or a round-robin with Elo",
+                       description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--checkpoint", help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors) "
+                     "to play against --opponent in both seats")
+    who.add_argument("--players", nargs="+", metavar="SPEC",
+                     help="round-robin between these players: bots (random, tactical, minimax:D), "
+                     ".safetensors checkpoints, and run directories (their latest checkpoints and league snapshots)")
+    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D (default random)")
+    p.add_argument("--env", help="with --players: the game (connect_four, tictactoe); needed only when all "
+                   "players are bots, else taken from the checkpoints")
+    p.add_argument("--games", type=int, default=200, help="games per seat (per pair and seat with --players; "
+                   "default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the games and the bots")
+    p.add_argument("--sample", action="store_true", help="sample from the policies instead of playing greedily "
+                   "(two greedy policies play the same game every time)")
+    p.add_argument("--workers", type=int, default=1, help="with --players: pairs played at once, each in its own "
+                   "process (default 1: all in this process)")
+    p.add_argument("--json", "--out", dest="json", nargs="?", const="-", metavar="FILE",
+                   help="write the results as JSON to FILE (with --players: every match and the ratings); "
+                   "without FILE, or with -, print the JSON instead of the table")
+    p.add_argument("--record", metavar="DIR", help="save every game as a JSON replay in DIR "
+                   "(<seat 0>-vs-<seat 1>-<game>.json; see `run.py replay`)")
+    p = sub.add_parser("replay", help="re-simulate a recorded game, check it, and show it",
+                       description=REPLAY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="a replay written by `run.py evaluate --record DIR`")
+    p.add_argument("--final", action="store_true", help="print only the final board instead of one per move")
+    p.add_argument("--gif", metavar="OUT.gif", help="also write an animated GIF of the env's own rendering, "
+                   "one frame for the start and one per move")
     return parser
 
 
@@ -141,7 +193,8 @@ def _final_evaluation(checkpoint: Path, games: int) -> None:
     from evaluation.evaluate import evaluate
 
     policy = load_policy(checkpoint)
-    for opponent in ("random", "tactical"):
+    strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
+    for opponent in ("random", "tactical", strongest[policy.spec.name]):
         result = evaluate(policy, opponent, games)
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
@@ -159,10 +212,38 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from distributed.transport import connect
 
     connect(url)  # fail fast, before anything is written
+    player = _player(args, cfg)
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
-    run_learner(cfg, url, run_dir, resume=args.resume)
+    run_learner(cfg, url, run_dir, resume=args.resume, player=player)
+    return 0
+
+
+def _player(args: argparse.Namespace, cfg: Config) -> str:
+    """The --player id, checked against the learners this config has."""
+    from league.players import learner_players
+
+    players = learner_players(cfg)
+    if args.player not in players:
+        raise ConfigError(f"--player {args.player!r} is not a learner of this config; it has: {', '.join(players)} "
+                          "(exploiters need league.enabled=true and league.main_exploiters / league.league_exploiters)")
+    return args.player
+
+
+def cmd_league(args: argparse.Namespace) -> int:
+    from distributed.transport import connect
+    from league.manager import run_league
+
+    cfg = _load(args)
+    if not cfg.league.enabled:
+        raise ConfigError("the league manager needs league.enabled=true")
+    url = _redis_url(args, cfg)
+    if not url:
+        raise ConfigError("the league manager needs a Redis: pass --redis-url or set run.redis_url")
+    connect(url)
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
+    run_league(cfg, url, run_dir, resume=args.resume)
     return 0
 
 
@@ -175,31 +256,109 @@ def cmd_actor(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
-    run_actor(cfg, url, args.actor_id)
+    run_actor(cfg, url, args.actor_id, _player(args, cfg))
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from agents.policy import load_policy
-    from evaluation.bots import make_bot
-    from evaluation.evaluate import evaluate
-
+def _check_evaluate_args(args: argparse.Namespace) -> None:
     if not 1 <= args.games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--games must be in [1, {MAX_EVAL_GAMES}]")  # every game is a live env at once
     if not 0 <= args.seed < 2**31:
         raise ConfigError("--seed must be in [0, 2**31)")
+    if args.players is not None:
+        if args.opponent is not None:
+            raise ConfigError("--opponent goes with --checkpoint; with --players list the bot among the players")
+        if not 1 <= args.workers <= MAX_WORKERS:
+            raise ConfigError(f"--workers must be in [1, {MAX_WORKERS}]")
+    else:
+        if args.env is not None:
+            raise ConfigError("--env goes with --players; a checkpoint names its own env")
+        if args.workers != 1:
+            raise ConfigError("--workers goes with --players")
+    if args.record:
+        try:
+            Path(args.record).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--record: cannot create the directory {args.record}: {e.strerror}") from None
+
+
+def _emit_json(result: dict, target: str) -> None:
+    """Print `result` (target "-") or write it to the file `target`."""
+    text = json.dumps(result, indent=2)
+    if target == "-":
+        print(text)
+        return
+    try:
+        Path(target).write_text(text + "\n")
+    except OSError as e:
+        raise ConfigError(f"--json: cannot write {target}: {e.strerror}") from None
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    _check_evaluate_args(args)
+    if args.players is not None:
+        return _tournament(args)
+    from agents.policy import load_policy
+    from evaluation.bots import make_bot
+    from evaluation.evaluate import evaluate
+    from evaluation.tournament import checkpoint_player
+
+    opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
     try:
-        make_bot(args.opponent, policy.spec.name)
+        make_bot(opponent, policy.spec.name)
     except ValueError as e:
         raise ConfigError(f"--opponent: {e}") from None
-    result = evaluate(policy, args.opponent, args.games, seed=args.seed, greedy=not args.sample)
+    name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
+    result = evaluate(policy, opponent, args.games, seed=args.seed, greedy=not args.sample,
+                      record_dir=args.record, name=name)
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"{result['env']}: checkpoint vs {args.opponent}, {args.games} games per seat")
+        _emit_json(result, args.json)
+    if args.json != "-":
+        print(f"{result['env']}: checkpoint vs {opponent}, {args.games} games per seat")
         for seat, r in result["seats"].items():
             print(f"  as {seat}: won {r['win_rate']:.1%}  drew {r['draw_rate']:.1%}  lost {r['loss_rate']:.1%}")
+    return 0
+
+
+def _tournament(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from evaluation.tournament import ratings_table, resolve_players, round_robin
+
+    env_name, players = resolve_players(args.players, args.env)
+    console = Console()
+    json_to_stdout = args.json == "-"
+    result = round_robin(env_name, players, args.games, seed=args.seed, greedy=not args.sample,
+                         workers=args.workers, record_dir=args.record,
+                         show_progress=console.is_terminal and not json_to_stdout)
+    if args.json:
+        _emit_json(result, args.json)
+    if not json_to_stdout:
+        console.print(ratings_table(result))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from evaluation.bots import GAMES
+    from evaluation.replays import (ascii_board, describe_move, describe_winner, load_replay, simulate,
+                                    write_gif)
+
+    replay = load_replay(args.file)
+    positions = simulate(replay, args.file, render=bool(args.gif))
+    shown = positions[-1:] if args.final else positions
+    for position in shown:
+        print(describe_move(replay, position))
+        if replay.env in GAMES:
+            print(ascii_board(replay.env, position.observation))
+        print()
+    if replay.env not in GAMES:
+        print(f"actions: {replay.actions}")
+    print(f"{replay.env} ({replay.env_version}), seed {replay.seed}: {describe_winner(replay, replay.winner)} "
+          f"after {replay.length} moves; rewards {replay.rewards}; re-simulated and verified")
+    if args.gif:
+        write_gif([p.frame for p in positions], args.gif)
+        print(f"wrote {args.gif} ({len(positions)} frames)")
     return 0
 
 
@@ -208,11 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     from distributed.checkpoint import CheckpointError
     from distributed.transport import LeaseHeld, RedisUnavailable
+    from evaluation.replays import ReplayError
+    from evaluation.tournament import PlayerError, TournamentError
 
-    commands = {"train": cmd_train, "learner": cmd_learner, "actor": cmd_actor, "evaluate": cmd_evaluate}
+    commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
+                "evaluate": cmd_evaluate, "replay": cmd_replay}
     try:
         return commands[args.role](args)
-    except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld) as e:
+    except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,
+            TournamentError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside the launcher's own handling (start-up, final evaluation)

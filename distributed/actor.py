@@ -1,7 +1,7 @@
-"""Actor process: steps many envs with one batched forward pass and sends fixed-length unrolls.
+"""Actor process: steps many envs with batched forward passes and sends fixed-length unrolls.
 
-Self-play: every seat of every env is played by the actor's copy of the current policy, and every
-seat is a learning stream whose unrolls go to the learner.
+Every seat the learner plays is a learning stream whose unrolls go to its learner; seats played by a
+league opponent (a snapshot, another learner, a bot) only act.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import signal
 import time
 import uuid
+from collections import OrderedDict
 
 import numpy as np
 import redis
@@ -19,10 +20,14 @@ from safetensors import SafetensorError
 
 from agents.network import ActorCritic, explore, sample_actions
 from config import Config, ConfigError
-from distributed.codec import UnrollSpec, encode_unroll
+from distributed.codec import UnrollSpec, decode_weights, encode_unroll
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, ResultsStream, TrajectoryStream, connect, run_done_key
 from envs.registry import env_spec, make_env
+from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
+from league.matchmaking import SELF
+from league.players import MAIN, PLAYER_ID, namespace
+from league.store import LeagueStore
 
 log = logging.getLogger("actor")
 
@@ -67,17 +72,106 @@ class UnrollBuffer:
         self.arrays["done"][t] = done
 
 
-class Actor:
-    """Runs `cfg.actor.num_envs` envs of `cfg.env.name`; see `run` for the loop."""
+class Opponents:
+    """The policies that play a learner's opponents, by id, loaded on first use and cached.
 
-    def __init__(self, cfg: Config, redis_url: str, actor_id: int):
+    Ids: a learner id (`main`, ...) = that learner's latest published weights, refreshed by `refresh`;
+    a snapshot id = frozen weights from the league store (least recently used dropped beyond
+    `league.opponent_cache`); a bot spec (`random`, `tactical`, `minimax:D`) = that bot.
+    `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
+    and logs why once; the actor then plays that episode as self-play.
+    """
+
+    def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int):
+        self.r = client
+        self.cfg = cfg
+        self.spec = spec
+        self.seed = seed
+        self.store = LeagueStore(client, cfg.run.name)
+        self.snapshots: OrderedDict[str, ActorCritic] = OrderedDict()
+        self.learners: dict[str, tuple[ParamStore, int, ActorCritic]] = {}
+        self.bots: dict[str, object] = {}
+        self.failed: set[str] = set()
+
+    def _model(self, state_dict: dict[str, torch.Tensor]) -> ActorCritic:
+        model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent)
+        model.load_state_dict(state_dict)
+        return model.eval()
+
+    def _fail(self, opponent_id: str, why: str) -> None:
+        if opponent_id not in self.failed:
+            log.warning("opponent %r cannot be played (%s); playing those episodes against the latest weights",
+                        opponent_id, why)
+            self.failed.add(opponent_id)
+
+    def get(self, opponent_id: str):
+        """An ActorCritic or a bot for `opponent_id`, or None (see the class doc)."""
+        if opponent_id in self.snapshots:
+            self.snapshots.move_to_end(opponent_id)
+            return self.snapshots[opponent_id]
+        if opponent_id in self.learners:
+            return self.learners[opponent_id][2]
+        if opponent_id in self.bots:
+            return self.bots[opponent_id]
+        if opponent_id in self.failed:
+            return None
+        try:
+            if opponent_id in BOT_NAMES or opponent_id.startswith("minimax:"):
+                self.bots[opponent_id] = make_bot(opponent_id, self.spec.name, seed=self.seed)
+                return self.bots[opponent_id]
+            if PLAYER_ID.fullmatch(opponent_id):
+                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id))
+                fetched = store.fetch()
+                if fetched is None:
+                    return None  # that learner has not published yet: not a failure
+                self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
+                return self.learners[opponent_id][2]
+            data = self.store.snapshot(opponent_id)
+            if data is None:
+                self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
+                return None
+            self.snapshots[opponent_id] = self._model(decode_weights(data))
+        except (ValueError, RuntimeError, SafetensorError) as e:
+            self._fail(opponent_id, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+        while len(self.snapshots) > self.cfg.league.opponent_cache:
+            self.snapshots.popitem(last=False)
+        return self.snapshots[opponent_id]
+
+    def refresh(self) -> None:
+        """Reload the latest weights of the learners played against, where their version changed."""
+        for opponent_id, (store, version, model) in list(self.learners.items()):
+            if store.version() != version:
+                fetched = store.fetch()
+                if fetched is not None:
+                    try:
+                        model.load_state_dict(fetched[1])
+                    except RuntimeError as e:
+                        self._fail(opponent_id, f"weights do not fit: {str(e).splitlines()[0]}")
+                        del self.learners[opponent_id]
+                        continue
+                    self.learners[opponent_id] = (store, fetched[0], model)
+
+
+class Actor:
+    """Runs `cfg.actor.num_envs` envs of `cfg.env.name` for learner `player`; see `run` for the loop.
+
+    Without a league every seat plays the latest weights and learns (self-play). With one, each env
+    draws an opponent from the distribution the league manager publishes at every episode start:
+    `self` (both seats learn) or a league member that plays one seat (chosen at random) while the
+    learner plays and learns from the other.
+    """
+
+    def __init__(self, cfg: Config, redis_url: str, actor_id: int, player: str = MAIN):
         self.cfg = cfg
         self.actor_id = actor_id
+        self.player = player
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
         self.spec = env_spec(cfg.env.name)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         seed = cfg.run.seed + 1000 * (actor_id + 1)
         self.rng = torch.Generator().manual_seed(seed)
+        self.np_rng = np.random.default_rng(seed)
         self.envs = [make_env(cfg.env.name, seed=seed * 100_003 + 7919 * i) for i in range(cfg.actor.num_envs)]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.seats] for _ in self.envs]
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent)
@@ -85,9 +179,15 @@ class Actor:
         # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
         # policy as it is, others see the positions that off-policy moves lead to.
         self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
-        self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
+        own = namespace(cfg.run.name, player)
+        self.trajectories = TrajectoryStream(self.redis, own)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, cfg.run.name)
+        self.params = ParamStore(self.redis, own)
+        self.league = LeagueStore(self.redis, cfg.run.name)
+        self.opponents = Opponents(self.redis, cfg, self.spec, seed)
+        self.distribution: dict[str, float] | None = None
+        self.opponent = [SELF] * len(self.envs)  # per env: who plays the other seat this episode
+        self.learner_seat = [-1] * len(self.envs)  # per env: the learning seat, -1 = every seat (self-play)
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
@@ -126,37 +226,96 @@ class Actor:
                 waited = True
             time.sleep(0.2)
 
+    def refresh_opponents(self) -> None:
+        """Re-read the league's opponent distribution for this player and the opponents' latest weights."""
+        if not self.cfg.league.enabled:
+            return
+        try:
+            self.distribution = self.league.opponents(self.player)
+        except ValueError as e:
+            log.warning("actor %d: %s; keeping the previous distribution", self.actor_id, e)
+        self.opponents.refresh()
+
+    def start_episode(self, i: int) -> None:
+        """Draw env i's opponent for the episode that starts now (self-play when there is no league yet)."""
+        opponent, seat = SELF, -1
+        if self.distribution:
+            ids = list(self.distribution)
+            drawn = ids[self.np_rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
+            if drawn not in (SELF, self.player) and self.opponents.get(drawn) is not None:
+                opponent, seat = drawn, int(self.np_rng.integers(len(self.spec.seats)))
+        self.opponent[i], self.learner_seat[i] = opponent, seat
+
+    def learns(self, i: int, seat: int) -> bool:
+        return self.learner_seat[i] in (-1, seat)
+
     def run(self) -> None:
-        """The actor loop: observe all envs, one forward pass, act, send finished unrolls."""
+        """The actor loop: observe all envs, one forward pass per policy to move, act, send finished unrolls."""
         self.sync_params(wait=True)
-        log.info("actor %d (pid %d): %d x %s, policy version %d", self.actor_id, os.getpid(), len(self.envs),
-                 self.spec.name, self.version)
+        self.refresh_opponents()
+        log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s", self.actor_id, os.getpid(),
+                 len(self.envs), self.spec.name, self.version, self.player)
         turns = [env.advance() for env in self.envs]
+        for i in range(len(self.envs)):
+            self.start_episode(i)
         while not self.stopping:
             unrolls, episodes = [], []
             for i, turn in enumerate(turns):
-                for s in turn.settlements:
-                    self.buffers[i][s.seat].settle(s.reward, s.done)
-                episodes += turn.episodes
-                unroll = self.buffers[i][turn.seat].observe(turn.observation, turn.action_mask)
-                if unroll is not None:
-                    unrolls.append(unroll)
+                for s in turn.settlements:  # they all belong to the episode the opponent was drawn for
+                    if self.learns(i, s.seat):
+                        self.buffers[i][s.seat].settle(s.reward, s.done)
+                if turn.episodes:
+                    episodes += [self.result(i, e) for e in turn.episodes]
+                    self.start_episode(i)
+                if self.learns(i, turn.seat):
+                    unroll = self.buffers[i][turn.seat].observe(turn.observation, turn.action_mask)
+                    if unroll is not None:
+                        unrolls.append(unroll)
             if episodes:
-                self.report(episodes)
+                self.results.add_many(episodes)
             if unrolls and self.send(unrolls):
                 return
-            obs = torch.from_numpy(np.stack([t.observation for t in turns]))
-            masks = torch.from_numpy(np.stack([t.action_mask for t in turns]))
-            with torch.no_grad():
-                logits, _ = self.model(obs, masks)
-            if self.cfg.actor.epsilon > 0:
-                logits = explore(logits, masks, self.epsilons)
-            actions = sample_actions(logits, self.rng).numpy()
-            logits_np = logits.numpy()
+            actions = self.choose_actions(turns)
             for i, (env, turn) in enumerate(zip(self.envs, turns)):
-                self.buffers[i][turn.seat].record_action(actions[i], logits_np[i])
                 env.act(actions[i])
                 turns[i] = env.advance()
+
+    def choose_actions(self, turns: list) -> list[int]:
+        """One action per env: the learner's (recorded in its unroll buffer) or its opponent's."""
+        actions = [0] * len(turns)
+        learning = [i for i, t in enumerate(turns) if self.learns(i, t.seat)]
+        if learning:
+            logits = self.forward(self.model, turns, learning)
+            if self.cfg.actor.epsilon > 0:
+                logits = explore(logits, self.masks(turns, learning), self.epsilons[learning])
+            chosen = sample_actions(logits, self.rng).numpy()
+            logits_np = logits.numpy()
+            for k, i in enumerate(learning):
+                self.buffers[i][turns[i].seat].record_action(chosen[k], logits_np[k])
+                actions[i] = int(chosen[k])
+        by_opponent: dict[str, list[int]] = {}
+        for i, t in enumerate(turns):
+            if not self.learns(i, t.seat):
+                by_opponent.setdefault(self.opponent[i], []).append(i)
+        for opponent_id, envs in by_opponent.items():
+            policy = self.opponents.get(opponent_id)
+            if isinstance(policy, ActorCritic):
+                chosen = sample_actions(self.forward(policy, turns, envs), self.rng).tolist()
+            else:  # a bot (a snapshot in use stays cached until its episodes end)
+                chosen = [policy.act(turns[i].observation, turns[i].action_mask) for i in envs]
+            for i, action in zip(envs, chosen):
+                actions[i] = int(action)
+        return actions
+
+    @staticmethod
+    def masks(turns: list, envs: list[int]) -> torch.Tensor:
+        return torch.from_numpy(np.stack([turns[i].action_mask for i in envs]))
+
+    def forward(self, model: ActorCritic, turns: list, envs: list[int]) -> torch.Tensor:
+        obs = torch.from_numpy(np.stack([turns[i].observation for i in envs]))
+        with torch.no_grad():
+            logits, _ = model(obs, self.masks(turns, envs))
+        return logits
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """XADD finished unrolls after waiting for room; sync params on schedule. True = run is over."""
@@ -171,19 +330,21 @@ class Actor:
         self.trajectories.add(payloads)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
+            self.refresh_opponents()
         return False
 
-    def report(self, episodes) -> None:
-        self.results.add_many([
-            {"actor_id": self.actor_id, "policy_version": self.version, "opponent_id": "self",
-             "winner": -1 if e.winner is None else e.winner, "length": e.length, "returns": list(e.returns)}
-            for e in episodes])
+    def result(self, i: int, episode) -> dict:
+        """The report of a finished episode of env i, for the learner's metrics and the league's payoff."""
+        return {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
+                "opponent_id": self.opponent[i], "learner_seat": self.learner_seat[i],
+                "winner": -1 if episode.winner is None else episode.winner, "length": episode.length,
+                "returns": list(episode.returns)}
 
 
-def run_actor(cfg: Config, redis_url: str, actor_id: int) -> None:
+def run_actor(cfg: Config, redis_url: str, actor_id: int, player: str = MAIN) -> None:
     """Entry point of `run.py actor`: one thread for torch, stop cleanly on SIGTERM/SIGINT."""
     torch.set_num_threads(1)
-    actor = Actor(cfg, redis_url, actor_id)
+    actor = Actor(cfg, redis_url, actor_id, player)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)
     try:

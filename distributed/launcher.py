@@ -1,6 +1,7 @@
-"""Processes of a training run: an embedded Redis (unless one is given), the learner and N actors.
+"""Processes of a training run: an embedded Redis (unless one is given), the learners, the league
+manager (when the league is on) and the actors.
 
-`run.py train` calls `train`. Children are `run.py learner` / `run.py actor` processes, the same
+`run.py train` calls `supervise`. Children are `run.py learner|league|actor` processes, the same
 commands a multi-machine deployment starts by hand, reading the run's resolved config file. The Redis
 URL (with its password) reaches them through the environment, never the command line.
 """
@@ -23,7 +24,10 @@ from pathlib import Path
 import redis
 
 from config import Config
+from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, connect, run_done_key
+from league.players import MAIN, learner_players, namespace
+from league.store import LeagueStore
 
 log = logging.getLogger("launcher")
 
@@ -193,11 +197,21 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
-def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str]) -> subprocess.Popen:
+def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0) -> subprocess.Popen:
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url}, PYTHONUNBUFFERED="1")
+
+    def setup() -> None:
+        _die_with_parent()
+        if nice:
+            os.nice(nice)
+            try:  # with autogroup scheduling each session is weighed by its group's niceness instead
+                Path("/proc/self/autogroup").write_text(str(nice))
+            except OSError:
+                pass
+
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
     return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
-                            env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                            env=env, start_new_session=True, preexec_fn=setup)
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -219,16 +233,46 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple[str, list[str], int]]:
+    """Every process of the run except the main learner: name -> (role, extra args, niceness).
+
+    Actors 0..num_actors-1 serve the main agent; each exploiter learner gets `league.exploiter_actors`
+    actors with the next ids, and it and they run at niceness `league.exploiter_nice`.
+    """
+    run_args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    commands: dict[str, tuple[str, list[str], int]] = {}
+    if cfg.league.enabled:
+        commands["league manager"] = ("league", run_args, 0)
+    next_id = 0
+    for player in learner_players(cfg):
+        nice = 0 if player == MAIN else cfg.league.exploiter_nice
+        if player != MAIN:
+            commands[f"learner {player}"] = ("learner", run_args + ["--player", player], nice)
+        for _ in range(cfg.actor.num_actors if player == MAIN else cfg.league.exploiter_actors):
+            commands[f"actor {next_id}"] = ("actor", ["--actor-id", str(next_id), "--player", player], nice)
+            next_id += 1
+    return commands
+
+
+def _restart_args(role: str, args: list[str]) -> list[str]:
+    """A restarted learner or league manager continues from its own files."""
+    return args if role == "actor" or "--resume" in args else args + ["--resume"]
+
+
 def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool) -> tuple[int, bool]:
-    """Start the learner and the actors, restart crashed actors, stop everything when the learner ends.
+    """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
+    main learner ends.
 
     Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
-    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the actors kept crashing.
+    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the workers kept crashing.
     """
     client = connect(redis_url, retry_s=cfg.run.redis_retry_s)
     client.delete(run_done_key(cfg.run.name))
-    if not resume:  # weights another run of this name left behind must not reach the new actors
-        client.delete(f"{cfg.run.name}:params", f"{cfg.run.name}:params:version")  # see distributed/params.py
+    if not resume:  # weights, opponents and results another run of this name left must not reach this one
+        for player in learner_players(cfg):
+            ParamStore(client, namespace(cfg.run.name, player)).clear()
+        LeagueStore(client, cfg.run.name).clear_opponents()
+        client.delete(f"{cfg.run.name}:results")
     interrupted = False
     failure = ""
 
@@ -241,17 +285,18 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     learner = None
-    actors: dict[int, subprocess.Popen] = {}
+    commands = worker_commands(cfg, run_dir, resume)
+    workers: dict[str, subprocess.Popen] = {}
     try:
         learner = _spawn("learner", config_path, redis_url,
                          ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
-        for i in range(cfg.actor.num_actors):
-            actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
-        log.info("started the learner (pid %d) and %d actors (pids %s)", learner.pid, len(actors),
-                 " ".join(str(p.pid) for p in actors.values()))
+        for name, (role, args, nice) in commands.items():
+            workers[name] = _spawn(role, config_path, redis_url, args, nice)
+        log.info("started the learner (pid %d) and %s", learner.pid,
+                 ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
         while learner.poll() is None and not interrupted and not failure:
-            for i, proc in list(actors.items()):
+            for name, proc in list(workers.items()):
                 code = proc.poll()
                 if code is None:
                     continue
@@ -263,18 +308,24 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                 if not finished:
                     restarts += 1
                     if restarts > MAX_ACTOR_RESTARTS:
-                        failure = f"actors crashed {restarts} times; giving up (see their errors above)"
+                        failure = f"workers crashed {restarts} times; giving up (see their errors above)"
                         break
-                    log.warning("actor %d (pid %d) exited with code %s; restarting it", i, proc.pid, code)
-                    actors[i] = _spawn("actor", config_path, redis_url, ["--actor-id", str(i)])
+                    log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
+                    role, args, nice = commands[name]
+                    commands[name] = (role, _restart_args(role, args), nice)
+                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice)
             time.sleep(0.5)
     finally:
         if interrupted or failure:
-            log.info("stopping: learner writes a final checkpoint")
+            log.info("stopping: learners write a final checkpoint")
+        # Learners and the manager first (they write their files), then the actors.
+        for name, proc in workers.items():
+            if not name.startswith("actor") and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         if learner is not None:
             _stop(learner, timeout=60)
-        for proc in actors.values():
-            _stop(proc, timeout=10)
+        for name, proc in workers.items():
+            _stop(proc, timeout=60 if not name.startswith("actor") else 10)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if failure:

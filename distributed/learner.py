@@ -30,6 +30,10 @@ from distributed.codec import DecodeError, UnrollSpec, decode_unroll
 from distributed.params import ParamStore
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    TrajectoryStream, connect, redis_outages, run_done_key)
+from league.matchmaking import SELF
+from league.payoff import episode_score
+from league.players import MAIN, checkpoint_dir, metrics_path, namespace
+from league.store import LeagueStore
 from envs.registry import EnvSpec, env_spec
 
 log = logging.getLogger("learner")
@@ -141,8 +145,10 @@ def pick_device(name: str) -> torch.device:
 class Learner:
     """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
 
-    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False):
+    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN):
         self.cfg = cfg
+        self.player = player
+        self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
         self.spec = env_spec(cfg.env.name)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
@@ -151,21 +157,24 @@ class Learner:
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
-        self.checkpoint_path = self.run_dir / "checkpoints" / CHECKPOINT_NAME
+        self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
-        self.trajectories = TrajectoryStream(self.redis, cfg.run.name)
+        self.namespace = namespace(cfg.run.name, player)
+        self.trajectories = TrajectoryStream(self.redis, self.namespace)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, cfg.run.name)
+        self.params = ParamStore(self.redis, self.namespace)
+        self.league = LeagueStore(self.redis, cfg.run.name)
+        self.resets_seen = self.league.reset_count(player)
         self.consumer = f"learner-{socket.gethostname()}"
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
-        self.metrics_file = (self.run_dir / "metrics.jsonl").open("a")
+        self.metrics_file = metrics_path(self.run_dir, player).open("a")
         self.wandb = None
 
     def restore(self) -> None:
@@ -198,6 +207,19 @@ class Learner:
     def stop(self, *_: object) -> None:
         self.stopping = True
 
+    def follow_league(self) -> None:
+        """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
+        resets exploiters so that they keep finding new weaknesses rather than polishing one)."""
+        count = self.league.reset_count(self.player)
+        if count == self.resets_seen:
+            return
+        self.resets_seen = count
+        torch.manual_seed(self.cfg.run.seed + 7919 * count)
+        self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent).to(self.device)
+        self.optimizer = make_optimizer(self.model, self.cfg.learner)
+        self.params.publish(self.model.state_dict(), self.step, self.frames)
+        log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
+
     # -- reading -----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[list[bytes], list[dict], list[dict]] | None:
         """Block until B valid unrolls are read (own pending entries first). None when stopping.
@@ -213,6 +235,8 @@ class Learner:
                 self.pending_cursor = "0"
             entries = self.trajectories.read(self.consumer, B - len(unrolls), self.cfg.learner.read_block_ms,
                                              pending_after=self.pending_cursor)
+            if not entries and self.player != MAIN and self.redis.exists(run_done_key(self.cfg.run.name)):
+                return None  # the main agent's run is over and this exploiter's actors are gone
             if self.pending_cursor is not None:
                 # Page through our own unacked entries once (after a restart), then read new ones.
                 self.pending_cursor = entries[-1][0] if entries else None
@@ -232,21 +256,22 @@ class Learner:
     def run(self) -> None:
         """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint."""
         cfg = self.cfg
-        self.lease = LearnerLease(self.redis, cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}")
+        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}")
         if not self.lease.acquire(should_stop=lambda: self.stopping):
             self.metrics_file.close()
             return
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
-        self.redis.delete(run_done_key(cfg.run.name))
+        if self.player == MAIN:
+            self.redis.delete(run_done_key(cfg.run.name))
         self.trajectories.ensure_group()
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
         self.results.skip_to_end()
-        self.params.publish(self.model.state_dict(), self.step)
+        self.params.publish(self.model.state_dict(), self.step, self.frames)
         self.start_wandb()
-        log.info("learner on %s, %s, %d params; training to %d frames", self.device, self.spec.name,
+        log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
         start = last_ckpt = time.monotonic()
         window = MetricsWindow(start)
@@ -269,6 +294,8 @@ class Learner:
             if now - last_ckpt >= cfg.learner.checkpoint_every_s:
                 self.checkpoint()
                 last_ckpt = now
+            if self.player != MAIN and self.step % 10 == 0:
+                self.follow_league()
         if window.stats:  # the last, partial window: a run shorter than run.log_every_s still gets a record
             self.log_metrics(window, time.monotonic())
         self.finish()
@@ -285,17 +312,17 @@ class Learner:
         self.step += 1
         self.frames += self.cfg.actor.unroll_length * len(unrolls)
         if self.step % self.cfg.learner.publish_every == 0:
-            self.params.publish(self.model.state_dict(), self.step)
+            self.params.publish(self.model.state_dict(), self.step, self.frames)
         return stats
 
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted."""
         self.checkpoint()  # first: it needs no Redis
-        self.params.publish(self.model.state_dict(), self.step)
-        if not self.stopping:
+        self.params.publish(self.model.state_dict(), self.step, self.frames)
+        if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(run_done_key(self.cfg.run.name), 1)
         self.lease.release()
-        log.info("learner done: %d updates, %d frames; checkpoint %s", self.step, self.frames, self.checkpoint_path)
+        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
             self.wandb.finish()
@@ -306,13 +333,15 @@ class Learner:
             return
         import wandb
 
-        self.wandb = wandb.init(project=self.cfg.run.wandb_project, name=self.cfg.run.name,
-                                dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow",
-                                id=self.cfg.run.name,
+        name = self.cfg.run.name if self.player == MAIN else f"{self.cfg.run.name}-{self.player}"
+        self.wandb = wandb.init(project=self.cfg.run.wandb_project, name=name, group=self.cfg.run.name,
+                                dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow", id=name,
                                 config=json.loads(json.dumps(_plain(without_secrets(self.cfg)))))
 
     def log_metrics(self, window: "MetricsWindow", now: float) -> None:
-        episodes = self.results.read_new()
+        episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
+        self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
+        league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
@@ -321,19 +350,28 @@ class Learner:
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
         })
         if episodes:
-            winners = np.array([e.get("winner", -1) for e in episodes])
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
+        if self_play:
+            winners = np.array([e.get("winner", -1) for e in self_play])
             record["first_seat_win_rate"] = float(np.mean(winners == 0))
             record["draw_rate"] = float(np.mean(winners == -1))
+        if league:
+            record["league_score"] = float(np.mean([episode_score(e) for e in league]))
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
         if self.wandb is not None:
             self.wandb.log(record, step=self.step)
-        log.info("frames %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
-                 f"{self.frames:,}", f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"],
-                 record["queue_depth"], record["loss"], record["entropy"], record["mean_rho"],
-                 f"first-seat wins {record['first_seat_win_rate']:.2f} len {record['episode_length']:.1f}"
-                 if episodes else "")
+        games = []
+        if self_play:
+            games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
+        if league:
+            games.append(f"league score {record['league_score']:.2f}")
+        if episodes:
+            games.append(f"len {record['episode_length']:.1f}")
+        log.info("%sframes %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
+                 "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
+                 f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"], record["queue_depth"],
+                 record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 
 
 @dataclass
@@ -352,7 +390,8 @@ class MetricsWindow:
 
     def summary(self, now: float) -> dict[str, float]:
         """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag."""
-        record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0]}
+        record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
+        record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
         record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
                        "policy_lag_max": int(max(self.lags))})
         return record
@@ -364,10 +403,10 @@ def _plain(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
 
 
-def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False) -> None:
+def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN) -> None:
     """Entry point of `run.py learner`: stop cleanly (final checkpoint) on SIGTERM/SIGINT."""
     torch.set_num_threads(1)
-    learner = Learner(cfg, redis_url, run_dir, resume)
+    learner = Learner(cfg, redis_url, run_dir, resume, player)
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
     try:

@@ -353,7 +353,9 @@ def _valid_result(result: dict) -> bool:
     def number(v: object) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-    return number(result.get("winner", -1)) and number(result.get("length", 0))
+    return (number(result.get("winner", -1)) and number(result.get("length", 0))
+            and number(result.get("learner_seat", -1)) and isinstance(result.get("player", ""), str)
+            and isinstance(result.get("opponent_id", ""), str))
 
 
 class ResultsStream:
@@ -385,6 +387,33 @@ class ResultsStream:
                 if isinstance(result, dict) and _valid_result(result):
                     out.append(result)
         return out
+
+    def read_group(self, group: str, consumer: str, count: int = 10_000) -> tuple[list[bytes], list[dict]]:
+        """New results for consumer group `group` (created at the stream's end on first use).
+
+        Returns (entry ids to `ack`, decoded results); malformed entries are in the ids but not in
+        the results, so they are acknowledged and skipped.
+        """
+        try:
+            self.r.xgroup_create(self.key, group, id="$", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        reply = self.r.xreadgroup(group, consumer, {self.key: ">"}, count=count)
+        ids, out = [], []
+        for eid, fields in (reply[0][1] if reply else []):
+            ids.append(eid)
+            try:
+                result = msgpack.unpackb(fields[b"data"])
+            except (KeyError, ValueError, msgpack.UnpackException):
+                continue
+            if isinstance(result, dict) and _valid_result(result):
+                out.append(result)
+        return ids, out
+
+    def ack(self, group: str, entry_ids: list[bytes]) -> None:
+        if entry_ids:
+            self.r.xack(self.key, group, *entry_ids)
 
     def skip_to_end(self) -> None:
         """Ignore results already in the stream (a resumed learner reports only new episodes)."""

@@ -20,6 +20,8 @@ class EnvSpec:
     seats: agent names in seat order (seat 0 moves first in turn-based games).
     mirror_actions: for a game symmetric under reflecting observation axis `mirror_axis`, the action
       that each action becomes under the reflection; None where the game has no such symmetry.
+    version: the versioned PettingZoo env module the game comes from (e.g. `connect_four_v3`);
+      replays record it and refuse to re-simulate under another.
     """
 
     name: str
@@ -29,32 +31,33 @@ class EnvSpec:
     seats: tuple[str, ...]
     mirror_axis: Optional[int] = None
     mirror_actions: Optional[tuple[int, ...]] = None
+    version: Optional[str] = None
 
 
-def _connect_four():
+def _connect_four(render_mode: Optional[str] = None):
     from pettingzoo.classic import connect_four_v3
 
-    return connect_four_v3.env()
+    return connect_four_v3.env(render_mode=render_mode)
 
 
-def _tictactoe():
+def _tictactoe(render_mode: Optional[str] = None):
     from pettingzoo.classic import tictactoe_v3
 
-    return tictactoe_v3.env()
+    return tictactoe_v3.env(render_mode=render_mode)
 
 
 # Tic-tac-toe's action a marks observation cell (a // 3, a % 3); reflecting columns maps c -> 2 - c.
 _TICTACTOE_MIRROR = tuple(3 * (a // 3) + 2 - a % 3 for a in range(9))
 
-_REGISTRY: dict[str, tuple[EnvSpec, Callable[[], object]]] = {
+_REGISTRY: dict[str, tuple[EnvSpec, Callable[..., object]]] = {
     "connect_four": (
         EnvSpec("connect_four", (6, 7, 2), np.dtype(np.int8), 7, ("player_0", "player_1"),
-                mirror_axis=1, mirror_actions=tuple(range(6, -1, -1))),
+                mirror_axis=1, mirror_actions=tuple(range(6, -1, -1)), version="connect_four_v3"),
         _connect_four,
     ),
     "tictactoe": (
         EnvSpec("tictactoe", (3, 3, 2), np.dtype(np.int8), 9, ("player_1", "player_2"),
-                mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR),
+                mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR, version="tictactoe_v3"),
         _tictactoe,
     ),
 }
@@ -62,7 +65,7 @@ _REGISTRY: dict[str, tuple[EnvSpec, Callable[[], object]]] = {
 ENV_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def _lookup(name: str) -> tuple[EnvSpec, Callable[[], object]]:
+def _lookup(name: str) -> tuple[EnvSpec, Callable[..., object]]:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, ENV_NAMES, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -80,6 +83,10 @@ def make_env(name: str, seed: int) -> AECAdapter:
     return AECAdapter(_lookup(name)[1], seed)
 
 
-def make_raw_env(name: str):
-    """The PettingZoo env itself (for evaluation and replays that drive the AEC loop directly)."""
-    return _lookup(name)[1]()
+def make_raw_env(name: str, render_mode: Optional[str] = None):
+    """The PettingZoo env itself (for evaluation and replays that drive the AEC loop directly).
+
+    render_mode: None, or a mode the env supports (`"rgb_array"`: `env.render()` returns uint8
+    `[H, W, 3]` frames; PettingZoo's classic games draw them with pygame, without a display).
+    """
+    return _lookup(name)[1](render_mode)

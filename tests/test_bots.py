@@ -6,11 +6,16 @@ import numpy as np
 import pytest
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
+import time
+
+from evaluation import bots
 from evaluation.bots import (
     CONNECT_FOUR,
     OPPONENT,
     TICTACTOE,
     TO_MOVE,
+    WIN_SCORE,
+    MinimaxBot,
     RandomBot,
     TacticalBot,
     make_bot,
@@ -180,24 +185,24 @@ def test_make_bot_builds_requested_bot():
 
 
 def test_make_bot_errors_name_bad_value_and_choices():
-    with pytest.raises(ValueError, match=r"'minimax'.*'random', 'tactical'"):
-        make_bot("minimax", "connect_four")
+    with pytest.raises(ValueError, match=r"'alphazero'.*'random', 'tactical', 'minimax:D'"):
+        make_bot("alphazero", "connect_four")
     with pytest.raises(ValueError, match=r"'chess'.*'connect_four', 'tictactoe'"):
         make_bot("tactical", "chess")
     with pytest.raises(ValueError, match=r"'chess'.*'connect_four', 'tictactoe'"):
         TacticalBot("chess")
 
 
-def play_game(first, second, seed: int) -> float:
-    """Plays one connect-four game; returns first player's reward. Asserts every move is legal."""
-    env = connect_four_v3.env()
+def play_game(first, second, seed: int, game: str = "connect_four") -> float:
+    """Plays one game; returns the first player's reward. Asserts every move is legal."""
+    env = ENVS[game].env()
     env.reset(seed=seed)
-    bots = {"player_0": first, "player_1": second}
+    players = dict(zip(env.possible_agents, (first, second)))
     for agent in env.agent_iter():
         obs, _, terminated, truncated, _ = env.last()
         if terminated or truncated:
-            return env.rewards["player_0"]
-        action = bots[agent].act(obs["observation"], obs["action_mask"])
+            return env.rewards[env.possible_agents[0]]
+        action = players[agent].act(obs["observation"], obs["action_mask"])
         assert obs["action_mask"][action] == 1
         env.step(action)
     raise AssertionError("game did not end")
@@ -216,3 +221,147 @@ def test_tactical_beats_random_at_connect_four():
     win_rate = wins / n_games
     print(f"tactical vs random win rate: {win_rate:.3f}")
     assert win_rate >= 0.85
+
+
+# -- minimax ---------------------------------------------------------------------------------------
+
+def minimax_choices(game: str, moves: list[int], depth: int) -> set[int]:
+    """Actions minimax:depth picks in the position after ``moves``, over many seeds."""
+    _, observation, mask = play(game, moves)
+    return {MinimaxBot(game, depth, seed).act(observation, mask) for seed in SEEDS}
+
+
+def wins_by_force_in_three(game: str, moves: list[int], action: int) -> bool:
+    """True if, after the mover plays ``action``, every reply leaves the mover an immediate win."""
+    env, _, _ = play(game, moves + [action])
+    if all(env.terminations.values()):
+        return False
+    replies = np.flatnonzero(env.last()[0]["action_mask"])
+    for reply in replies:
+        env2, _, _ = play(game, moves + [action, int(reply)])
+        legal = np.flatnonzero(env2.last()[0]["action_mask"])
+        if not any(mover_wins_with(game, moves + [action, int(reply)], int(m)) for m in legal):
+            return False
+    return True
+
+
+def test_connect_four_windows_and_leaf_evaluation():
+    assert CONNECT_FOUR.windows.shape == (69, 4) and TICTACTOE.windows.shape == (8, 3)
+    bot = MinimaxBot("connect_four", 2, 0)
+    board = np.zeros((6, 7), np.int8)
+    assert bot.evaluate(board) == 0
+    board[5, 0:3] = TO_MOVE
+    # Bottom-row windows starting at col 0 (open three, +5) and col 1 (open two, +2); every
+    # other window holds at most one piece.
+    assert bot.evaluate(board) == 7
+    assert bot.evaluate(-board) == -7  # the same position seen by the other player
+    board[5, 3] = OPPONENT  # closes both windows; the opponent's piece is alone in its windows
+    assert bot.evaluate(board) == 0
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+@pytest.mark.parametrize("moves, winning_move", [(C4_HORIZONTAL, 3), (C4_VERTICAL, 0), (C4_DIAGONAL, 3)],
+                         ids=["horizontal", "vertical", "diagonal"])
+def test_minimax_takes_immediate_win(moves, winning_move, depth):
+    assert minimax_choices("connect_four", moves, depth) == {winning_move}
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_minimax_blocks_opponent_win(depth):
+    assert minimax_choices("connect_four", [0, 1, 0, 2, 6, 3], depth) == {4}
+
+
+def test_minimax_prefers_the_sooner_win():
+    # Player 1: (5,1) (5,2) and (5,6) (4,6) (3,6); player 2: (4,1) (4,2) (3,1) (3,2) (5,5).
+    moves = [1, 1, 2, 2, 6, 1, 6, 2, 6, 5]
+    assert mover_wins_with("connect_four", moves, 6)  # now, vertically
+    later = [0, 3, 4]  # each adds a row-5 threat to the col-6 one: a win two plies later
+    assert all(wins_by_force_in_three("connect_four", moves, m) for m in later)
+    assert minimax_choices("connect_four", moves, 4) == {6}
+    _, observation, mask = play("connect_four", moves)
+    board = CONNECT_FOUR.board_from_observation(observation)
+    assert MinimaxBot("connect_four", 4, 0).scores(board, later) == {m: WIN_SCORE - 3 for m in later}
+
+
+def test_minimax_values_a_forced_loss_by_when_it_comes():
+    # Player 2 holds (5,1) (5,2) (5,3) with both ends open; player 1 can block only one end.
+    moves = [6, 1, 6, 2, 5, 3]
+    _, observation, mask = play("connect_four", moves)
+    board = CONNECT_FOUR.board_from_observation(observation)
+    legal = CONNECT_FOUR.legal_moves(board)
+    assert MinimaxBot("connect_four", 4, 0).scores(board, legal) == {m: -(WIN_SCORE - 2) for m in legal}
+
+
+def test_minimax_breaks_ties_at_random_and_is_deterministic_given_seed():
+    # The empty tic-tac-toe board: every first move draws under perfect play.
+    _, observation, mask = play("tictactoe", [])
+    picks = {MinimaxBot("tictactoe", 9, seed).act(observation, mask) for seed in range(40)}
+    assert picks == set(range(9))
+    a, b = MinimaxBot("connect_four", 3, 5), MinimaxBot("connect_four", 3, 5)
+    _, observation, mask = play("connect_four", [3, 3])
+    assert [a.act(observation, mask) for _ in range(20)] == [b.act(observation, mask) for _ in range(20)]
+
+
+def test_tictactoe_minimax_9_is_perfect_play():
+    _, observation, mask = play("tictactoe", [4])  # X took the centre: only corners hold the draw
+    assert minimax_choices("tictactoe", [4], 9) == {0, 2, 6, 8}
+    for opponent in ("random", "tactical"):
+        for game in range(40):
+            perfect, other = make_bot("minimax:9", "tictactoe", game), make_bot(opponent, "tictactoe", 500 + game)
+            assert play_game(perfect, other, game, "tictactoe") >= 0, (opponent, game)
+            assert play_game(other, perfect, game, "tictactoe") <= 0, (opponent, game)
+    for game in range(20):
+        a, b = make_bot("minimax:9", "tictactoe", game), make_bot("minimax:9", "tictactoe", 100 + game)
+        assert play_game(a, b, game, "tictactoe") == 0
+
+
+def test_connect_four_minimax_2_beats_tactical():
+    n_games = 40
+    for seat in (0, 1):
+        wins = 0
+        for game in range(n_games):
+            minimax, tactical = MinimaxBot("connect_four", 2, game), TacticalBot("connect_four", 1000 + game)
+            if seat == 0:
+                wins += play_game(minimax, tactical, game) == 1
+            else:
+                wins += play_game(tactical, minimax, game) == -1
+        print(f"minimax:2 vs tactical, minimax in seat {seat}: won {wins / n_games:.1%}")
+        assert wins / n_games >= 0.9
+
+
+class TimedBot:
+    """Wraps a bot and adds up the seconds its ``act`` calls take."""
+
+    def __init__(self, bot):
+        self.bot, self.seconds = bot, 0.0
+
+    def act(self, observation, action_mask):
+        start = time.perf_counter()
+        action = self.bot.act(observation, action_mask)
+        self.seconds += time.perf_counter() - start
+        return action
+
+
+def test_connect_four_minimax_2_plays_a_game_well_under_a_second():
+    bots._best_moves_cache.clear()  # time the search, not cache look-ups
+    slowest = 0.0
+    for game in range(5):
+        a, b = TimedBot(MinimaxBot("connect_four", 2, game)), TimedBot(MinimaxBot("connect_four", 2, 50 + game))
+        play_game(a, b, game)
+        slowest = max(slowest, a.seconds, b.seconds)
+    print(f"minimax:2, slowest side of 5 connect-four games: {slowest * 1000:.1f} ms")
+    assert slowest < 0.25
+
+
+@pytest.mark.parametrize("spec, env_name, message", [
+    ("minimax", "connect_four", r"'minimax' needs a search depth, as in 'minimax:2'"),
+    ("minimax:", "connect_four", r"'minimax:': the depth must be an integer"),
+    ("minimax:x", "tictactoe", r"'minimax:x': the depth must be an integer.*1..9 for tictactoe"),
+    ("minimax:0", "connect_four", r"'minimax:0': depth 0 is out of range for connect_four; choose 1..8"),
+    ("minimax:9", "connect_four", r"'minimax:9': depth 9 is out of range for connect_four; choose 1..8"),
+    ("minimax:10", "tictactoe", r"depth 10 is out of range for tictactoe; choose 1..9"),
+    ("minimax:2", "chess", r"'minimax:2' does not support env 'chess'"),
+])
+def test_bad_minimax_specs_raise_clear_errors(spec, env_name, message):
+    with pytest.raises(ValueError, match=message):
+        make_bot(spec, env_name)

@@ -217,7 +217,8 @@ def test_describe_lists_every_key_with_its_help_and_default():
     for section, f in ALL_KEYS:
         line = lines[f"{section}.{f.name}"]
         assert f.metadata["help"] in line
-        assert f"= {f.default!s}" in line
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert f"= {default!s}" in line
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.name for p in CONFIG_FILES])

@@ -132,3 +132,41 @@ def test_crashed_actor_is_restarted_and_malformed_entries_are_dead_lettered(tmp_
     reasons = [f[b"reason"].decode() for _, f in r.xrange(f"{run_name}:deadletter")]
     assert any("not msgpack" in x or "must be a map" in x for x in reasons), reasons
     assert r.exists(f"{run_name}:done")
+
+
+def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, redis_server, run_name):
+    """A real league run: main + main exploiter + league exploiter, each with its own actors, one manager."""
+    from distributed.transport import connect
+
+    league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
+              "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",
+              "--set", "actor.num_actors=1"]
+    proc = train(tmp_path, run_name, redis_server.url, *league, frames=6000)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+    run_dir = tmp_path / run_name
+    for player in ("main_exploiter_0", "league_exploiter_0"):
+        assert (run_dir / "checkpoints" / player / "latest.safetensors").exists()
+        assert (run_dir / f"metrics-{player}.jsonl").read_text()
+    state = json.loads((run_dir / "league" / "state.json").read_text())
+    snapshots = [m for m, info in state["members"].items() if info["kind"] == "snapshot"]
+    assert any(s.startswith("main-") for s in snapshots), snapshots
+    assert all((run_dir / "league" / "snapshots" / f"{s}.safetensors").exists() for s in snapshots)
+    assert state["games"] > 0 and state["payoff"]
+    # Every learner's actors reported games against league members, in both seats.
+    r = connect(redis_server.url)
+    import msgpack
+
+    results = [msgpack.unpackb(f[b"data"]) for _, f in r.xrange(f"{run_name}:results")]
+    for player in ("main", "main_exploiter_0", "league_exploiter_0"):
+        mine = [x for x in results if x["player"] == player and x["opponent_id"] != "self"]
+        assert mine and {x["learner_seat"] for x in mine} == {0, 1}, player
+    assert any(x["opponent_id"] == "main" for x in results if x["player"] == "main_exploiter_0")
+    assert any(x["opponent_id"] in snapshots for x in results if x["player"] == "main")
+    # Resume: the manager reloads its snapshots and the exploiters their checkpoints.
+    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=9000)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"league resumed from {run_dir / 'league' / 'state.json'}: {len(snapshots)} snapshots" in out
+    assert out.count("resumed from") >= 4  # main, both exploiters, the league

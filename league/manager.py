@@ -1,0 +1,297 @@
+"""The league manager process: payoff and ratings from episode results, snapshots, opponent distributions.
+
+One pass every `league.manager_every_s` seconds:
+  1. read new episode results (consumer group `league` on `{run}:results`) into the payoff table and
+     the Elo ratings;
+  2. freeze snapshots of learners that are due (see `due_snapshot`), reset exploiters that earned it;
+  3. publish each learner's opponent distribution (league/matchmaking.py) for its actors;
+  4. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line.
+
+Snapshots are checkpoint files (`league/snapshots/<id>.safetensors`, loadable by `load_policy`) and
+weights in Redis for the actors. `--resume` reloads the state and puts the snapshots back into Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import redis
+import torch
+from safetensors import SafetensorError
+
+from agents.network import ActorCritic
+from config import Config, to_yaml, without_secrets
+from distributed.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
+from distributed.codec import decode_weights, encode_weights
+from distributed.params import ParamStore
+from distributed.transport import RedisUnavailable, ResultsStream, connect, run_done_key
+from envs.registry import env_spec
+from league.matchmaking import (MAIN, SELF, MatchmakingConfig, league_exploiter_opponents, main_agent_opponents,
+                                main_exploiter_opponents)
+from league.payoff import EloRatings, PayoffTable, episode_score
+from league.players import learner_players, namespace, role
+from league.store import LeagueStore
+
+log = logging.getLogger("league")
+
+GROUP = "league"
+STATE_VERSION = 1
+
+
+class LeagueManager:
+    """Owns the league state of one run. `run` loops until the run is over or a stop signal.
+
+    Members (`self.members`, id -> info dict): `kind` is `learner`, `snapshot` or `bot`; snapshots
+    also hold `player` (the learner frozen), `role`, `step` (its update), `frames`, `parent` (the
+    previous snapshot of that learner, None after a reset) and `created` (unix seconds).
+    """
+
+    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False):
+        self.cfg = cfg
+        league = cfg.league
+        self.dir = Path(run_dir) / "league"
+        self.snapshot_dir = self.dir / "snapshots"
+        self.state_path = self.dir / "state.json"
+        self.spec = env_spec(cfg.env.name)
+        self.learners = learner_players(cfg)
+        self.matchmaking = MatchmakingConfig(
+            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten,
+            forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
+            exploiter_gives_up_below=league.exploiter_gives_up_below)
+        self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)
+        self.elo = EloRatings(k=league.elo_k)
+        self.members: dict[str, dict] = {p: {"kind": "learner", "role": role(p)} for p in self.learners}
+        self.members.update({b: {"kind": "bot"} for b in league.bots})
+        self.last_snapshot = {p: 0 for p in self.learners}  # update step of the latest snapshot (or reset)
+        self.lineage: dict[str, str | None] = {p: None for p in self.learners}
+        self.games = self.skipped = 0
+        self.rng = random.Random(cfg.run.seed)
+        self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)
+        self.store = LeagueStore(self.redis, cfg.run.name)
+        self.results = ResultsStream(self.redis, cfg.run.name)
+        self.params = {p: ParamStore(self.redis, namespace(cfg.run.name, p)) for p in self.learners}
+        self.stopping = False
+        if resume and self.state_path.exists():
+            self.load()
+
+    def stop(self, *_: object) -> None:
+        self.stopping = True
+
+    # -- members -----------------------------------------------------------------------------------
+    def snapshots(self, player: str | None = None) -> list[str]:
+        return [m for m, info in self.members.items()
+                if info["kind"] == "snapshot" and (player is None or info["player"] == player)]
+
+    def frozen(self) -> list[str]:
+        """The league that PFSP draws from: every snapshot and every bot."""
+        return [m for m, info in self.members.items() if info["kind"] in ("snapshot", "bot")]
+
+    # -- results -----------------------------------------------------------------------------------
+    def consume_results(self) -> int:
+        """Fold new episode results into the payoff and ratings; returns how many counted."""
+        ids, results = self.results.read_group(GROUP, "manager")
+        counted = 0
+        for r in results:
+            player, opponent = r.get("player", MAIN), r.get("opponent_id", SELF)
+            if opponent == SELF:
+                continue  # self-play says nothing about who is stronger
+            if player not in self.members or opponent not in self.members or player == opponent:
+                self.skipped += 1
+                continue
+            score = episode_score(r)
+            self.payoff.add(player, opponent, score)
+            self.elo.update(player, opponent, score)
+            counted += 1
+        self.skipped += len(ids) - len(results)
+        self.results.ack(GROUP, ids)
+        self.games += counted
+        return counted
+
+    # -- snapshots and resets ----------------------------------------------------------------------
+    def due_snapshot(self, player: str, step: int) -> str | None:
+        """Why `player` at update `step` should be frozen now, or None.
+
+        main: every `snapshot_every` updates, or when it beats every frozen member at
+        `snapshot_win_rate` (win rates below `min_games` games do not count).
+        main exploiter: when it beats the main agent at `exploiter_reset_win_rate`, or 2 x
+        `snapshot_every` updates after its last reset; it is then reset.
+        league exploiter: when it beats every frozen member at `snapshot_win_rate`, or 2 x
+        `snapshot_every` updates; then reset with probability `league_exploiter_reset_prob`.
+        """
+        league = self.cfg.league
+        since = step - self.last_snapshot[player]
+        if since <= 0:
+            return None
+        kind = role(player)
+        period = league.snapshot_every * (1 if kind == MAIN else 2)
+        if since >= period:
+            return f"{since} updates since the last snapshot"
+        if kind == "main_exploiter":
+            w = self.payoff.win_rate(player, MAIN)
+            if w is not None and w >= league.exploiter_reset_win_rate:
+                return f"beats the main agent {w:.0%}"
+            return None
+        others = self.frozen()
+        rates = [self.payoff.win_rate(player, m) for m in others]
+        if others and all(w is not None and w >= league.snapshot_win_rate for w in rates):
+            return f"beats all {len(others)} league members at >= {league.snapshot_win_rate:.0%}"
+        return None
+
+    def take_snapshot(self, player: str, reason: str) -> str | None:
+        """Freeze `player`'s latest published weights: a file, Redis weights, a member. Returns its id."""
+        fetched = self.params[player].fetch_raw()
+        if fetched is None:
+            return None
+        step, data, frames = fetched
+        snapshot_id = f"{player}-{step:07d}"
+        if snapshot_id in self.members:
+            return None
+        model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent)
+        try:
+            model.load_state_dict(decode_weights(data))
+        except (RuntimeError, SafetensorError) as e:
+            log.error("cannot snapshot %s: its published weights do not fit its config (%s)", player,
+                      str(e).splitlines()[0])
+            return None
+        info = {"kind": "snapshot", "id": snapshot_id, "player": player, "role": role(player), "step": step,
+                "frames": frames, "parent": self.lineage[player], "created": time.time()}
+        save_checkpoint(self.snapshot_dir / f"{snapshot_id}.safetensors", model, None,
+                        to_yaml(without_secrets(self.cfg)), info)
+        self.store.put_snapshot(snapshot_id, data)
+        self.members[snapshot_id] = info
+        self.elo.copy_to(player, snapshot_id)
+        self.last_snapshot[player] = step
+        self.lineage[player] = snapshot_id
+        log.info("snapshot %s (%s; Elo %.0f)", snapshot_id, reason, self.elo.get(player).elo)
+        return snapshot_id
+
+    def reset(self, player: str, step: int) -> None:
+        """Ask `player`'s learner to start again from fresh weights; forget its results."""
+        count = self.store.request_reset(player)
+        self.payoff.remove(player)
+        self.elo.ratings.pop(player, None)
+        self.last_snapshot[player] = step
+        self.lineage[player] = None
+        log.info("reset %s (reset %d)", player, count)
+
+    def snapshot_due_learners(self) -> None:
+        for player in self.learners:
+            step = self.params[player].version()
+            reason = self.due_snapshot(player, step) if step > 0 else None
+            if reason is None or self.take_snapshot(player, reason) is None:
+                continue
+            kind = role(player)
+            if kind == "main_exploiter" or (
+                    kind == "league_exploiter" and self.rng.random() < self.cfg.league.league_exploiter_reset_prob):
+                self.reset(player, step)
+
+    # -- matchmaking -------------------------------------------------------------------------------
+    def distribution(self, player: str) -> dict[str, float]:
+        kind = role(player)
+        if kind == MAIN:
+            return main_agent_opponents(player, self.payoff, self.frozen(), self.snapshots(player), self.matchmaking)
+        if kind == "main_exploiter":
+            return main_exploiter_opponents(player, self.payoff, self.snapshots(MAIN), self.matchmaking)
+        return league_exploiter_opponents(player, self.payoff, self.frozen(), self.matchmaking)
+
+    def publish(self) -> dict[str, dict[str, float]]:
+        out = {p: self.distribution(p) for p in self.learners}
+        for player, dist in out.items():
+            self.store.publish_opponents(player, dist)
+        return out
+
+    # -- persistence -------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"version": STATE_VERSION, "env": self.spec.name, "members": self.members,
+                "payoff": self.payoff.to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
+                "lineage": self.lineage, "games": self.games, "skipped_results": self.skipped,
+                "distributions": {p: self.distribution(p) for p in self.learners}, "time": time.time()}
+
+    def save(self) -> None:
+        """Write state.json atomically and append the ratings to ratings.jsonl."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.state(), indent=1) + "\n")
+        os.replace(tmp, self.state_path)
+        with (self.dir / "ratings.jsonl").open("a") as f:
+            f.write(json.dumps({"time": time.time(), "games": self.games,
+                                "elo": {m: round(r.elo, 1) for m, r in self.elo.ratings.items()}}) + "\n")
+
+    def load(self) -> None:
+        """Restore state.json and put every snapshot's weights back into Redis.
+
+        A snapshot whose file is missing or corrupt is dropped from the league with an error naming it.
+        Raises CheckpointError when state.json itself is unreadable or of another env.
+        """
+        try:
+            state = json.loads(self.state_path.read_text())
+            if state.get("version") != STATE_VERSION or state.get("env") != self.spec.name:
+                raise ValueError(f"it is version {state.get('version')} of env {state.get('env')!r}")
+            members = {str(k): dict(v) for k, v in state["members"].items()}
+            payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games)
+            elo = EloRatings.from_json(state["elo"], self.elo.k)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"--resume: league state {self.state_path} is not usable: {e}") from None
+        for snapshot_id, info in list(members.items()):
+            if info.get("kind") != "snapshot":
+                continue
+            path = self.snapshot_dir / f"{snapshot_id}.safetensors"
+            try:
+                tensors, _ = read_checkpoint(path)
+                self.store.put_snapshot(snapshot_id, encode_weights(model_state(tensors)))
+            except CheckpointError as e:
+                log.error("dropping snapshot %s from the league: %s", snapshot_id, e)
+                del members[snapshot_id]
+        self.members.update(members)
+        self.payoff, self.elo = payoff, elo
+        for p in self.learners:
+            self.last_snapshot[p] = int(state.get("last_snapshot", {}).get(p, 0))
+            self.lineage[p] = state.get("lineage", {}).get(p)
+        self.games = int(state.get("games", 0))
+        log.info("league resumed from %s: %d snapshots, %d games", self.state_path, len(self.snapshots()), self.games)
+
+    # -- loop --------------------------------------------------------------------------------------
+    def run(self) -> None:
+        done_key = run_done_key(self.cfg.run.name)
+        self.publish()
+        self.save()
+        log.info("league manager (pid %d): learners %s, bots %s", os.getpid(), ", ".join(self.learners),
+                 ", ".join(self.cfg.league.bots) or "none")
+        last_save = time.monotonic()
+        while not self.stopping:
+            self.consume_results()
+            self.snapshot_due_learners()
+            self.publish()
+            if time.monotonic() - last_save > 10:
+                self.save()
+                last_save = time.monotonic()
+            if self.redis.exists(done_key):
+                break
+            deadline = time.monotonic() + self.cfg.league.manager_every_s
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.consume_results()
+        self.save()
+        log.info("league: %d snapshots, %d games scored; top: %s", len(self.snapshots()), self.games,
+                 ", ".join(f"{m} {r.elo:.0f}±{r.uncertainty:.0f}" for m, r in
+                           sorted(self.elo.ratings.items(), key=lambda kv: -kv[1].elo)[:5]))
+
+
+def run_league(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False) -> None:
+    """Entry point of `run.py league`: stop cleanly (state written) on SIGTERM/SIGINT."""
+    torch.set_num_threads(1)
+    manager = LeagueManager(cfg, redis_url, run_dir, resume)
+    signal.signal(signal.SIGTERM, manager.stop)
+    signal.signal(signal.SIGINT, manager.stop)
+    try:
+        manager.run()
+    except redis.RedisError as e:
+        manager.save()
+        raise RedisUnavailable(f"the league manager lost Redis ({type(e).__name__}: {e}); state written to "
+                               f"{manager.state_path}") from None

@@ -1,0 +1,91 @@
+"""An actor in a league: opponents drawn per episode, learning only in its own seat, and a fallback to
+self-play (with a message naming the id) for opponents that cannot be loaded. Real Redis, real envs."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from agents.network import ActorCritic
+from config import load_config
+from distributed.actor import Actor
+from distributed.params import ParamStore
+from envs.registry import env_spec
+from league.store import LeagueStore
+
+
+def _actor(tmp_path, run_name, redis_client, redis_url, *extra) -> Actor:
+    cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",
+                             "agent.hidden=16", "actor.num_envs=8", "actor.unroll_length=4",
+                             "actor.param_sync_every=1", "league.enabled=true", *extra])
+    spec = env_spec("tictactoe")
+    ParamStore(redis_client, run_name).publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), 1)
+    return Actor(cfg, redis_url, actor_id=0)
+
+
+def _play(actor: Actor, unrolls_wanted: int) -> tuple[list[dict], list[dict]]:
+    """Run the real actor loop, capturing what it sends and reports, until enough unrolls are out."""
+    unrolls, results = [], []
+    actor.send = lambda batch: unrolls.extend(batch) or len(unrolls) >= unrolls_wanted
+    actor.results.add_many = results.extend
+    actor.run()
+    return unrolls, results
+
+
+def _own_marks_minus_opponents(obs: np.ndarray) -> int:
+    return int(obs[..., 0].sum()) - int(obs[..., 1].sum())
+
+
+def test_against_a_bot_only_the_learner_seat_learns(tmp_path, redis_client, redis_url, run_name):
+    actor = _actor(tmp_path, run_name, redis_client, redis_url)
+    LeagueStore(redis_client, run_name).publish_opponents("main", {"random": 1.0})
+    unrolls, results = _play(actor, 40)
+    assert results and all(r["opponent_id"] == "random" and r["player"] == "main" for r in results)
+    assert {r["learner_seat"] for r in results} == {0, 1}
+    # Each unroll is one seat's stream: the first player always sees as many own marks as the
+    # opponent's, the second one fewer. Learner turns only: no opponent move was recorded as ours,
+    # which would also show as a step whose behaviour logits are all zero.
+    for u in unrolls:
+        diffs = {_own_marks_minus_opponents(o) for o, m in zip(u["obs"], u["action_mask"]) if m.sum() < 9}
+        assert len(diffs) <= 1
+        assert (np.abs(u["behaviour_logits"]).sum(-1) > 0).all()
+    # Every learner move was recorded: steps in sent unrolls cover the learner's share of the moves.
+    learner_moves = sum((r["length"] + (1 - r["learner_seat"])) // 2 for r in results)
+    assert sum(len(u["action"]) for u in unrolls) <= learner_moves + 8 * 2 * 4  # + what is still buffered
+
+
+def test_unloadable_opponents_fall_back_to_self_play_and_say_why(tmp_path, redis_client, redis_url, run_name,
+                                                                 caplog):
+    actor = _actor(tmp_path, run_name, redis_client, redis_url)
+    store = LeagueStore(redis_client, run_name)
+    store.put_snapshot("main-0000100", b"not safetensors")
+    store.publish_opponents("main", {"main-0000999": 0.5, "main-0000100": 0.5})
+    with caplog.at_level(logging.WARNING):
+        unrolls, results = _play(actor, 8)
+    assert results and all(r["opponent_id"] == "self" and r["learner_seat"] == -1 for r in results)
+    assert "'main-0000999' cannot be played" in caplog.text and "no snapshot" in caplog.text
+    assert "'main-0000100' cannot be played" in caplog.text
+    assert caplog.text.count("'main-0000999' cannot be played") == 1  # said once, not per episode
+
+
+def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis_client, redis_url, run_name):
+    from distributed.codec import encode_weights
+
+    actor = _actor(tmp_path, run_name, redis_client, redis_url, "league.opponent_cache=1")
+    spec = env_spec("tictactoe")
+    torch.manual_seed(3)
+    frozen = ActorCritic(spec.obs_shape, spec.num_actions, actor.cfg.agent)
+    store = LeagueStore(redis_client, run_name)
+    store.put_snapshot("main-0000100", encode_weights(frozen.state_dict()))
+    store.put_snapshot("main-0000200", encode_weights(frozen.state_dict()))
+    model = actor.opponents.get("main-0000100")
+    for name, tensor in frozen.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor)
+    assert actor.opponents.get("main-0000100") is model  # cached
+    actor.opponents.get("main-0000200")
+    assert list(actor.opponents.snapshots) == ["main-0000200"]  # LRU with room for one
+    store.publish_opponents("main", {"main-0000100": 1.0})
+    _, results = _play(actor, 8)
+    assert results and {r["opponent_id"] for r in results} == {"main-0000100"}
