@@ -140,7 +140,7 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
 
     league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
               "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",
-              "--set", "actor.num_actors=1"]
+              "--set", "actor.num_actors=1", "--set", "league.exploiter_nice=0"]
     proc = train(tmp_path, run_name, redis_server.url, *league, frames=6000)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
