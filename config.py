@@ -311,6 +311,11 @@ def validate(cfg: Config) -> None:
         (league.snapshot_every >= 1, "league.snapshot_every must be >= 1"),
         (0.0 < league.payoff_decay <= 1.0, "league.payoff_decay must be in (0, 1]"),
         (league.min_games >= 1, "league.min_games must be >= 1"),
+        # Decayed counts level off at 1 / (1 - decay): a pair could never reach more games than that.
+        (league.payoff_decay == 1.0 or league.min_games < 0.9 / (1.0 - league.payoff_decay),
+         f"league.min_games={league.min_games} can never be reached with league.payoff_decay="
+         f"{league.payoff_decay} (decayed game counts level off at 1 / (1 - decay)); lower min_games or "
+         "raise payoff_decay"),
         (league.elo_k > 0, "league.elo_k must be > 0"),
         (min(league.self_play, league.pfsp, league.forgotten) >= 0 and league.self_play + league.pfsp > 0,
          "league.self_play, league.pfsp and league.forgotten must be >= 0, with self_play + pfsp > 0"),
@@ -337,6 +342,8 @@ def validate(cfg: Config) -> None:
             value = getattr(getattr(cfg, section), f.name)
             if isinstance(value, float) and math.isnan(value):
                 raise ConfigError(f"{section}.{f.name} must be a number, not nan")
+            if isinstance(value, float) and math.isinf(value) and section == "league":
+                raise ConfigError(f"{section}.{f.name} must be finite")
     checks.append((math.isfinite(cfg.learner.learning_rate), "learner.learning_rate must be finite"))
     for ok, message in checks:
         if not ok:

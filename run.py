@@ -341,9 +341,11 @@ def _tournament(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from evaluation.bots import GAMES
-    from evaluation.replays import (ascii_board, describe_move, describe_winner, load_replay, simulate,
-                                    write_gif)
+    from evaluation.replays import (ascii_board, check_gif_path, describe_move, describe_winner, load_replay,
+                                    simulate, write_gif)
 
+    if args.gif:
+        check_gif_path(args.gif)  # before anything is printed
     replay = load_replay(args.file)
     positions = simulate(replay, args.file, render=bool(args.gif))
     shown = positions[-1:] if args.final else positions

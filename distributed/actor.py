@@ -76,8 +76,9 @@ class Opponents:
     """The policies that play a learner's opponents, by id, loaded on first use and cached.
 
     Ids: a learner id (`main`, ...) = that learner's latest published weights, refreshed by `refresh`;
-    a snapshot id = frozen weights from the league store (least recently used dropped beyond
-    `league.opponent_cache`); a bot spec (`random`, `tactical`, `minimax:D`) = that bot.
+    a snapshot id = frozen weights from the league store (beyond `league.opponent_cache` of them, the
+    least recently used one that no episode is playing is dropped); a bot spec (`random`,
+    `tactical`, `minimax:D`) = that bot.
     `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
     and logs why once; the actor then plays that episode as self-play.
     """
@@ -104,8 +105,9 @@ class Opponents:
                         opponent_id, why)
             self.failed.add(opponent_id)
 
-    def get(self, opponent_id: str):
-        """An ActorCritic or a bot for `opponent_id`, or None (see the class doc)."""
+    def get(self, opponent_id: str, in_use: set[str] = frozenset()):
+        """An ActorCritic or a bot for `opponent_id`, or None (see the class doc). Snapshots in
+        `in_use` (the opponents of running episodes) are never dropped from the cache."""
         if opponent_id in self.snapshots:
             self.snapshots.move_to_end(opponent_id)
             return self.snapshots[opponent_id]
@@ -134,8 +136,9 @@ class Opponents:
         except (ValueError, RuntimeError, SafetensorError) as e:
             self._fail(opponent_id, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
-        while len(self.snapshots) > self.cfg.league.opponent_cache:
-            self.snapshots.popitem(last=False)
+        idle = [s for s in self.snapshots if s not in in_use and s != opponent_id]
+        for dropped in idle[:max(0, len(self.snapshots) - self.cfg.league.opponent_cache)]:
+            del self.snapshots[dropped]
         return self.snapshots[opponent_id]
 
     def refresh(self) -> None:
@@ -242,7 +245,7 @@ class Actor:
         if self.distribution:
             ids = list(self.distribution)
             drawn = ids[self.np_rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
-            if drawn not in (SELF, self.player) and self.opponents.get(drawn) is not None:
+            if drawn not in (SELF, self.player) and self.opponents.get(drawn, set(self.opponent)) is not None:
                 opponent, seat = drawn, int(self.np_rng.integers(len(self.spec.seats)))
         self.opponent[i], self.learner_seat[i] = opponent, seat
 
@@ -297,11 +300,16 @@ class Actor:
         for i, t in enumerate(turns):
             if not self.learns(i, t.seat):
                 by_opponent.setdefault(self.opponent[i], []).append(i)
+        in_use = set(self.opponent)
         for opponent_id, envs in by_opponent.items():
-            policy = self.opponents.get(opponent_id)
+            # None: the opponent vanished mid-episode (e.g. Redis lost its weights); the latest
+            # weights finish the episode for it, without learning.
+            policy = self.opponents.get(opponent_id, in_use)
+            if policy is None:
+                policy = self.model
             if isinstance(policy, ActorCritic):
                 chosen = sample_actions(self.forward(policy, turns, envs), self.rng).tolist()
-            else:  # a bot (a snapshot in use stays cached until its episodes end)
+            else:  # a bot
                 chosen = [policy.act(turns[i].observation, turns[i].action_mask) for i in envs]
             for i, action in zip(envs, chosen):
                 actions[i] = int(action)

@@ -305,6 +305,9 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                 except redis.RedisError as e:
                     failure = f"lost the connection to Redis: {e}"
                     break
+                if not finished and code == 2:  # run.py's exit code for a config or file error: restarting won't help
+                    failure = f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)"
+                    break
                 if not finished:
                     restarts += 1
                     if restarts > MAX_ACTOR_RESTARTS:

@@ -157,6 +157,7 @@ class Learner:
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
+        self.restored_resets: int | None = None  # league resets this learner's checkpoint had applied
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
@@ -168,7 +169,9 @@ class Learner:
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, self.namespace)
         self.league = LeagueStore(self.redis, cfg.run.name)
-        self.resets_seen = self.league.reset_count(player)
+        # A reset asked for while this learner was down is applied at once (see follow_league).
+        self.resets_seen = (self.restored_resets if self.restored_resets is not None
+                            else self.league.reset_count(player))
         self.consumer = f"learner-{socket.gethostname()}"
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
@@ -190,6 +193,7 @@ class Learner:
             load_optimizer_state(self.optimizer, tensors, metadata)
             meta = json.loads(metadata["meta"])
             step, frames = int(meta["step"]), int(meta["frames"])
+            self.restored_resets = int(meta.get("league_resets", 0))
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
                                   f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
@@ -202,6 +206,7 @@ class Learner:
     def checkpoint(self) -> None:
         save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
+                         "league_resets": self.resets_seen,
                          "env": self.spec.name, "time": time.time()})
 
     def stop(self, *_: object) -> None:

@@ -354,6 +354,7 @@ def _valid_result(result: dict) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
     return (number(result.get("winner", -1)) and number(result.get("length", 0))
+            and -1 <= result.get("winner", -1) <= 64 and 0 <= result.get("length", 0) <= 1e9
             and number(result.get("learner_seat", -1)) and isinstance(result.get("player", ""), str)
             and isinstance(result.get("opponent_id", ""), str))
 
@@ -388,8 +389,10 @@ class ResultsStream:
                     out.append(result)
         return out
 
-    def read_group(self, group: str, consumer: str, count: int = 10_000) -> tuple[list[bytes], list[dict]]:
-        """New results for consumer group `group` (created at the stream's end on first use).
+    def read_group(self, group: str, consumer: str, count: int = 10_000,
+                   pending: bool = False) -> tuple[list[bytes], list[dict]]:
+        """New results for consumer group `group` (created at the stream's end on first use), or with
+        `pending` the ones delivered to `consumer` earlier but not acknowledged (after a crash).
 
         Returns (entry ids to `ack`, decoded results); malformed entries are in the ids but not in
         the results, so they are acknowledged and skipped.
@@ -399,7 +402,7 @@ class ResultsStream:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
-        reply = self.r.xreadgroup(group, consumer, {self.key: ">"}, count=count)
+        reply = self.r.xreadgroup(group, consumer, {self.key: "0" if pending else ">"}, count=count)
         ids, out = [], []
         for eid, fields in (reply[0][1] if reply else []):
             ids.append(eid)
@@ -423,7 +426,7 @@ class ResultsStream:
 
 
 class LearnerLease:
-    """`{run}:learner`: at most one learner trains a run.
+    """`{run}:learner`: at most one learner trains a run (and `{run}:league`: one league manager).
 
     Two learners on one run would each count frames, publish interleaved weight versions, overwrite
     each other's checkpoints and, holding unacked entries that count against the actors'
@@ -436,10 +439,11 @@ class LearnerLease:
                 "return 0")
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
-    def __init__(self, client: redis.Redis, run: str, holder: str):
+    def __init__(self, client: redis.Redis, run: str, holder: str, role: str = "learner"):
         self.r = client
         self.run = run
-        self.key = f"{run}:learner"
+        self.role = role
+        self.key = f"{run}:{role}"
         self.holder = holder
         self._stop = threading.Event()
 
@@ -455,14 +459,14 @@ class LearnerLease:
                 return False
             other = (self.r.get(self.key) or b"?").decode(errors="replace")
             if time.monotonic() > deadline:
-                raise LeaseHeld(f"another learner ({other}) is training run '{self.run}' on this Redis; "
-                                f"one learner per run: stop it, or choose another run.name")
+                raise LeaseHeld(f"another {self.role} ({other}) is running for run '{self.run}' on this Redis; "
+                                f"one {self.role} per run: stop it, or choose another run.name")
             if not logged:
-                log.info("run '%s' is held by learner %s; waiting up to %.0f s for its lease to lapse",
-                         self.run, other, self.TTL_MS / 1000)
+                log.info("run '%s' is held by %s %s; waiting up to %.0f s for its lease to lapse",
+                         self.run, self.role, other, self.TTL_MS / 1000)
                 logged = True
             time.sleep(0.2)
-        threading.Thread(target=self._keep, name="learner-lease", daemon=True).start()
+        threading.Thread(target=self._keep, name=f"{self.role}-lease", daemon=True).start()
         return True
 
     def _keep(self) -> None:
@@ -483,8 +487,8 @@ class LearnerLease:
             return False
         if not warned:
             other = (self.r.get(self.key) or b"?").decode(errors="replace")
-            log.error("run '%s' is now held by another learner (%s) after this one's lease lapsed; stop one of them",
-                      self.run, other)
+            log.error("run '%s' is now held by another %s (%s) after this one's lease lapsed; stop one of them",
+                      self.run, self.role, other)
         return True
 
     def release(self) -> None:

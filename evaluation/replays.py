@@ -18,9 +18,11 @@ unpickled.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -81,26 +83,67 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "player"
 
 
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS)
+"""`os.link` errors of file systems without hard links."""
+
+
+def _create(tmp: Path, path: Path, text: str) -> bool:
+    """Put `text` (already written to `tmp`) at `path` unless something is there already (then False).
+
+    Never replaces an existing file, even when other processes write to the same directory at once.
+    Atomic (no reader sees a partly written file) where the file system has hard links.
+    """
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+    try:
+        with open(path, "x") as f:
+            f.write(text)
+    except FileExistsError:
+        return False
+    return True
+
+
 def save_match(directory: str | Path, env_name: str, players: tuple[str, str], records: Iterable) -> list[Path]:
     """Save each game of one match as ``<directory>/<seat 0>-vs-<seat 1>-<game:04d>.json``.
 
     players: display names of the seat-0 and seat-1 players (characters other than letters,
-    digits, ``.``, ``_``, ``-`` become ``_`` in file names). Returns the paths written.
+    digits, ``.``, ``_``, ``-`` become ``_`` in file names). An existing file is never overwritten:
+    when the name is taken (two players whose names give the same file name, e.g. ``k9/main`` and
+    ``k9_main``, or a directory recorded into before) the game gets ``...-<game:04d>-2.json``,
+    ``-3``, ..., the first name free. Returns the paths written.
 
     Raises ReplayError naming the directory if it cannot be written.
     """
     directory = Path(directory)
     paths = []
+    tmp = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for k, record in enumerate(records):
-            path = directory / f"{_safe(players[0])}-vs-{_safe(players[1])}-{k:04d}.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(asdict(make_replay(env_name, players, record))) + "\n")
-            os.replace(tmp, path)
+            stem = f"{_safe(players[0])}-vs-{_safe(players[1])}-{k:04d}"
+            text = json.dumps(asdict(make_replay(env_name, players, record))) + "\n"
+            tmp = directory / f".{stem}.{uuid.uuid4().hex}.json.tmp"  # unique: workers may share the directory
+            with open(tmp, "x") as f:
+                f.write(text)
+            counter = 1
+            path = directory / f"{stem}.json"
+            while not _create(tmp, path, text):
+                counter += 1
+                path = directory / f"{stem}-{counter}.json"
+            tmp.unlink()
+            tmp = None
             paths.append(path)
     except OSError as e:
         raise ReplayError(f"cannot write replays to {directory}: {e.strerror}") from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return paths
 
 
@@ -130,6 +173,10 @@ def load_replay(path: str | Path) -> Replay:
             raise ReplayError(f"{path}: field {key!r} is missing or not a {kind.__name__}")
     if "winner" not in data or not (data["winner"] is None or type(data["winner"]) is int):
         raise ReplayError(f"{path}: field 'winner' must be a seat number or null (draw)")
+    if not all(isinstance(s, str) for s in data["seats"]):
+        raise ReplayError(f"{path}: 'seats' must be a list of strings")
+    if not all(isinstance(p, str) for p in data["players"]):
+        raise ReplayError(f"{path}: 'players' must be a list of strings (display names)")
     if not all(type(a) is int for a in data["actions"]):
         raise ReplayError(f"{path}: 'actions' must be a list of integers")
     if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in data["rewards"]):
@@ -167,9 +214,10 @@ def simulate(replay: Replay, path: str | Path, render: bool = False) -> list[Pos
       render: also render each position as an RGB frame (`Position.frame`).
 
     Raises:
-      ReplayError naming `path`: unknown env or another env version than this build's, an illegal
-        or out-of-range action, a game that ends before or after the recorded actions, or rewards,
-        winner or length that differ from the recorded ones.
+      ReplayError naming `path`: unknown env or another env version than this build's, seats,
+        players or rewards that are not one per seat of the env, an illegal or out-of-range action,
+        a game that ends before or after the recorded actions, or rewards, winner or length that
+        differ from the recorded ones.
     """
     try:
         spec = env_spec(replay.env)
@@ -180,6 +228,12 @@ def simulate(replay: Replay, path: str | Path, render: bool = False) -> list[Pos
                           f"as {spec.version}; it cannot be re-simulated faithfully")
     if replay.length != len(replay.actions):
         raise ReplayError(f"{path}: 'length' is {replay.length} but {len(replay.actions)} actions are recorded")
+    if list(replay.seats) != list(spec.seats):
+        raise ReplayError(f"{path}: seats {replay.seats} do not match the env's agents {list(spec.seats)}")
+    for key in ("players", "rewards"):
+        if len(getattr(replay, key)) != len(spec.seats):
+            raise ReplayError(f"{path}: {key!r} has {len(getattr(replay, key))} entries; {replay.env} has "
+                              f"{len(spec.seats)} seats ({', '.join(spec.seats)}), one entry each")
     if render:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen; no display needed
     env = make_raw_env(replay.env, render_mode="rgb_array" if render else None)
@@ -212,7 +266,8 @@ def simulate(replay: Replay, path: str | Path, render: bool = False) -> list[Pos
         positions.append(position(played, seat, action))
     if played != len(replay.actions):
         raise ReplayError(f"{path}: the game ended after {played} actions but {len(replay.actions)} are recorded")
-    if not np.allclose(returns, replay.rewards):
+    if len(returns) != len(replay.rewards) or not all(np.isclose(r, recorded)
+                                                      for r, recorded in zip(returns, replay.rewards)):
         raise ReplayError(f"{path}: re-simulated rewards {returns} differ from the recorded {replay.rewards}")
     best = max(returns)
     leaders = [s for s, r in enumerate(returns) if r == best]
@@ -270,13 +325,32 @@ def describe_move(replay: Replay, position: Position) -> str:
             f"({replay.players[position.seat]}) plays {position.action}")
 
 
+def check_gif_path(path: str | Path) -> Path:
+    """`path` as a GIF to write: call before replaying, so a bad ``--gif`` fails before any output.
+
+    Raises ReplayError naming the path if its name does not end in ``.gif``, it is a directory, or
+    its directory does not exist.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ReplayError(f"cannot write the GIF {path}: it is a directory")
+    if path.suffix.lower() != ".gif":
+        raise ReplayError(f"cannot write the GIF {path}: the file name must end in .gif")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ReplayError(f"cannot write the GIF {path}: no directory {parent}")
+    return path
+
+
 def write_gif(frames: list[np.ndarray], path: str | Path) -> None:
     """Write uint8 ``[H, W, 3]`` frames as a looping GIF, one frame per position.
 
     Frames are scaled by `GIF_SCALE`; each is shown `GIF_FRAME_MS` ms, the last one three times
-    as long. Raises ReplayError if the file cannot be written.
+    as long. Raises ReplayError if `path` fails `check_gif_path` or the file cannot be written.
     """
     from PIL import Image
+
+    path = check_gif_path(path)
 
     images = []
     for frame in frames:
@@ -285,6 +359,6 @@ def write_gif(frames: list[np.ndarray], path: str | Path) -> None:
         images.append(image.resize(size, Image.Resampling.LANCZOS))
     durations = [GIF_FRAME_MS] * (len(images) - 1) + [3 * GIF_FRAME_MS]
     try:
-        images[0].save(path, save_all=True, append_images=images[1:], duration=durations, loop=0)
+        images[0].save(path, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
     except OSError as e:
         raise ReplayError(f"cannot write the GIF {path}: {e.strerror or e}") from None

@@ -16,8 +16,9 @@ checkpoint's ``meta.player``, else ``main``; for ``checkpoints/<learner>/latest.
 
 Every pair plays ``games`` games with each player in each seat. Pairs run in this process, or with
 ``workers > 1`` in that many subprocesses of this module at once: each gets its pair as plain strings
-on its command line and prints its result as one JSON object (nothing is pickled). Seeds depend only
-on the pair's position in the round-robin, so the results do not depend on ``workers``.
+on its command line (as ``--opt=VALUE``, so names and paths starting with ``-`` pass) and prints its
+result as one JSON object (nothing is pickled). Seeds depend only on the pair's position in the
+round-robin, so the results do not depend on ``workers``.
 """
 
 from __future__ import annotations
@@ -235,13 +236,14 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
 
 def _worker_command(env_name: str, a: Player, b: Player, games: int, seed: int, greedy: bool,
                     record_dir: str | None, pair_index: int) -> list[str]:
-    cmd = [sys.executable, "-m", "evaluation.tournament", "--env", env_name, "--a-name", a.name, "--a", a.load,
-           "--b-name", b.name, "--b", b.load, "--games", str(games), "--seed", str(seed),
-           "--pair-index", str(pair_index)]
+    # Every value as --opt=VALUE: a name or path starting with "-" (a snapshot id "--a", a file "-x.safetensors")
+    # must not be read as an option.
+    cmd = [sys.executable, "-m", "evaluation.tournament", f"--env={env_name}", f"--a-name={a.name}", f"--a={a.load}",
+           f"--b-name={b.name}", f"--b={b.load}", f"--games={games}", f"--seed={seed}", f"--pair-index={pair_index}"]
     if not greedy:
         cmd.append("--sample")
     if record_dir is not None:
-        cmd += ["--record", str(Path(record_dir).resolve())]
+        cmd.append(f"--record={Path(record_dir).resolve()}")
     return cmd
 
 
@@ -380,7 +382,8 @@ def ratings_table(result: dict):
 
 def _worker_main(argv: list[str] | None = None) -> int:
     """One pair, for `round_robin(workers > 1)`: arguments on the command line, JSON on stdout."""
-    p = argparse.ArgumentParser(description="play one tournament pair (started by run.py evaluate --workers)")
+    p = argparse.ArgumentParser(description="play one tournament pair (started by run.py evaluate --workers); "
+                                "give every value as --opt=VALUE", allow_abbrev=False)
     p.add_argument("--env", required=True)
     p.add_argument("--a", required=True, help="bot spec or checkpoint path")
     p.add_argument("--a-name", required=True)

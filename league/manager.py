@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -26,22 +29,34 @@ import torch
 from safetensors import SafetensorError
 
 from agents.network import ActorCritic
-from config import Config, to_yaml, without_secrets
+from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from distributed.codec import decode_weights, encode_weights
 from distributed.params import ParamStore
-from distributed.transport import RedisUnavailable, ResultsStream, connect, run_done_key
+from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
 from envs.registry import env_spec
 from league.matchmaking import (MAIN, SELF, MatchmakingConfig, league_exploiter_opponents, main_agent_opponents,
                                 main_exploiter_opponents)
 from league.payoff import EloRatings, PayoffTable, episode_score
-from league.players import learner_players, namespace, role
+from league.players import PLAYER_ID, learner_players, namespace, role
 from league.store import LeagueStore
 
 log = logging.getLogger("league")
 
 GROUP = "league"
 STATE_VERSION = 1
+SNAPSHOT_ID = re.compile(r"(main|(main_exploiter|league_exploiter)_\d+)-\d{7,}")  # also a safe file name
+
+
+def _check_members(members: dict[str, dict]) -> None:
+    """Raise ValueError unless every saved member is a well-formed snapshot, learner or bot."""
+    for member, info in members.items():
+        kind = info.get("kind")
+        if kind == "snapshot":
+            if not SNAPSHOT_ID.fullmatch(member) or not PLAYER_ID.fullmatch(str(info.get("player"))):
+                raise ValueError(f"snapshot {member!r} has a malformed id or player")
+        elif kind not in ("learner", "bot"):
+            raise ValueError(f"member {member!r} has no valid kind")
 
 
 class LeagueManager:
@@ -77,8 +92,15 @@ class LeagueManager:
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = {p: ParamStore(self.redis, namespace(cfg.run.name, p)) for p in self.learners}
         self.stopping = False
+        self.unacked: list[bytes] = []  # results folded in but not yet saved: acknowledged after `save`
+        self.last_ratings = 0.0
         if resume and self.state_path.exists():
             self.load()
+        elif resume:
+            log.warning("--resume: no league state at %s; starting a new league", self.state_path)
+        elif self.state_path.exists():
+            raise ConfigError(f"{self.state_path} holds a league already: pass --resume to continue it, or give "
+                              "another run directory (a new league would overwrite it)")
 
     def stop(self, *_: object) -> None:
         self.stopping = True
@@ -93,15 +115,16 @@ class LeagueManager:
         return [m for m, info in self.members.items() if info["kind"] in ("snapshot", "bot")]
 
     # -- results -----------------------------------------------------------------------------------
-    def consume_results(self) -> int:
-        """Fold new episode results into the payoff and ratings; returns how many counted."""
-        ids, results = self.results.read_group(GROUP, "manager")
+    def consume_results(self, pending: bool = False) -> int:
+        """Fold new episode results (with `pending`: those read before a crash and never saved) into
+        the payoff and ratings; returns how many counted. They are acknowledged after the next `save`."""
+        ids, results = self.results.read_group(GROUP, "manager", pending=pending)
         counted = 0
         for r in results:
             player, opponent = r.get("player", MAIN), r.get("opponent_id", SELF)
             if opponent == SELF:
                 continue  # self-play says nothing about who is stronger
-            if player not in self.members or opponent not in self.members or player == opponent:
+            if player not in self.learners or opponent not in self.members or player == opponent:
                 self.skipped += 1
                 continue
             score = episode_score(r)
@@ -109,7 +132,7 @@ class LeagueManager:
             self.elo.update(player, opponent, score)
             counted += 1
         self.skipped += len(ids) - len(results)
-        self.results.ack(GROUP, ids)
+        self.unacked += ids
         self.games += counted
         return counted
 
@@ -214,14 +237,41 @@ class LeagueManager:
                 "distributions": {p: self.distribution(p) for p in self.learners}, "time": time.time()}
 
     def save(self) -> None:
-        """Write state.json atomically and append the ratings to ratings.jsonl."""
+        """Write state.json atomically, then acknowledge the results it holds; every 10 s append the
+        ratings to ratings.jsonl. A crash loses no result: unacknowledged ones are read again on resume."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.state(), indent=1) + "\n")
         os.replace(tmp, self.state_path)
-        with (self.dir / "ratings.jsonl").open("a") as f:
-            f.write(json.dumps({"time": time.time(), "games": self.games,
-                                "elo": {m: round(r.elo, 1) for m, r in self.elo.ratings.items()}}) + "\n")
+        self.results.ack(GROUP, self.unacked)
+        self.unacked = []
+        if time.time() - self.last_ratings >= 10:
+            self.last_ratings = time.time()
+            with (self.dir / "ratings.jsonl").open("a") as f:
+                f.write(json.dumps({"time": time.time(), "games": self.games,
+                                    "elo": {m: round(r.elo, 1) for m, r in self.elo.ratings.items()}}) + "\n")
+
+    def restore_snapshots(self, only_missing: bool = True) -> None:
+        """Put snapshot weights back into Redis from their files (all, or those Redis lost).
+
+        A snapshot whose file is missing or corrupt is dropped from the league with an error naming it.
+        """
+        ids = self.snapshots()
+        if only_missing:
+            pipe = self.redis.pipeline(transaction=False)
+            for snapshot_id in ids:
+                pipe.exists(self.store.snapshot_key(snapshot_id))
+            ids = [i for i, present in zip(ids, pipe.execute()) if not present]
+            if ids:
+                log.warning("Redis lost the weights of %d snapshots; putting them back from their files", len(ids))
+        for snapshot_id in ids:
+            path = self.snapshot_dir / f"{snapshot_id}.safetensors"
+            try:
+                tensors, _ = read_checkpoint(path)
+                self.store.put_snapshot(snapshot_id, encode_weights(model_state(tensors)))
+            except CheckpointError as e:
+                log.error("dropping snapshot %s from the league: %s", snapshot_id, e)
+                del self.members[snapshot_id]
 
     def load(self) -> None:
         """Restore state.json and put every snapshot's weights back into Redis.
@@ -234,43 +284,46 @@ class LeagueManager:
             if state.get("version") != STATE_VERSION or state.get("env") != self.spec.name:
                 raise ValueError(f"it is version {state.get('version')} of env {state.get('env')!r}")
             members = {str(k): dict(v) for k, v in state["members"].items()}
+            _check_members(members)
             payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games)
             elo = EloRatings.from_json(state["elo"], self.elo.k)
+            numbers = [x for row in state["payoff"] for x in row[2:]] + [x for v in state["elo"].values() for x in v]
+            if not all(math.isfinite(x) for x in numbers) or any(x < 0 for row in state["payoff"] for x in row[2:]):
+                raise ValueError("its payoff or ratings hold negative or non-finite numbers")
+            last = {p: int(state.get("last_snapshot", {}).get(p, 0)) for p in self.learners}
+            lineage = {p: state.get("lineage", {}).get(p) for p in self.learners}
+            games = int(state.get("games", 0))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"--resume: league state {self.state_path} is not usable: {e}") from None
-        for snapshot_id, info in list(members.items()):
-            if info.get("kind") != "snapshot":
-                continue
-            path = self.snapshot_dir / f"{snapshot_id}.safetensors"
-            try:
-                tensors, _ = read_checkpoint(path)
-                self.store.put_snapshot(snapshot_id, encode_weights(model_state(tensors)))
-            except CheckpointError as e:
-                log.error("dropping snapshot %s from the league: %s", snapshot_id, e)
-                del members[snapshot_id]
-        self.members.update(members)
+        # Learners and bots come from the config: a bot removed from league.bots leaves the league.
+        gone = [m for m, info in members.items() if info["kind"] == "bot" and m not in self.cfg.league.bots]
+        self.members.update({m: info for m, info in members.items() if info["kind"] == "snapshot"})
         self.payoff, self.elo = payoff, elo
-        for p in self.learners:
-            self.last_snapshot[p] = int(state.get("last_snapshot", {}).get(p, 0))
-            self.lineage[p] = state.get("lineage", {}).get(p)
-        self.games = int(state.get("games", 0))
+        for member in gone:
+            self.payoff.remove(member)
+            self.elo.ratings.pop(member, None)
+        self.restore_snapshots(only_missing=False)
+        self.last_snapshot, self.lineage, self.games = last, lineage, games
         log.info("league resumed from %s: %d snapshots, %d games", self.state_path, len(self.snapshots()), self.games)
 
     # -- loop --------------------------------------------------------------------------------------
     def run(self) -> None:
         done_key = run_done_key(self.cfg.run.name)
+        self.lease = LearnerLease(self.redis, self.cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}",
+                                  role="league")
+        if not self.lease.acquire(should_stop=lambda: self.stopping):
+            return
+        self.consume_results(pending=True)
         self.publish()
         self.save()
         log.info("league manager (pid %d): learners %s, bots %s", os.getpid(), ", ".join(self.learners),
                  ", ".join(self.cfg.league.bots) or "none")
-        last_save = time.monotonic()
         while not self.stopping:
             self.consume_results()
+            self.restore_snapshots()
             self.snapshot_due_learners()
             self.publish()
-            if time.monotonic() - last_save > 10:
-                self.save()
-                last_save = time.monotonic()
+            self.save()
             if self.redis.exists(done_key):
                 break
             deadline = time.monotonic() + self.cfg.league.manager_every_s
@@ -278,6 +331,7 @@ class LeagueManager:
                 time.sleep(0.1)
         self.consume_results()
         self.save()
+        self.lease.release()
         log.info("league: %d snapshots, %d games scored; top: %s", len(self.snapshots()), self.games,
                  ", ".join(f"{m} {r.elo:.0f}±{r.uncertainty:.0f}" for m, r in
                            sorted(self.elo.ratings.items(), key=lambda kv: -kv[1].elo)[:5]))

@@ -10,7 +10,6 @@ Snapshot files in the run directory are the durable copy; Redis holds what actor
 from __future__ import annotations
 
 import json
-import math
 
 import redis
 
@@ -45,9 +44,9 @@ class LeagueStore:
         try:
             dist = json.loads(raw)["opponents"]
             ok = (isinstance(dist, dict) and 0 < len(dist) <= MAX_OPPONENTS
-                  and all(isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                  and all(isinstance(k, str) and isinstance(v, (int, float)) and 0 <= v <= 1
                           for k, v in dist.items())
-                  and sum(dist.values()) > 0)
+                  and sum(dist.values()) > 0)  # probabilities: no sum can overflow
         except (ValueError, KeyError, TypeError):
             ok = False
         if not ok:

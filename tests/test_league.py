@@ -318,3 +318,89 @@ def test_manager_refuses_an_unreadable_state_on_resume(tmp_path, redis_url, run_
     state.write_text("{\"version\": 1, \"env\": \"connect_four\"}")
     with pytest.raises(CheckpointError, match="state.json"):
         LeagueManager(cfg, redis_url, tmp_path / run_name, resume=True)
+
+
+def test_a_new_league_refuses_to_overwrite_a_saved_one(tmp_path, redis_url, run_name):
+    from config import ConfigError
+    from league.manager import LeagueManager
+
+    cfg = _config(tmp_path, run_name)
+    LeagueManager(cfg, redis_url, tmp_path / run_name).save()
+    with pytest.raises(ConfigError, match="pass --resume"):
+        LeagueManager(cfg, redis_url, tmp_path / run_name)
+
+
+def test_results_are_acknowledged_only_once_saved_and_reread_after_a_crash(tmp_path, redis_client, redis_url,
+                                                                           run_name):
+    from league.manager import LeagueManager
+
+    cfg = _config(tmp_path, run_name)
+    run_dir = tmp_path / run_name
+    manager = LeagueManager(cfg, redis_url, run_dir)
+    manager.consume_results()
+    manager.save()
+    _add_results(redis_client, run_name, [_result("main", "random", 0, 0)] * 3)
+    assert manager.consume_results() == 3  # folded in, then the manager dies before saving
+    resumed = LeagueManager(cfg, redis_url, run_dir, resume=True)
+    assert resumed.games == 0
+    assert resumed.consume_results(pending=True) == 3  # nothing lost
+    resumed.save()
+    assert resumed.consume_results(pending=True) == 0  # acknowledged once saved
+    assert LeagueManager(cfg, redis_url, run_dir, resume=True).games == 3
+
+
+def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume(tmp_path, redis_client, redis_url,
+                                                                                 run_name):
+    from league.manager import LeagueManager
+
+    cfg = _config(tmp_path, run_name, "league.bots=[random,tactical]")
+    run_dir = tmp_path / run_name
+    manager = LeagueManager(cfg, redis_url, run_dir)
+    _publish(redis_client, cfg, run_name, 100)
+    manager.snapshot_due_learners()
+    store = LeagueStore(redis_client, run_name)
+    redis_client.delete(store.snapshot_key("main-0000100"))
+    manager.restore_snapshots()
+    assert store.has_snapshot("main-0000100")
+    manager.save()
+    resumed = LeagueManager(_config(tmp_path, run_name, "league.bots=[random]"), redis_url, run_dir, resume=True)
+    assert "tactical" not in resumed.members and "tactical" not in resumed.frozen()
+
+
+@pytest.mark.parametrize("members", [{"x": {}}, {"main-0000100": {"kind": "snapshot"}},
+                                     {"../../checkpoints/latest": {"kind": "snapshot", "player": "main"}}])
+def test_malformed_members_in_the_saved_state_are_refused(tmp_path, redis_url, run_name, members):
+    from distributed.checkpoint import CheckpointError
+    from league.manager import STATE_VERSION, LeagueManager
+
+    cfg = _config(tmp_path, run_name)
+    state = tmp_path / run_name / "league" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"version": STATE_VERSION, "env": "tictactoe", "members": members, "payoff": [],
+                                 "elo": {}}))
+    with pytest.raises(CheckpointError, match="state.json"):
+        LeagueManager(cfg, redis_url, tmp_path / run_name, resume=True)
+
+
+def test_a_min_games_that_decay_can_never_reach_is_a_config_error():
+    from config import ConfigError
+
+    with pytest.raises(ConfigError, match="can never be reached"):
+        load_config(None, ["league.payoff_decay=0.95", "league.min_games=20"])
+    load_config(None, ["league.payoff_decay=0.95", "league.min_games=10"])
+
+
+def test_an_exploiter_reset_asked_for_while_its_learner_was_down_is_applied_on_resume(tmp_path, redis_client,
+                                                                                      redis_url, run_name):
+    from distributed.learner import Learner
+
+    cfg = _config(tmp_path, run_name, "league.main_exploiters=1")
+    (tmp_path / run_name).mkdir(parents=True)
+    learner = Learner(cfg, redis_url, tmp_path / run_name, player="main_exploiter_0")
+    learner.checkpoint()
+    LeagueStore(redis_client, run_name).request_reset("main_exploiter_0")  # while it is down
+    resumed = Learner(cfg, redis_url, tmp_path / run_name, resume=True, player="main_exploiter_0")
+    before = {k: v.clone() for k, v in resumed.model.state_dict().items()}
+    resumed.follow_league()
+    assert resumed.resets_seen == 1
+    assert any(not torch.equal(before[k], v) for k, v in resumed.model.state_dict().items())

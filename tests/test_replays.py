@@ -147,3 +147,59 @@ def test_an_unwritable_record_directory_exits_2(tmp_path, capsys):
     assert run.main(["evaluate", "--players", "random", "tactical", "--env", "tictactoe", "--games", "1",
                      "--record", str(blocker / "replays")]) == 2
     assert capsys.readouterr().err.startswith("error: --record: cannot create the directory")
+
+
+def test_save_match_never_overwrites_and_numbers_a_taken_name(recorded, tmp_path):
+    from evaluation.evaluate import GameRecord
+    from evaluation.replays import save_match
+
+    source = load_replay(recorded / "ttt" / "minimax_9-vs-tactical-0000.json")
+    game = GameRecord(source.seed, tuple(source.actions), tuple(source.rewards), source.winner)
+    first = save_match(tmp_path, "tictactoe", ("k9/main", "random"), [game])
+    before = first[0].read_text()
+    again = save_match(tmp_path, "tictactoe", ("k9_main", "random"), [game, game])
+    third = save_match(tmp_path, "tictactoe", ("k9:main", "random"), [game])
+    assert [p.name for p in first + again + third] == [
+        "k9_main-vs-random-0000.json", "k9_main-vs-random-0000-2.json", "k9_main-vs-random-0001.json",
+        "k9_main-vs-random-0000-3.json"]
+    assert first[0].read_text() == before and load_replay(first[0]).players == ["k9/main", "random"]
+    assert load_replay(third[0]).players == ["k9:main", "random"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in first + again + third)
+
+
+def test_players_and_rewards_must_be_one_per_seat(recorded, tmp_path, capsys):
+    source = recorded / "c4" / "minimax_2-vs-random-0000.json"
+    data = json.loads(source.read_text())
+    cases = {
+        "one_player.json": (dict(players=["a"]), r"'players' has 1 entries; connect_four has 2 seats"),
+        "three_players.json": (dict(players=["a", "b", "c"]), r"'players' has 3 entries"),
+        "no_rewards.json": (dict(rewards=[]), r"'rewards' has 0 entries"),
+        "three_rewards.json": (dict(rewards=[*data["rewards"], 0.0]), r"'rewards' has 3 entries"),
+        "one_draw_reward.json": (dict(rewards=[0.0], winner=None), r"'rewards' has 1 entries"),
+    }
+    for name, (change, message) in cases.items():
+        path = tampered(source, tmp_path / name, **change)
+        with pytest.raises(ReplayError, match=name.replace(".", r"\.") + ": " + message):
+            simulate(load_replay(path), path)
+        assert run.main(["replay", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
+    with pytest.raises(ReplayError, match=r"names\.json: 'players' must be a list of strings"):
+        load_replay(tampered(source, tmp_path / "names.json", players=[1, 2]))
+
+
+def test_a_bad_gif_path_is_an_error_not_a_traceback(recorded, tmp_path, capsys):
+    from evaluation.replays import check_gif_path
+
+    path = recorded / "ttt" / "minimax_9-vs-tactical-0000.json"
+    (tmp_path / "dir.gif").mkdir()
+    cases = {str(tmp_path / "x.txt"): "the file name must end in .gif", str(tmp_path): "it is a directory",
+             str(tmp_path / "dir.gif"): "it is a directory", str(tmp_path / "nowhere" / "x.gif"): "no directory"}
+    for gif, message in cases.items():
+        with pytest.raises(ReplayError, match=f"cannot write the GIF .*: {message}"):
+            check_gif_path(gif)
+        assert run.main(["replay", str(path), "--final", "--gif", gif]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot write the GIF {gif}: {message}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.gif"]
+    assert check_gif_path(tmp_path / "Game.GIF") == tmp_path / "Game.GIF"

@@ -256,3 +256,32 @@ def test_a_failing_worker_is_reported_with_its_pair(tmp_path):
     with pytest.raises(TournamentError, match=r"gone vs random: the worker process failed \(exit 2\): "
                                               r"error: checkpoint not found: .*gone.safetensors"):
         round_robin(env, players, games=1, workers=2)
+
+
+def test_names_and_paths_starting_with_a_dash_reach_the_workers(tmp_path):
+    # A file "-evil.safetensors" and a snapshot whose meta.id is "--a": their names must not be read as
+    # options on a worker's command line.
+    evil = write_checkpoint(tmp_path / "-evil.safetensors", seed=5)
+    dashed = write_checkpoint(tmp_path / "snap.safetensors", meta={"id": "--a", "step": 3}, seed=6)
+    env, players = resolve_players([str(evil), str(dashed), "random"])
+    assert [p.name for p in players] == ["-evil", "--a", "random"]
+    one = round_robin(env, players, games=1, seed=2)
+    many = round_robin(env, players, games=1, seed=2, workers=2)
+    assert one["matches"] == many["matches"] and {m["first"] for m in many["matches"]} == {"-evil", "--a", "random"}
+
+
+def test_recorded_players_whose_names_give_one_file_name_keep_every_game(tmp_path):
+    # "k9/main" and "k9_main" both become k9_main in file names; no replay may overwrite another.
+    write_checkpoint(tmp_path / "k9" / "checkpoints" / "latest.safetensors", seed=7)
+    write_checkpoint(tmp_path / "k9_main.safetensors", seed=8)
+    env, players = resolve_players([str(tmp_path / "k9"), str(tmp_path / "k9_main.safetensors"), "random"])
+    assert [p.name for p in players] == ["k9/main", "k9_main", "random"]
+    record = tmp_path / "replays"
+    result = round_robin(env, players, games=2, seed=0, record_dir=str(record))
+    from evaluation.replays import load_replay
+
+    files = sorted(record.glob("*.json"))
+    assert len(files) == 3 * 2 * 2 and not list(record.glob(".*"))  # 3 pairs, 2 seats, 2 games; no leftovers
+    recorded = sorted(tuple(load_replay(f).players) for f in files)
+    assert recorded == sorted((m["first"], m["second"]) for m in result["matches"] for _ in range(2))
+    assert (record / "k9_main-vs-k9_main-0000.json").is_file() and (record / "k9_main-vs-k9_main-0000-2.json").is_file()
