@@ -236,6 +236,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise _bad_value(e) from None
     except OverflowError as e:  # a number no config field can hold (after the int64 check: e.g. a float field)
         raise ConfigError(f"bad config value: {e}") from None
+    except TypeError as e:  # OmegaConf merging a mapping into a list field (league.bots={})
+        raise ConfigError(f"bad config value: {e}") from None
     validate(cfg)
     return cfg
 
@@ -384,7 +386,7 @@ def from_yaml_text(text: str) -> Config:
         raw = OmegaConf.to_container(OmegaConf.load(io.StringIO(text))) or {}
         _check_keys(raw)
         cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
-    except (yaml.YAMLError, OSError, OverflowError) as e:  # OSError: a document that is not a mapping
+    except (yaml.YAMLError, OSError, OverflowError, TypeError) as e:  # OSError: a document that is not a mapping
         raise ConfigError(f"bad config: {e}".splitlines()[0]) from None
     except OmegaConfBaseException as e:
         raise _bad_value(e, "bad config") from None

@@ -128,7 +128,7 @@ def test_a_client_rides_out_a_redis_restart_and_logs_the_outage_once(own_redis, 
             thread.join(10)
     waited, backlog = results["waited"], results["backlog"]
     assert backlog == 3 and results["other"] is None
-    assert 0.9 <= waited < 4.0  # back within the 2 s backoff cap of the restart
+    assert 0.9 <= waited < 6.0  # back within the 2 s backoff cap of the restart (+ slack for a loaded machine)
     # The append-only file kept the stream, the group and who holds what.
     assert stream.read("learner-0", count=10, block_ms=10, pending_after="0") == taken
     assert consumers(client, stream.key) == {"learner-0": 2}
@@ -136,7 +136,7 @@ def test_a_client_rides_out_a_redis_restart_and_logs_the_outage_once(own_redis, 
     assert len(messages(caplog, "is back after")) == 1
     policy = client.get_retry()
     assert isinstance(policy, RetryPolicy) and policy.outages == 1
-    assert policy.attempts <= 12  # at once, then after 0.1, 0.2, 0.4, 0.8 s: no busy loop (two threads counted)
+    assert policy.attempts <= 16  # at once, then after 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: no busy loop (two threads)
     assert own_redis.password not in " ".join(r.getMessage() for r in caplog.records)
     client.close()
 

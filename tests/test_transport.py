@@ -344,7 +344,7 @@ def test_a_second_learner_is_refused_and_a_dead_ones_lease_lapses(redis_client, 
     assert first.acquire()
     time.sleep(1.0)  # longer than the TTL: the holder's thread keeps the lease alive
     start = time.monotonic()
-    with pytest.raises(LeaseHeld, match=f"another learner \\(host-a pid 1\\) is training run '{run_name}'"):
+    with pytest.raises(LeaseHeld, match=f"another learner \\(host-a pid 1\\) is running for run '{run_name}'"):
         lease("host-b pid 2").acquire()
     assert time.monotonic() - start < 3
     assert not lease("host-b pid 2").acquire(should_stop=lambda: True)  # a stop request ends the wait
