@@ -68,6 +68,9 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     os.replace(tmp, sidecar)
 
 
+_UNVERIFIED: set[str] = set()  # files already reported as carrying no digest
+
+
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """All tensors and the metadata of a checkpoint, after checking the tensors against their digest.
 
@@ -87,8 +90,10 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
         raise CheckpointError(f"{path} has no run config in its metadata; is it a checkpoint of this project?")
     expected = metadata.get(DIGEST_KEY)
     if expected is None:
-        log.warning("%s has no %s (written before checkpoints carried one): loaded without verifying its data",
-                    path, DIGEST_KEY)
+        if str(path) not in _UNVERIFIED:  # once per file: evaluation may read one file several times
+            _UNVERIFIED.add(str(path))
+            log.warning("%s has no %s (written before checkpoints carried one): loaded without verifying its data",
+                        path, DIGEST_KEY)
     elif tensors_digest(tensors) != expected:
         raise CheckpointError(f"{path} is corrupt: its tensor data does not match the SHA-256 saved with it")
     return tensors, metadata
