@@ -288,9 +288,10 @@ class Actor:
         actions = [0] * len(turns)
         learning = [i for i, t in enumerate(turns) if self.learns(i, t.seat)]
         if learning:
-            logits = self.forward(self.model, turns, learning)
+            obs, masks = self.stack(turns, learning)
+            logits = self.forward(self.model, obs, masks)
             if self.cfg.actor.epsilon > 0:
-                logits = explore(logits, self.masks(turns, learning), self.epsilons[learning])
+                logits = explore(logits, masks, self.epsilons[learning])
             chosen = sample_actions(logits, self.rng).numpy()
             logits_np = logits.numpy()
             for k, i in enumerate(learning):
@@ -308,7 +309,7 @@ class Actor:
             if policy is None:
                 policy = self.model
             if isinstance(policy, ActorCritic):
-                chosen = sample_actions(self.forward(policy, turns, envs), self.rng).tolist()
+                chosen = sample_actions(self.forward(policy, *self.stack(turns, envs)), self.rng).tolist()
             else:  # a bot
                 chosen = [policy.act(turns[i].observation, turns[i].action_mask) for i in envs]
             for i, action in zip(envs, chosen):
@@ -316,13 +317,15 @@ class Actor:
         return actions
 
     @staticmethod
-    def masks(turns: list, envs: list[int]) -> torch.Tensor:
-        return torch.from_numpy(np.stack([turns[i].action_mask for i in envs]))
+    def stack(turns: list, envs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Observations [N, *obs_shape] and action masks [N, A] of the turns of `envs`."""
+        return (torch.from_numpy(np.stack([turns[i].observation for i in envs])),
+                torch.from_numpy(np.stack([turns[i].action_mask for i in envs])))
 
-    def forward(self, model: ActorCritic, turns: list, envs: list[int]) -> torch.Tensor:
-        obs = torch.from_numpy(np.stack([turns[i].observation for i in envs]))
+    @staticmethod
+    def forward(model: ActorCritic, obs: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            logits, _ = model(obs, self.masks(turns, envs))
+            logits, _ = model(obs, masks)
         return logits
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
