@@ -150,7 +150,7 @@ class Learner:
         self.player = player
         self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
-        self.spec = env_spec(cfg.env.name)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.device = pick_device(cfg.learner.device)
         torch.manual_seed(cfg.run.seed)
@@ -356,7 +356,8 @@ class Learner:
         })
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
-        if self_play:
+            record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))
+        if self_play and len(self.spec.seats) > 1:
             winners = np.array([e.get("winner", -1) for e in self_play])
             record["first_seat_win_rate"] = float(np.mean(winners == 0))
             record["draw_rate"] = float(np.mean(winners == -1))
@@ -367,7 +368,9 @@ class Learner:
         if self.wandb is not None:
             self.wandb.log(record, step=self.step)
         games = []
-        if self_play:
+        if episodes and len(self.spec.seats) == 1:
+            games.append(f"return {record['episode_return']:.1f}")
+        if "first_seat_win_rate" in record:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
         if league:
             games.append(f"league score {record['league_score']:.2f}")
@@ -406,6 +409,13 @@ def _plain(cfg: Config) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
+
+
+def _learner_return(episode: dict) -> float:
+    """The learner's return in a reported episode: its seat's, or the mean over seats in self-play."""
+    returns = episode.get("returns") or [0.0]
+    seat = episode.get("learner_seat", -1)
+    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN) -> None:
