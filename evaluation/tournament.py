@@ -228,7 +228,7 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
         if record_dir is not None:
             from evaluation.replays import save_match
 
-            save_match(record_dir, env_name, (first[0], second[0]), records)
+            save_match(record_dir, env_name, (first[0], second[0]), records, kwargs)
         outcome = count_outcomes(records, 0)
         results.append({"first": first[0], "second": second[0], "seed": match_seed, "games": games,
                         "first_wins": outcome.wins, "draws": outcome.draws, "second_wins": outcome.losses,
