@@ -364,22 +364,24 @@ def _simulate_steps(replay: Replay, path: str | Path, spec: EnvSpec, render: boo
     adapter = make_env(replay.env, replay.seed, replay.kwargs, "rgb_array" if render else None)
     watch = _Watch(adapter.env, spec, gif_stride(replay.length) if render else None)
     adapter.env = watch
-    step = adapter.advance()
-    played = 0
-    while not step.episodes:
-        n = len(step.agents)
-        if played + n > len(replay.actions):
-            raise ReplayError(f"{path}: the game is not over after the {len(replay.actions)} recorded actions "
-                              f"(step {len(watch.positions)} needs {n}, {len(replay.actions) - played} are left)")
-        actions = replay.actions[played:played + n]
-        for j, (agent, action) in enumerate(zip(step.agents, actions)):
-            if not 0 <= action < spec.num_actions or not step.action_masks[j][action]:
-                raise ReplayError(f"{path}: action {played + j + 1} ({action}, by {spec.agents[agent]} at step "
-                                  f"{len(watch.positions)}) is illegal there")
-        adapter.act(actions)
-        played += n
+    try:
         step = adapter.advance()
-    getattr(watch.env, "close", lambda: None)()  # the one-agent wrapper has none
+        played = 0
+        while not step.episodes:
+            n = len(step.agents)
+            if played + n > len(replay.actions):
+                raise ReplayError(f"{path}: the game is not over after the {len(replay.actions)} recorded actions "
+                                  f"(step {len(watch.positions)} needs {n}, {len(replay.actions) - played} are left)")
+            actions = replay.actions[played:played + n]
+            for j, (agent, action) in enumerate(zip(step.agents, actions)):
+                if not 0 <= action < spec.num_actions or not step.action_masks[j][action]:
+                    raise ReplayError(f"{path}: action {played + j + 1} ({action}, by {spec.agents[agent]} at "
+                                      f"step {len(watch.positions)}) is illegal there")
+            adapter.act(actions)
+            played += n
+            step = adapter.advance()
+    finally:
+        getattr(watch.env, "close", lambda: None)()  # the one-agent wrapper has none
     episode = step.episodes[0]
     if played != len(replay.actions):
         raise ReplayError(f"{path}: the game ended after {episode.length} steps ({played} actions) but "

@@ -19,6 +19,7 @@ from distributed.checkpoint import save_checkpoint
 from envs.registry import env_spec
 from evaluation.evaluate import play_games
 from evaluation.replays import ReplayError, load_replay, save_match, simulate
+from evaluation.tournament import _worker_main
 
 BATTLE = {"map_size": 12, "max_cycles": 150}  # two units per team; random-ish play lasts the 150 steps
 MOVES = 13  # battle actions 0-12 move, 13-20 attack a neighbouring cell
@@ -159,16 +160,36 @@ def test_evaluate_records_battles_with_the_checkpoints_kwargs_and_tournaments_pl
     assert run.main(["evaluate", "--checkpoint", str(checkpoint), "--opponent", "random", "--games", "1",
                      "--record", str(tmp_path / "rec")]) == 0
     assert "as red: " in capsys.readouterr().out
-    assert run.main(["evaluate", "--players", str(checkpoint), "random", "--games", "1",
+    other = write_checkpoint(tmp_path / "other" / "checkpoints" / "latest.safetensors", "battle", kwargs)
+    assert run.main(["evaluate", "--players", str(checkpoint), str(other), "random", "--games", "1",
                      "--record", str(tmp_path / "rr"), "--json", str(tmp_path / "rr.json")]) == 0
-    assert json.loads((tmp_path / "rr.json").read_text())["env"] == "battle"
-    for directory in ("rec", "rr"):
-        names = sorted(p.name for p in (tmp_path / directory).iterdir())
-        assert names == ["random-vs-run_main-0000.json", "run_main-vs-random-0000.json"], names
+    result = json.loads((tmp_path / "rr.json").read_text())
+    assert result["env"] == "battle" and result["env_kwargs"] == kwargs
+    assert [m["mean_length"] for m in result["matches"]] == [20.0] * 6
+    expected = {"rec": ["random-vs-run_main-0000.json", "run_main-vs-random-0000.json"],
+                "rr": ["other_main-vs-random-0000.json", "other_main-vs-run_main-0000.json",
+                       "random-vs-other_main-0000.json", "random-vs-run_main-0000.json",
+                       "run_main-vs-other_main-0000.json", "run_main-vs-random-0000.json"]}
+    for directory, names in expected.items():
+        assert sorted(p.name for p in (tmp_path / directory).iterdir()) == names
         for name in names:
             replay = load_replay(tmp_path / directory / name)
             assert replay.kwargs == kwargs and replay.length == 20
             assert len(simulate(replay, tmp_path / directory / name)) == 21
+    # A worker process of `--workers N` is told the env kwargs (the map size, 20 steps) on its command line.
+    capsys.readouterr()
+    assert _worker_main(["--env=battle", "--a-name=run/main", f"--a={checkpoint}", "--b-name=random", "--b=random",
+                         "--games=1", "--seed=0", "--pair-index=0", f"--env-kwargs={json.dumps(kwargs)}"]) == 0
+    assert [m["mean_length"] for m in json.loads(capsys.readouterr().out)] == [20.0, 20.0]
+
+
+def test_a_tournament_of_checkpoints_trained_on_other_env_kwargs_exits_2(tmp_path, capsys):
+    small = write_checkpoint(tmp_path / "a.safetensors", "battle", {"map_size": 12})
+    large = write_checkpoint(tmp_path / "b.safetensors", "battle", {"map_size": 14})
+    assert run.main(["evaluate", "--players", str(small), str(large), "--games", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "players must all play one env: " in err and 'with env.kwargs {"map_size": 12}' in err
+    assert 'with {"map_size": 14}' in err
 
 
 def test_one_agent_episodes_are_recorded_and_re_simulated(tmp_path, capsys):
@@ -187,17 +208,18 @@ def test_one_agent_episodes_are_recorded_and_re_simulated(tmp_path, capsys):
 
 
 def test_mpe_games_are_recorded_and_rendered(tmp_path, capsys):
-    checkpoint = write_checkpoint(tmp_path / "tag" / "checkpoints" / "latest.safetensors", "mpe:simple_tag", {})
+    kwargs = {"max_cycles": 5}
+    checkpoint = write_checkpoint(tmp_path / "tag" / "checkpoints" / "latest.safetensors", "mpe:simple_tag", kwargs)
     assert run.main(["evaluate", "--checkpoint", str(checkpoint), "--opponent", "random", "--games", "1",
                      "--record", str(tmp_path / "rec")]) == 0
     path = tmp_path / "rec" / "tag_main-vs-random-0000.json"
     replay = load_replay(path)
-    assert replay.seats == ["adversary", "agent"] and replay.length == 25
-    assert len(replay.actions) == 4 * 25  # three adversaries and one agent act at every step
+    assert replay.seats == ["adversary", "agent"] and replay.length == 5 and replay.kwargs == kwargs
+    assert len(replay.actions) == 4 * 5  # three adversaries and one agent act at every step
     gif = tmp_path / "tag.gif"
     capsys.readouterr()
     assert run.main(["replay", str(path), "--final", "--gif", str(gif)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("step 25/25: adversary (tag/main) 3 units") and "(26 frames)" in out
+    assert out.startswith("step 5/5: adversary (tag/main) 3 units") and "(6 frames)" in out
     with Image.open(gif) as image:
-        assert image.size == (448, 448)
+        assert image.size == (448, 448)  # 700 x 700 render
