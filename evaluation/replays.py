@@ -199,8 +199,6 @@ def load_replay(path: str | Path) -> Replay:
         raise ReplayError(f"{path}: 'actions' must be a list of integers")
     if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in data["rewards"]):
         raise ReplayError(f"{path}: 'rewards' must be a list of numbers")
-    if not all(isinstance(k, str) for k in data.get("kwargs", {})):
-        raise ReplayError(f"{path}: 'kwargs' must map argument names to values")
     unknown = set(data) - set(fields) - {"winner"}
     if unknown:
         raise ReplayError(f"{path}: unknown fields {sorted(unknown)}")
@@ -254,6 +252,8 @@ def simulate(replay: Replay, path: str | Path, render: bool = False) -> list[Pos
         spec = env_spec(replay.env, replay.kwargs)
     except ValueError as e:
         raise ReplayError(f"{path}: {e}") from None
+    except AssertionError as e:  # MAgent2 checks its arguments with assert (e.g. map_size >= 12)
+        raise ReplayError(f"{path}: env {replay.env!r} refuses env.kwargs {replay.kwargs}: {e}") from None
     if replay.env_version != spec.version:
         raise ReplayError(f"{path}: recorded with {replay.env_version}, but this build plays {replay.env} "
                           f"as {spec.version}; it cannot be re-simulated faithfully")

@@ -94,6 +94,8 @@ def test_tampered_battles_are_refused_with_the_reason(battles, tmp_path):
                         r"the game ended after 149 steps \(\d+ actions\) but \d+ actions are recorded"),
         "map.json": (dict(kwargs={**BATTLE, "map_size": 14}), r"the game is not over after the \d+ recorded actions"),
         "kwarg.json": (dict(kwargs={"no_such_option": 1}), r"env 'battle' does not accept env\.kwargs"),
+        "tiny.json": (dict(kwargs={**BATTLE, "map_size": 5}), r"env 'battle' refuses env\.kwargs .*: size of map must "
+                                                              r"be at least 12"),
         "short.json": (dict(actions=actions[:-4]),
                        r"the game is not over after the \d+ recorded actions \(step 149 needs 3, 2 are left\)"),
         "length.json": (dict(length=149), r"the game lasted 150 steps but 'length' is 149"),
