@@ -41,9 +41,11 @@ latest checkpoints and all its league snapshots:
   run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
 """
 
-REPLAY_HELP = """Re-simulate a game saved by `run.py evaluate --record DIR` in the same env version and
-seed, check every action is legal and that rewards and outcome match the record, and show it: a
-text board per move (X moves first), or only the last with --final; --gif writes an animation.
+REPLAY_HELP = """Re-simulate a game saved by `run.py evaluate --record DIR` in the same env version,
+kwargs and seed, check every action is legal and that rewards and outcome match the record, and show
+it: a text board per move (X moves first) or, in simultaneous-move and one-agent games, a line per
+step with units left and reward so far per team; only the last with --final. --gif writes an
+animation (simultaneous games: 100 ms per step, every k-th step past 250 steps).
 A replay that does not re-simulate to what it records is an error (exit code 2).
 """
 
@@ -105,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="re-simulate a recorded game, check it, and show it",
                        description=REPLAY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="a replay written by `run.py evaluate --record DIR`")
-    p.add_argument("--final", action="store_true", help="print only the final board instead of one per move")
+    p.add_argument("--final", action="store_true", help="print only the final board (or step) instead of one per move")
     p.add_argument("--gif", metavar="OUT.gif", help="also write an animated GIF of the env's own rendering, "
-                   "one frame for the start and one per move")
+                   "one frame for the start and one per move or step")
     return parser
 
 
@@ -313,10 +315,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
+    name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
     if len(policy.spec.seats) == 1:
-        if args.record:
-            raise ConfigError(f"--record: replays are recorded for turn-based games, not {policy.spec.name}")
-        result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample)
+        result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample,
+                                 record_dir=args.record, name=name)
         if args.json:
             _emit_json(result, args.json)
         if args.json != "-":
@@ -327,7 +329,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         make_bot(opponent, policy.spec.name)
     except ValueError as e:
         raise ConfigError(f"--opponent: {e}") from None
-    name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
     result = evaluate(policy, opponent, args.games, seed=args.seed, greedy=not args.sample,
                       record_dir=args.record, name=name)
     if args.json:
@@ -359,26 +360,30 @@ def _tournament(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from evaluation.bots import GAMES
-    from evaluation.replays import (ascii_board, check_gif_path, describe_move, describe_winner, load_replay,
-                                    simulate, write_gif)
+    from evaluation.replays import (GIF_FRAME_MS, GIF_STEP_MS, ascii_board, check_gif_path, describe_move,
+                                    describe_winner, load_replay, simulate, write_gif)
 
     if args.gif:
         check_gif_path(args.gif)  # before anything is printed
     replay = load_replay(args.file)
     positions = simulate(replay, args.file, render=bool(args.gif))
+    turns = positions[0].units is None  # a turn-based game: a board per move; else a line per step
     shown = positions[-1:] if args.final else positions
     for position in shown:
         print(describe_move(replay, position))
         if replay.env in GAMES:
             print(ascii_board(replay.env, position.observation))
-        print()
-    if replay.env not in GAMES:
+        if turns:
+            print()
+    if turns and replay.env not in GAMES:
         print(f"actions: {replay.actions}")
-    print(f"{replay.env} ({replay.env_version}), seed {replay.seed}: {describe_winner(replay, replay.winner)} "
-          f"after {replay.length} moves; rewards {replay.rewards}; re-simulated and verified")
+    kwargs = f" {replay.kwargs}" if replay.kwargs else ""
+    print(f"{replay.env}{kwargs} ({replay.env_version}), seed {replay.seed}: {describe_winner(replay, replay.winner)} "
+          f"after {replay.length} {'moves' if turns else 'steps'}; rewards {replay.rewards}; re-simulated and verified")
     if args.gif:
-        write_gif([p.frame for p in positions], args.gif)
-        print(f"wrote {args.gif} ({len(positions)} frames)")
+        frames = [p.frame for p in positions if p.frame is not None]
+        write_gif(frames, args.gif, GIF_FRAME_MS if turns else GIF_STEP_MS)
+        print(f"wrote {args.gif} ({len(frames)} frames)")
     return 0
 
 

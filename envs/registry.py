@@ -239,16 +239,17 @@ def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:
     return _lookup(name, kwargs).spec
 
 
-def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None):
+def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, render_mode: Optional[str] = None):
     """A fresh adapter around env `name` (AECAdapter or ParallelAdapter; see envs/base.py for what
-    `advance` and `act` do); episode k is seeded `seed + k`."""
+    `advance` and `act` do); episode k is seeded `seed + k`. render_mode: as in `make_raw_env`."""
     game = _lookup(name, kwargs)
     spec = game.spec
+    make = functools.partial(game.make, render_mode)
     if spec.kind == "aec":
-        return AECAdapter(game.make, seed, game.encoders, spec.num_actions)
+        return AECAdapter(make, seed, game.encoders, spec.num_actions)
     if spec.kind == "gym":
-        return single_agent_adapter(game.make, seed, game.encoders[0], spec.num_actions)
-    return ParallelAdapter(game.make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome)
+        return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions)
+    return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome)
 
 
 def make_raw_env(name: str, render_mode: Optional[str] = None, kwargs: Optional[Mapping[str, Any]] = None):

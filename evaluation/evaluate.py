@@ -126,14 +126,20 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
         from evaluation.replays import save_match
 
         names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
-        save_match(record_dir, spec.name, names, records)
+        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs)
     return count_outcomes(records, seat)
 
 
-def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True) -> dict:
+def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True,
+                    record_dir: str | Path | None = None, name: str = "checkpoint") -> dict:
     """The policy alone in a one-seat env (a gymnasium env): `games` episodes, JSON-ready summary of
-    their returns (mean, std, min, max) and lengths."""
+    their returns (mean, std, min, max) and lengths. With `record_dir`, every episode is saved there
+    as a replay, the policy named `name`."""
     records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs)
+    if record_dir is not None:
+        from evaluation.replays import save_match
+
+        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs)
     returns = np.array([r.returns[0] for r in records])
     return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
             "std_return": float(returns.std()), "min_return": float(returns.min()),

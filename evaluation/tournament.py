@@ -30,7 +30,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -59,7 +59,8 @@ class Player:
 
     name: display name (unique in a tournament); kind: ``"bot"`` or ``"checkpoint"``;
     load: the bot spec, or the checkpoint's absolute path; source: the player spec it came from;
-    env: the checkpoint's env name (None for bots); meta: the checkpoint's ``meta`` JSON.
+    env: the checkpoint's env name (None for bots); meta: the checkpoint's ``meta`` JSON;
+    kwargs: the checkpoint's env kwargs (a battle's map size; None for bots).
     """
 
     name: str
@@ -68,6 +69,7 @@ class Player:
     source: str
     env: str | None = None
     meta: dict = field(default_factory=dict)
+    kwargs: dict | None = None
 
 
 def checkpoint_name(path: Path, meta: dict) -> str:
@@ -101,7 +103,8 @@ def checkpoint_player(path: Path, source: str, name: str | None = None) -> Playe
         raise PlayerError(f"player {source!r}: {path} has unreadable 'meta' JSON in its metadata") from None
     meta = meta if isinstance(meta, dict) else {}
     path = path.resolve()
-    return Player(name or checkpoint_name(path, meta), "checkpoint", str(path), source, policy.spec.name, meta)
+    return Player(name or checkpoint_name(path, meta), "checkpoint", str(path), source, policy.spec.name, meta,
+                  dict(policy.config.env.kwargs))
 
 
 def _run_dir_players(run_dir: Path, source: str) -> list[Player]:
@@ -136,7 +139,8 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
     Raises:
       PlayerError naming the spec: unknown bot or bad bot parameters, missing or corrupt file,
         a directory without checkpoints, checkpoints of different envs (or of another env than
-        `env_name`), only bots and no `env_name`, the same bot twice, or fewer than 2 players.
+        `env_name`, or with other env kwargs), only bots and no `env_name`, the same bot twice, or
+        fewer than 2 players.
     """
     players: list[Player] = []
     for spec in specs:
@@ -159,13 +163,18 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
     if len(envs) > 1:
         (env_a, src_a), (env_b, src_b) = list(envs.items())[:2]
         raise PlayerError(f"players must all play one env: {src_a!r} plays {env_a} but {src_b!r} plays {env_b}")
+    built = {json.dumps(p.kwargs, sort_keys=True): p.source for p in players if p.kwargs is not None}
+    if len(built) > 1:
+        (kw_a, src_a), (kw_b, src_b) = list(built.items())[:2]
+        raise PlayerError(f"players must all play one env: {src_a!r} was trained with env.kwargs {kw_a} "
+                          f"but {src_b!r} with {kw_b}")
     env_name = env_name or next(iter(envs), None)
     if env_name is None:
         raise PlayerError("only bots were given: name the game with --env (connect_four or tictactoe)")
     from envs.registry import env_spec
 
     try:
-        env_spec(env_name)
+        env_spec(env_name, env_kwargs(players))
     except ValueError as e:
         raise PlayerError(f"--env: {e}") from None
     unique: list[Player] = []
@@ -186,7 +195,8 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
     for player in unique:
         names[player.name] = names.get(player.name, 0) + 1
         suffix = f"#{names[player.name]}" if names[player.name] > 1 else ""
-        named.append(Player(player.name + suffix, player.kind, player.load, player.source, player.env, player.meta))
+        named.append(Player(player.name + suffix, player.kind, player.load, player.source, player.env, player.meta,
+                            player.kwargs))
     if len(named) < 2:
         raise PlayerError(f"a tournament needs at least 2 players; {specs} gave {len(named)}")
     return env_name, named
@@ -209,12 +219,14 @@ def pair_seeds(pair_index: int, seed: int) -> tuple[int, int]:
 
 def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int, seed: int, greedy: bool = True,
               record_dir: str | None = None, pair_index: int = 0,
-              load: Callable[[str, str, int], object] = load_side) -> list[dict]:
+              load: Callable[[str, str, int], object] = load_side,
+              kwargs: Mapping[str, Any] | None = None) -> list[dict]:
     """Both matches of one pair: `games` games with `a` in seat 0, then `games` with `b` in seat 0.
 
     a, b: (display name, load string) of the two players. Match m's games are seeded
     ``pair_seeds(pair_index, seed)[m] + k``; the side in seat s is seeded with that base + s.
-    With `record_dir`, every game is saved as a replay there.
+    With `record_dir`, every game is saved as a replay there. kwargs: the env's constructor arguments
+    (`env_kwargs` of the tournament's players), the same for every pair.
 
     Returns two JSON-ready dicts: ``first``, ``second`` (names by seat), ``seed``, ``games``,
     ``first_wins``, ``draws``, ``second_wins``, ``mean_length`` (actions per game).
@@ -222,13 +234,11 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
     results = []
     for (first, second), match_seed in zip(((a, b), (b, a)), pair_seeds(pair_index, seed)):
         sides = (load(first[1], env_name, match_seed), load(second[1], env_name, match_seed + 1))
-        # The env as the checkpoints were trained on it (e.g. a battle's map size); bots take the defaults.
-        kwargs = next((side.config.env.kwargs for side in sides if hasattr(side, "config")), None)
         records = play_games(env_name, sides, games, match_seed, greedy, kwargs)
         if record_dir is not None:
             from evaluation.replays import save_match
 
-            save_match(record_dir, env_name, (first[0], second[0]), records)
+            save_match(record_dir, env_name, (first[0], second[0]), records, kwargs)
         outcome = count_outcomes(records, 0)
         results.append({"first": first[0], "second": second[0], "seed": match_seed, "games": games,
                         "first_wins": outcome.wins, "draws": outcome.draws, "second_wins": outcome.losses,
@@ -236,12 +246,19 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
     return results
 
 
+def env_kwargs(players: list[Player]) -> dict:
+    """The env kwargs every pair plays with: the checkpoints' (`resolve_players` checked that they
+    agree), so that bot pairs play the same env (e.g. a battle's map size); {} among bots only."""
+    return next((p.kwargs for p in players if p.kwargs is not None), {})
+
+
 def _worker_command(env_name: str, a: Player, b: Player, games: int, seed: int, greedy: bool,
-                    record_dir: str | None, pair_index: int) -> list[str]:
+                    record_dir: str | None, pair_index: int, kwargs: dict) -> list[str]:
     # Every value as --opt=VALUE: a name or path starting with "-" (a snapshot id "--a", a file "-x.safetensors")
     # must not be read as an option.
     cmd = [sys.executable, "-m", "evaluation.tournament", f"--env={env_name}", f"--a-name={a.name}", f"--a={a.load}",
-           f"--b-name={b.name}", f"--b={b.load}", f"--games={games}", f"--seed={seed}", f"--pair-index={pair_index}"]
+           f"--b-name={b.name}", f"--b={b.load}", f"--games={games}", f"--seed={seed}", f"--pair-index={pair_index}",
+           f"--env-kwargs={json.dumps(kwargs)}"]
     if not greedy:
         cmd.append("--sample")
     if record_dir is not None:
@@ -285,6 +302,7 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     pairs = [(i, j) for i in range(len(players)) for j in range(i + 1, len(players))]
+    kwargs = env_kwargs(players)
     matches: list[dict] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("games"),
                TimeRemainingColumn())
@@ -305,12 +323,12 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
                 a, b = players[i], players[j]
                 progress.update(task, description=f"{a.name} vs {b.name}")
                 matches += play_pair(env_name, (a.name, a.load), (b.name, b.load), games, seed, greedy,
-                                     record_dir, index, load_cached)
+                                     record_dir, index, load_cached, kwargs)
                 progress.advance(task, 2 * games)
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 futures = {pool.submit(_run_worker, _worker_command(env_name, players[i], players[j], games, seed,
-                                                                    greedy, record_dir, index),
+                                                                    greedy, record_dir, index, kwargs),
                                        players[i], players[j]): index
                            for index, (i, j) in enumerate(pairs)}
                 by_pair: dict[int, list[dict]] = {}
@@ -357,8 +375,8 @@ def summarize(env_name: str, players: list[Player], matches: list[dict], games: 
     described = [{"name": p.name, "kind": p.kind, "source": p.source,
                   **({"file": p.load, "step": p.meta.get("step"), "frames": p.meta.get("frames")}
                      if p.kind == "checkpoint" else {})} for p in players]
-    return {"env": env_name, "games_per_seat": games, "greedy": greedy, "seed": seed, "players": described,
-            "matches": matches, "ratings": ratings,
+    return {"env": env_name, "env_kwargs": env_kwargs(players), "games_per_seat": games, "greedy": greedy,
+            "seed": seed, "players": described, "matches": matches, "ratings": ratings,
             "elo": {"model": "Bradley-Terry maximum likelihood, draws = half a win", "scale": "400 log10",
                     "anchor": "mean rating 0", "prior_draws_per_pair": PRIOR_DRAWS,
                     "stderr": "inverse observed Fisher information (pseudo-inverse)"}}
@@ -396,10 +414,11 @@ def _worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair-index", type=int, required=True)
     p.add_argument("--sample", action="store_true")
     p.add_argument("--record")
+    p.add_argument("--env-kwargs", type=json.loads, default={}, help="the env's constructor arguments, as JSON")
     args = p.parse_args(argv)
     try:
         result = play_pair(args.env, (args.a_name, args.a), (args.b_name, args.b), args.games, args.seed,
-                           not args.sample, args.record, args.pair_index)
+                           not args.sample, args.record, args.pair_index, kwargs=args.env_kwargs)
     except ValueError as e:  # includes CheckpointError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -85,8 +85,8 @@ def test_unreadable_replays_are_rejected_naming_the_file(recorded, tmp_path):
     (tmp_path / "garbage.json").write_text("{not json")
     with pytest.raises(ReplayError, match=r"garbage\.json: not a JSON replay"):
         load_replay(tmp_path / "garbage.json")
-    with pytest.raises(ReplayError, match=r"format\.json: replay format 2; this build reads format 1"):
-        load_replay(tampered(source, tmp_path / "format.json", format=2))
+    with pytest.raises(ReplayError, match=r"format\.json: replay format 3; this build reads formats 1, 2"):
+        load_replay(tampered(source, tmp_path / "format.json", format=3))
     with pytest.raises(ReplayError, match=r"types\.json: 'actions' must be a list of integers"):
         load_replay(tampered(source, tmp_path / "types.json", actions=["3"]))
     with pytest.raises(ReplayError, match=r"missing\.json: cannot read the replay"):
