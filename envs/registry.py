@@ -226,6 +226,8 @@ def _lookup(name: str, kwargs: Optional[Mapping[str, Any]]) -> _Game:
         return _game(name, key)
     except TypeError as e:  # a keyword the env's constructor does not take
         raise ValueError(f"env '{name}' does not accept env.kwargs {dict(kwargs or {})}: {e}") from None
+    except AssertionError as e:  # MAgent2 checks its arguments with assert (e.g. a battle map under 12)
+        raise ValueError(f"env '{name}' refuses env.kwargs {dict(kwargs or {})}: {e or 'a failed assertion'}") from None
 
 
 def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:

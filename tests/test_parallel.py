@@ -181,6 +181,8 @@ def test_spaces_are_encoded_or_refused_with_the_reason():
         env_spec("pettingzoo:pettingzoo.classic.nope_v1")
     with pytest.raises(ValueError, match="does not accept env.kwargs"):
         env_spec("battle", {"no_such_option": 1})
+    with pytest.raises(ValueError, match="refuses env.kwargs"):
+        env_spec("battle", {"map_size": 5})
 
 
 def test_any_pettingzoo_env_by_import_path_plays():
