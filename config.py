@@ -57,18 +57,28 @@ class RunConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe")
+    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, "
+                   "sc2:<map> (sc2:MoveToBeacon, sc2:Simple64, ...)")
+    screen_size: int = _f(32, "StarCraft II: screen feature layer side in pixels")
+    minimap_size: int = _f(32, "StarCraft II: minimap feature layer side in pixels (fullyconv: = screen_size)")
+    step_mul: int = _f(8, "StarCraft II: game steps per agent step (SC2LE: 8, about 180 actions per minute)")
+    bot: str = _f("", "StarCraft II melee maps: play the built-in bot as race:difficulty (e.g. terran:easy) "
+                  "instead of a second agent; empty = both players are agents (self-play, league)")
+    replay_dir: str = _f("", "StarCraft II: save a pysc2 replay of every evaluation game into this folder")
+    mock: bool = _f(False, "StarCraft II: pysc2's mock env (constant observations, no game needed; for tests)")
 
 
 @dataclass
 class AgentConfig:
-    torso: str = _f("conv", "network torso: conv (board games) or mlp")
+    torso: str = _f("conv", "network torso: conv (board games), mlp, or fullyconv (StarCraft II, SC2LE's FullyConv)")
     channels: int = _f(64, "conv torso: channels of each 3x3 conv layer")
     conv_layers: int = _f(2, "conv torso: number of conv layers")
     kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)")
     padding: str = _f("same", "conv torso: same (keep the board size) or valid (no padding)")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
+    sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
+                            "in this many channels, smaller ones one-hot")
 
 
 @dataclass
@@ -253,7 +263,12 @@ def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError."""
     from envs.registry import ENV_NAMES, env_spec
 
-    if cfg.env.name not in ENV_NAMES:
+    sc2 = cfg.env.name.startswith("sc2:")
+    if sc2:
+        from envs.sc2_wrappers.env import sc2_game
+
+        sc2_game(cfg.env)  # the map, sizes and bot
+    elif cfg.env.name not in ENV_NAMES:
         close = difflib.get_close_matches(cfg.env.name, ENV_NAMES, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"unknown env.name '{cfg.env.name}'{hint}; valid: {', '.join(ENV_NAMES)}")
@@ -270,7 +285,12 @@ def validate(cfg: Config) -> None:
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
-        (cfg.agent.torso in ("conv", "mlp"), "agent.torso must be conv or mlp"),
+        (cfg.agent.torso in ("conv", "mlp", "fullyconv"), "agent.torso must be conv, mlp or fullyconv"),
+        ((cfg.agent.torso == "fullyconv") == sc2, "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, "
+         "and fullyconv needs one"),
+        (not sc2 or cfg.env.screen_size == cfg.env.minimap_size,
+         "agent.torso=fullyconv needs env.minimap_size equal to env.screen_size"),
+        (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
         (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
          "agent.padding=same needs an odd agent.kernel_size"),

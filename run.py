@@ -123,6 +123,14 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(args.config, args.overrides)
 
 
+def _require_game(cfg: Config) -> None:
+    """StarCraft II runs stop here, before any actor starts, when the game is not installed."""
+    if cfg.env.name.startswith("sc2:"):
+        from envs.sc2_wrappers.env import check_game_installed
+
+        check_game_installed(cfg.env)
+
+
 def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
     from distributed.launcher import REDIS_URL_ENV
 
@@ -160,6 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from distributed.transport import connect
 
     cfg = _load(args)
+    _require_game(cfg)
     if args.eval_games > MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
     url = _redis_url(args, cfg)
@@ -251,6 +260,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     from distributed.actor import run_actor
 
     cfg = _load(args)
+    _require_game(cfg)
     if args.actor_id < 0:
         raise ConfigError("--actor-id must be >= 0")
     url = _redis_url(args, cfg)
