@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -57,15 +57,10 @@ class RunConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, "
-                   "sc2:<map> (sc2:MoveToBeacon, sc2:Simple64, ...)")
-    screen_size: int = _f(32, "StarCraft II: screen feature layer side in pixels")
-    minimap_size: int = _f(32, "StarCraft II: minimap feature layer side in pixels (fullyconv: = screen_size)")
-    step_mul: int = _f(8, "StarCraft II: game steps per agent step (SC2LE: 8, about 180 actions per minute)")
-    bot: str = _f("", "StarCraft II melee maps: play the built-in bot as race:difficulty (e.g. terran:easy) "
-                  "instead of a second agent; empty = both players are agents (self-play, league)")
-    replay_dir: str = _f("", "StarCraft II: save a pysc2 replay of every evaluation game into this folder")
-    mock: bool = _f(False, "StarCraft II: pysc2's mock env (constant observations, no game needed; for tests)")
+    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, battle, "
+                   "mpe:<scenario>, gym:<id>, pettingzoo:<module>, sc2:<map>")
+    kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
 
 
 @dataclass
@@ -230,7 +225,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if "=" not in item:
                 raise ConfigError(f"override '{item}' must look like section.key=value")
             key = item.split("=", 1)[0].strip()
-            if key not in _all_keys():
+            if key not in _all_keys() and not key.startswith("env.kwargs."):
                 raise _unknown_key_error(key)
             try:  # one layer per override (later ones win), so a parse error names its override
                 layer = OmegaConf.from_dotlist([item])
@@ -261,17 +256,12 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
 
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError."""
-    from envs.registry import ENV_NAMES, env_spec
+    from envs.registry import env_spec
 
-    sc2 = cfg.env.name.startswith("sc2:")
-    if sc2:
-        from envs.sc2_wrappers.env import sc2_game
-
-        sc2_game(cfg.env)  # the map, sizes and bot
-    elif cfg.env.name not in ENV_NAMES:
-        close = difflib.get_close_matches(cfg.env.name, ENV_NAMES, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown env.name '{cfg.env.name}'{hint}; valid: {', '.join(ENV_NAMES)}")
+    try:
+        spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    except ValueError as e:
+        raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
     checks = [
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
@@ -286,11 +276,13 @@ def validate(cfg: Config) -> None:
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
         (cfg.agent.torso in ("conv", "mlp", "fullyconv"), "agent.torso must be conv, mlp or fullyconv"),
-        ((cfg.agent.torso == "fullyconv") == sc2, "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, "
-         "and fullyconv needs one"),
-        (not sc2 or cfg.env.screen_size == cfg.env.minimap_size,
-         "agent.torso=fullyconv needs env.minimap_size equal to env.screen_size"),
+        ((cfg.agent.torso == "fullyconv") == cfg.env.name.startswith("sc2:"),
+         "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
+        (spec.kind != "sc2" or cfg.env.kwargs.get("screen_size", 32) == cfg.env.kwargs.get("minimap_size", 32),
+         "agent.torso=fullyconv needs env.kwargs.minimap_size equal to env.kwargs.screen_size (default 32)"),
+        (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
+         "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
         (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
          "agent.padding=same needs an odd agent.kernel_size"),
@@ -372,13 +364,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
     from evaluation.bots import make_bot
 
-    for bot in league.bots:
+    for bot in league.bots if league.enabled else ():
         try:
             make_bot(bot, cfg.env.name)
         except ValueError as e:
             raise ConfigError(f"league.bots: {e}") from None
     if cfg.agent.torso == "conv" and cfg.agent.padding == "valid":
-        h, w = env_spec(cfg.env.name).obs_shape[:2]
+        h, w = spec.obs_shape[:2]
         shrink = cfg.agent.conv_layers * (cfg.agent.kernel_size - 1)
         if shrink >= min(h, w):
             raise ConfigError(f"agent: {cfg.agent.conv_layers} valid-padded conv layers of kernel "

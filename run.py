@@ -126,9 +126,13 @@ def _load(args: argparse.Namespace) -> Config:
 def _require_game(cfg: Config) -> None:
     """StarCraft II runs stop here, before any actor starts, when the game is not installed."""
     if cfg.env.name.startswith("sc2:"):
+        from envs.sc2_wrappers.compat import SC2NotInstalledError
         from envs.sc2_wrappers.env import check_game_installed
 
-        check_game_installed(cfg.env)
+        try:
+            check_game_installed(cfg.env.name, cfg.env.kwargs)
+        except SC2NotInstalledError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
@@ -199,11 +203,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _final_evaluation(checkpoint: Path, games: int) -> None:
     from agents.policy import load_policy
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import episode_returns, evaluate
 
     policy = load_policy(checkpoint)
+    if len(policy.spec.seats) == 1:
+        r = episode_returns(policy, games)
+        log.info("greedy policy over %d episodes: mean return %.1f (std %.1f, min %.1f, max %.1f)", games,
+                 r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
+        log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
+        return
     strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
-    for opponent in ("random", "tactical", strongest[policy.spec.name]):
+    board = policy.spec.name in strongest
+    for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
         result = evaluate(policy, opponent, games)
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
@@ -310,11 +321,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return _tournament(args)
     from agents.policy import load_policy
     from evaluation.bots import make_bot
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import episode_returns, evaluate
     from evaluation.tournament import checkpoint_player
 
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
+    if len(policy.spec.seats) == 1:
+        if args.record:
+            raise ConfigError(f"--record: replays are recorded for turn-based games, not {policy.spec.name}")
+        result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample)
+        if args.json:
+            _emit_json(result, args.json)
+        if args.json != "-":
+            print(f"{result['env']}: {args.games} episodes, mean return {result['mean_return']:.1f} "
+                  f"(std {result['std_return']:.1f}, min {result['min_return']:.1f}, max {result['max_return']:.1f})")
+        return 0
     try:
         make_bot(opponent, policy.spec.name)
     except ValueError as e:

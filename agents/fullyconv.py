@@ -5,7 +5,7 @@ Screen and minimap feature layers each go through two convolutions (16 filters 5
 broadcast over the screen and concatenated, giving the shared state [N, 32 + 32 + 11, S, S]. A 1x1
 convolution of the state gives each spatial argument head (screen, minimap, screen2) its logits over
 pixels; the flattened state through a dense layer of 256 ReLU units gives the function-id logits
-(masked by `available_actions`), the other argument heads and the baseline V(s).
+(masked by `available_actions`, the action mask), the other argument heads and the baseline V(s).
 
 Unlike the paper, `available_actions` is not broadcast into the state (573 planes): it only masks
 the function-id head. Screen and minimap must have the same size (the paper uses 64 for both).
@@ -20,7 +20,7 @@ from torch import nn
 from agents.network import mask_logits
 from config import AgentConfig
 from envs.sc2_wrappers.actions import FunctionCallCodec
-from envs.sc2_wrappers.observation import (AVAILABLE_ACTIONS, MINIMAP, NUM_PLAYER_FEATURES, PLAYER, SCREEN,
+from envs.sc2_wrappers.observation import (MINIMAP, NUM_PLAYER_FEATURES, PLAYER, SCREEN,
                                            FeatureLayerEncoder, SC2ObservationSpec)
 
 
@@ -58,21 +58,20 @@ class FullyConv(nn.Module):
             nn.Linear(cfg.hidden, h.size) for h in codec.heads if not h.side)
         self.baseline = nn.Linear(cfg.hidden, 1)
 
-    def forward(self, obs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """obs: screen [N, C_s, S, S] and minimap [N, C_m, S, S] integer layers, player float [N, 11],
-        available_actions [N, 573] 0/1 (the arrays of envs.sc2_wrappers.observation).
+    def forward(self, obs: dict[str, torch.Tensor], action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs: screen [N, C_s, S, S] and minimap [N, C_m, S, S] integer layers, player float [N, 11]
+        (envs/sc2_wrappers/observation.py); action_mask: available_actions [N, 573], 0/1.
 
-        Returns (logits: one float32 tensor per head of the codec, [N, size], the function head's
-        unavailable ids at MASKED_LOGIT; baseline float32 [N]).
+        Returns (logits float32 [N, sum of head sizes]: the codec's heads side by side, in its order,
+        unavailable function ids at MASKED_LOGIT; baseline float32 [N]).
         """
         screen = self.screen_tower(self.screen_features(obs[SCREEN]))
         minimap = self.minimap_tower(self.minimap_features(obs[MINIMAP]))
         player = obs[PLAYER].float()[:, :, None, None].expand(-1, -1, *screen.shape[2:])
         state = torch.cat([screen, minimap, player], 1)
-        spatial = self.spatial_policy(state).flatten(2)  # [N, spatial heads, S*S]
+        spatial = iter(self.spatial_policy(state).flatten(2).unbind(1))  # per spatial head [N, S*S]
         hidden = self.fc(state.flatten(1))
         dense = iter(layer(hidden) for layer in self.head_layers)
-        spatial_heads = iter(spatial.unbind(1))
-        logits = [next(spatial_heads) if h.side else next(dense) for h in self.codec.heads]
-        logits[0] = mask_logits(logits[0], obs[AVAILABLE_ACTIONS])
-        return logits, self.baseline(hidden).squeeze(-1)
+        logits = [next(spatial) if h.side else next(dense) for h in self.codec.heads]
+        logits[0] = mask_logits(logits[0], action_mask)
+        return torch.cat(logits, -1), self.baseline(hidden).squeeze(-1)

@@ -8,12 +8,15 @@ import torch
 
 import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
 from agents.fullyconv import FullyConv
+from agents.heads import FunctionCallHead, make_model, policy_head
 from agents.network import MASKED_LOGIT
-from config import ConfigError, EnvConfig, load_config
-from envs.sc2_wrappers.env import SC2Adapter, check_game_installed, sc2_game
-from envs.sc2_wrappers.observation import AVAILABLE_ACTIONS
+from config import ConfigError, load_config
+from envs.registry import env_spec, make_env
+from envs.sc2_wrappers.compat import SC2NotInstalledError
+from envs.sc2_wrappers.env import check_game_installed, sc2_game
 
-ENV = EnvConfig(name="sc2:MoveToBeacon", screen_size=8, minimap_size=8, mock=True)
+KWARGS = {"mock": True, "screen_size": 8, "minimap_size": 8}
+NAME = "sc2:MoveToBeacon"
 
 
 def _batch(observations: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -22,60 +25,71 @@ def _batch(observations: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]
 
 def test_fullyconv_heads_come_from_the_shared_state_as_in_the_paper():
     torch.manual_seed(0)
-    cfg = load_config(None, ["env.name=sc2:MoveToBeacon", "env.mock=true", "env.screen_size=8",
-                             "env.minimap_size=8", "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16"])
-    game = sc2_game(cfg.env)
-    model = FullyConv(game.obs, game.codec, cfg.agent)
-    env = SC2Adapter(cfg.env, seed=0)
-    obs = _batch(env.observations * 2)
+    cfg = load_config(None, [f"env.name={NAME}", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8}",
+                             "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16"])
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    model = make_model(spec, cfg.agent)
+    assert isinstance(model, FullyConv)
+    head = policy_head(spec)
+    step = make_env(NAME, 0, KWARGS).advance()
+    obs = _batch(step.observations * 2)
+    mask = torch.as_tensor(np.stack(step.action_masks * 2))
     obs["screen"][1, 6, 2, 3] = 48  # unit_type of one pixel of the second observation
-    logits, baseline = model(obs)
-    assert [tuple(lg.shape) for lg in logits] == [(2, h.size) for h in game.codec.heads]
+    flat, baseline = model(obs, mask)
+    logits = head.split(flat)
+    assert [tuple(lg.shape) for lg in logits] == [(2, size) for size in spec.action_heads]
     assert baseline.shape == (2,)
-    unavailable = obs[AVAILABLE_ACTIONS] == 0
-    assert (logits[0][unavailable] == MASKED_LOGIT).all() and (logits[0][~unavailable] > -1e3).all()
+    assert (logits[0][mask == 0] == MASKED_LOGIT).all() and (logits[0][mask == 1] > -1e3).all()
     # Rebuild the state by hand: screen tower, minimap tower, player broadcast (32 + 32 + 11 channels).
     screen = model.screen_tower(model.screen_features(obs["screen"]))
     minimap = model.minimap_tower(model.minimap_features(obs["minimap"]))
     state = torch.cat([screen, minimap, obs["player"][:, :, None, None].expand(-1, -1, 8, 8)], 1)
     w, b = model.spatial_policy.weight[:, :, 0, 0], model.spatial_policy.bias
     by_hand = torch.einsum("kc,nchw->nkhw", w, state) + b[None, :, None, None]
-    for k, head in enumerate(["screen", "minimap", "screen2"]):
-        column = [h.name for h in game.codec.heads].index(head)
+    for k, column in enumerate([1, 2, 3]):  # screen, minimap, screen2
         assert torch.allclose(logits[column], by_hand[:, k].flatten(1), atol=1e-5)
     assert torch.allclose(baseline, model.baseline(model.fc(state.flatten(1))).squeeze(-1), atol=1e-5)
     assert not torch.equal(logits[1][0], logits[1][1])  # the changed pixel moves the screen head
 
 
-def test_adapter_steps_sampled_actions_and_concatenates_episodes():
-    env = SC2Adapter(ENV, seed=0)
-    codec = env.game.codec
+def test_adapter_settles_every_step_and_concatenates_episodes():
+    env = make_env(NAME, 0, KWARGS)
+    head = policy_head(env_spec(NAME, KWARGS))
+    assert isinstance(head, FunctionCallHead)
     generator = torch.Generator().manual_seed(0)
-    dones = []
-    for _ in range(22):
-        mask = torch.as_tensor(env.observations[0][AVAILABLE_ACTIONS])[None]
-        logits = [torch.zeros(1, h.size) for h in codec.heads]
-        logits[0] = logits[0].masked_fill(mask == 0, MASKED_LOGIT)
-        action = codec.sample(logits, generator)[0].numpy()
-        rewards, done = env.step([action])
-        assert rewards == [0.0]
-        dones.append(done)
-    # pysc2's mock ends an episode after 10 steps; the adapter resets and goes on.
-    assert [i for i, d in enumerate(dones) if d] == [9, 19]
+    step, ends, settled = env.advance(), [], 0
+    for t in range(22):
+        assert step.agents == [0] and set(step.observations[0]) == {"screen", "minimap", "player"}
+        logits = torch.zeros(1, sum(head.sizes))
+        logits[0, :573][torch.as_tensor(step.action_masks[0]) == 0] = MASKED_LOGIT
+        actions, behaviour = head.sample(logits, torch.as_tensor(step.action_masks[0])[None], torch.zeros(1),
+                                         generator)
+        assert behaviour[0].sum().item() == pytest.approx(head.log_prob(logits, actions).item())
+        env.act([actions[0].numpy()])
+        step = env.advance()
+        settled += len(step.settlements)
+        if step.episodes:
+            assert step.settlements[-1].done and step.episodes[0].length == 10
+            ends.append(t)
+    assert settled == 22 and ends == [9, 19]  # pysc2's mock ends an episode after 10 steps
 
 
 def test_sc2_config_errors_name_the_fix(tmp_path, monkeypatch):
-    base = ["env.mock=true", "agent.torso=fullyconv", "league.bots=[]"]
+    base = ["agent.torso=fullyconv", "league.bots=[]"]
     with pytest.raises(ConfigError, match="did you mean 'sc2:MoveToBeacon'"):
         load_config(None, ["env.name=sc2:MoveToBecon", *base])
     with pytest.raises(ConfigError, match="race:difficulty"):
-        load_config(None, ["env.name=sc2:Simple64", "env.bot=terran", *base])
+        load_config(None, ["env.name=sc2:Simple64", "env.kwargs={bot: terran}", *base])
+    with pytest.raises(ConfigError, match="did you mean 'screen_size'"):
+        load_config(None, ["env.name=sc2:Simple64", "env.kwargs={screensize: 16}", *base])
     with pytest.raises(ConfigError, match="need agent.torso=fullyconv"):
-        load_config(None, ["env.name=sc2:MoveToBeacon", "env.mock=true", "league.bots=[]"])
-    game = sc2_game(EnvConfig(name="sc2:Simple64", bot="zerg:hard"))
+        load_config(None, [f"env.name={NAME}", "league.bots=[]"])
+    with pytest.raises(ConfigError, match="actor.epsilon"):
+        load_config(None, [f"env.name={NAME}", "actor.epsilon=0.1", *base])
+    game = sc2_game("sc2:Simple64", {"bot": "zerg:hard"})
     assert game.agents == ("player_0",) and game.bot == ("zerg", "hard")
-    assert sc2_game(EnvConfig(name="sc2:Simple64")).agents == ("player_0", "player_1")
+    assert env_spec("sc2:Simple64").seats == ("player_0", "player_1")
     monkeypatch.setenv("SC2PATH", str(tmp_path))
-    with pytest.raises(ConfigError, match="SC2PATH=.*env.mock=true"):
-        check_game_installed(EnvConfig(name="sc2:Simple64"))
-    check_game_installed(EnvConfig(name="sc2:Simple64", mock=True))
+    with pytest.raises(SC2NotInstalledError, match="SC2PATH=.*env.kwargs.mock=true"):
+        check_game_installed("sc2:Simple64")
+    check_game_installed("sc2:Simple64", {"mock": True})

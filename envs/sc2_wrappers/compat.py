@@ -5,10 +5,14 @@ Two things stop pysc2 4.0 (the current PyPI release) from importing here:
   C (upb) implementation; protobuf's pure-Python implementation still accepts them. It is chosen by
   the PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION environment variable, read once at protobuf's first
   import, so `import_pysc2()` must run before anything in the process imports protobuf (wandb does).
+  The variable is set only while protobuf reads it: child processes start with the default.
 - `pysc2.lib.colors` calls `random.shuffle(palette, lambda: 0.5)` (when `pysc2.lib.features` builds its
   palettes at import); Python 3.11 removed that second argument. That module alone gets a `random`
   whose `shuffle` takes it, with Python 3.10's algorithm, so the palettes are the ones pysc2 was
   written against; the `random` module itself is left alone.
+
+Also, `pysc2.lib.video_writer` (video recording of the human renderer, which we never use) is loaded
+only on first use: importing it pulls in sk-video and scipy.signal, several seconds per process.
 
 Nothing outside `envs/sc2_wrappers/` imports this module, so other processes keep protobuf's fast
 implementation and never import pysc2.
@@ -16,6 +20,7 @@ implementation and never import pysc2.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import random
@@ -48,16 +53,37 @@ def _shuffle_py310(x: list, random_fn=None) -> None:
 
 
 def _use_python_protobuf() -> None:
-    if "google.protobuf" in sys.modules:
-        from google.protobuf.internal import api_implementation
+    """Make protobuf pick its pure-Python implementation in this process only: the variable is set
+    while protobuf reads it (once, at import) and then put back, so child processes do not inherit it."""
+    if "google.protobuf" not in sys.modules:
+        previous = os.environ.get(PROTOBUF_ENV)
+        os.environ[PROTOBUF_ENV] = "python"
+        try:
+            from google.protobuf.internal import api_implementation  # noqa: F401  (reads the variable)
+        finally:
+            if previous is None:
+                del os.environ[PROTOBUF_ENV]
+            else:
+                os.environ[PROTOBUF_ENV] = previous
+    from google.protobuf.internal import api_implementation
 
-        if api_implementation.Type() != "python":
-            raise RuntimeError(
-                f"protobuf was imported with its '{api_implementation.Type()}' implementation before pysc2; "
-                "pysc2's generated code needs the pure-Python one. Import envs.sc2_wrappers (or call "
-                "import_pysc2()) before anything that imports protobuf, such as wandb.")
-        return
-    os.environ[PROTOBUF_ENV] = "python"
+    if api_implementation.Type() != "python":
+        raise RuntimeError(
+            f"protobuf was imported with its '{api_implementation.Type()}' implementation before pysc2; "
+            "pysc2's generated code needs the pure-Python one. Import envs.sc2_wrappers (or call "
+            "import_pysc2()) before anything that imports protobuf, such as wandb.")
+
+
+def _load_on_first_use(module_name: str) -> None:
+    """Bind `module_name` now and execute it when one of its attributes is first used."""
+    spec = importlib.util.find_spec(module_name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    parent, _, name = module_name.rpartition(".")
+    # Bound on the package too: `from package import name` then never touches (and so loads) it.
+    setattr(sys.modules[parent], name, module)
 
 
 def import_pysc2():
@@ -71,6 +97,7 @@ def import_pysc2():
     """
     if "pysc2.lib.colors" not in sys.modules:
         _use_python_protobuf()
+        _load_on_first_use("pysc2.lib.video_writer")
         from pysc2.lib import colors
 
         colors.random = SimpleNamespace(shuffle=_shuffle_py310)
