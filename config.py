@@ -364,6 +364,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
     from evaluation.bots import make_bot
 
+    if cfg.env.name.startswith("sc2:") and league.enabled and league.bots:
+        raise ConfigError("league.bots: the baseline bots play Discrete actions, not StarCraft II; set league.bots: [] "
+                          "(env.kwargs.bot plays against the game's built-in bot)")
     for bot in league.bots if league.enabled else ():
         try:
             make_bot(bot, cfg.env.name)

@@ -197,7 +197,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
                  "continues it", args.config, cfg.run.name)
     if finished and checkpoint.exists() and args.eval_games > 0:
-        _final_evaluation(checkpoint, args.eval_games)
+        if cfg.env.name.startswith("sc2:"):
+            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
+                     "checkpoint: %s", checkpoint)
+        else:
+            _final_evaluation(checkpoint, args.eval_games)
     return code
 
 

@@ -74,6 +74,21 @@ def test_adapter_settles_every_step_and_concatenates_episodes():
     assert settled == 22 and ends == [9, 19]  # pysc2's mock ends an episode after 10 steps
 
 
+def test_melee_map_has_two_agents_acting_at_once_each_in_its_own_seat():
+    kwargs = {**KWARGS}
+    spec = env_spec("sc2:Simple64", kwargs)
+    assert spec.agent_seats == (0, 1) and spec.kind == "sc2"
+    env = make_env("sc2:Simple64", 0, kwargs)
+    no_op = np.zeros(len(spec.action_heads), np.int64)
+    step = env.advance()
+    for _ in range(10):
+        assert step.agents == [0, 1]
+        env.act([no_op, no_op])
+        step = env.advance()
+    assert [(s.agent, s.done) for s in step.settlements] == [(0, True), (1, True)]
+    assert step.episodes[0].returns == (0.0, 0.0) and step.episodes[0].winner is None  # the mock's draw
+
+
 def test_sc2_config_errors_name_the_fix(tmp_path, monkeypatch):
     base = ["agent.torso=fullyconv", "league.bots=[]"]
     with pytest.raises(ConfigError, match="did you mean 'sc2:MoveToBeacon'"):

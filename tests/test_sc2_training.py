@@ -67,7 +67,7 @@ def test_unrolls_carry_masks_and_heads_and_log_rhos_sum_the_used_heads():
     assert u["action_mask"].shape == (6, 573) and u["behaviour_log_probs"].shape == (5, 14)
     assert u["done"].tolist() == [0, 0, 0, 0, 0] and unrolls[1]["done"].tolist() == [0, 0, 0, 0, 1]
     # Unused heads hold action 0 and log-prob 0; used ones a log-prob < 0.
-    used = head.codec.used_heads(torch.as_tensor(u["action"][:, 0])).numpy()
+    used = head.codec.used_heads(torch.from_numpy(u["action"][:, 0].copy())).numpy()
     assert (u["action"][~used] == 0).all() and (u["behaviour_log_probs"][~used] == 0).all()
     assert (u["behaviour_log_probs"][used] < 0).all()
     # Make mu differ from pi by exactly 0.1 nats on every head an action uses: log_rho = 0.1 * (heads used).
@@ -86,7 +86,7 @@ def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_nam
     from distributed.transport import connect
 
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/sc2_move_to_beacon.yaml"),
-           "--redis-url", redis_server.url, "--eval-games", "0",
+           "--redis-url", redis_server.url,
            "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
            "--set", "run.total_frames=160", "--set", "run.log_every_s=1",
            "--set", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8, step_mul: 8}",
@@ -94,6 +94,7 @@ def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_nam
            "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no baseline-bot evaluation" in proc.stdout
     meta = json.loads(read_checkpoint(tmp_path / run_name / "checkpoints" / "latest.safetensors")[1]["meta"])
     assert meta["frames"] >= 160 and meta["step"] == meta["frames"] // 32  # T * B = 32 frames per update
     r = connect(redis_server.url)
