@@ -46,8 +46,8 @@ class Batch:
     action [T, B] int64; reward [T, B]; done [T, B] bool; behaviour_logits [T, B, A].
 
     Envs with several observation arrays and multi-head actions (StarCraft II, see UnrollSpec): obs is
-    a dict name -> [T+1, B, ...], action [T, B, H], and `behaviour` holds log mu_h(a_h|x) [T, B, H]
-    instead of logits. `behaviour` is whatever the policy head records (agents/heads.py).
+    a dict name -> [T+1, B, ...], action [T, B, H], and `behaviour_logits` holds the unroll's
+    `behaviour_log_probs`, log mu_h(a_h|x) [T, B, H]: whatever the policy head records (agents/heads.py).
     """
 
     obs: torch.Tensor | dict[str, torch.Tensor]
