@@ -223,7 +223,8 @@ def _final_evaluation(checkpoint: Path, games: int) -> None:
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
         log.info("greedy policy vs %s over %d games per seat: %s", opponent, games, rates)
-    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent tactical)", checkpoint, checkpoint)
+    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
+             "tactical" if board else "random")
 
 
 def cmd_learner(args: argparse.Namespace) -> int:

@@ -384,7 +384,7 @@ class Learner:
         if self.wandb is not None:
             self.wandb.log(record, step=self.step)
         games = []
-        if episodes and len(self.spec.seats) == 1:
+        if episodes and self.spec.kind != "aec":
             games.append(f"return {record['episode_return']:.1f}")
         if "first_seat_win_rate" in record:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")

@@ -3,8 +3,10 @@
 Observations:
 * `Box`: as it is; uint8 Boxes (images) and int8 Boxes (boards) keep their dtype on the wire, any
   other dtype becomes float32.
-* `Discrete(n)`: a one-hot uint8 `[n]`.
-* `MultiDiscrete(nvec)`: the one-hots of its components, concatenated: uint8 `[sum(nvec)]`.
+* `Discrete(n)`: a one-hot int8 `[n]`.
+* `MultiDiscrete(nvec)`: the one-hots of its components, concatenated: int8 `[sum(nvec)]`.
+
+uint8 is kept for images: the network scales uint8 observations by 1/255 (see agents/network.py).
 * `Dict` with `observation` and `action_mask` keys (PettingZoo's convention for legal moves): the
   `observation` part as above, and the mask.
 
@@ -45,10 +47,10 @@ def _plain(space: spaces.Space, where: str) -> tuple[tuple[int, ...], np.dtype, 
         n, start = int(space.n), int(space.start)
 
         def one_hot(x: Any) -> np.ndarray:
-            out = np.zeros(n, np.uint8)
+            out = np.zeros(n, np.int8)
             out[int(x) - start] = 1
             return out
-        return (n,), np.dtype(np.uint8), one_hot
+        return (n,), np.dtype(np.int8), one_hot
     if isinstance(space, spaces.MultiDiscrete):
         if space.nvec.ndim != 1:
             raise UnsupportedSpace(f"{where}: MultiDiscrete observations must be 1-D, got nvec shape "
@@ -58,10 +60,10 @@ def _plain(space: spaces.Space, where: str) -> tuple[tuple[int, ...], np.dtype, 
         total = int(space.nvec.sum())
 
         def one_hots(x: Any) -> np.ndarray:
-            out = np.zeros(total, np.uint8)
+            out = np.zeros(total, np.int8)
             out[offsets + np.asarray(x, np.int64) - start] = 1
             return out
-        return (total,), np.dtype(np.uint8), one_hots
+        return (total,), np.dtype(np.int8), one_hots
     raise UnsupportedSpace(f"{where}: observation space {space} is not supported: use Box, Discrete, "
                            f"MultiDiscrete, or a Dict of 'observation' and 'action_mask'")
 

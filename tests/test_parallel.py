@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -165,7 +170,7 @@ def test_spaces_are_encoded_or_refused_with_the_reason():
     multi = observation_encoder(spaces.MultiDiscrete([2, 3]))
     np.testing.assert_array_equal(multi.encode([1, 2])[0], [0, 1, 0, 0, 1])
     image = observation_encoder(spaces.Box(0, 255, (4, 4, 3), np.uint8))
-    assert image.dtype == np.uint8  # images travel as uint8
+    assert image.dtype == np.uint8 and one_hot.dtype == np.int8  # images travel as uint8, one-hots as int8
     with pytest.raises(UnsupportedSpace, match="Tuple"):
         observation_encoder(spaces.Tuple([spaces.Discrete(2)]))
     with pytest.raises(ValueError, match="action space Box.*Discrete"):
@@ -184,3 +189,50 @@ def test_any_pettingzoo_env_by_import_path_plays():
     env = make_env("pettingzoo:pettingzoo.classic.go_v5", 0, {"board_size": 5})
     step = env.advance()
     assert step.agents == [0] and step.action_masks[0][25] == 1  # pass is legal
+
+
+def test_images_travel_as_uint8_and_reach_the_network_scaled():
+    from agents.network import ActorCritic
+    from config import AgentConfig
+
+    torch.manual_seed(0)
+    model = ActorCritic((4, 4, 3), 2, AgentConfig(torso="mlp", hidden=8, mlp_layers=1))
+    image = torch.full((1, 4, 4, 3), 255, dtype=torch.uint8)
+    mask = torch.ones(1, 2)
+    np.testing.assert_allclose(model(image, mask)[0].detach(), model(torch.ones(1, 4, 4, 3), mask)[0].detach())
+
+
+def _train(tmp_path, redis_url, config: str, name: str, *overrides: str, eval_games: int = 0):
+    repo = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, str(repo / "run.py"), "train", "--config", str(repo / config), "--redis-url", redis_url,
+           "--eval-games", str(eval_games), "--set", f"run.name={name}", "--set", f"run.dir={tmp_path}",
+           "--set", "run.wandb_mode=disabled", "--set", "run.log_every_s=1", "--set", "run.max_minutes=0",
+           "--set", "actor.num_actors=1", *[a for o in overrides for a in ("--set", o)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return proc, records
+
+
+def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_client, run_name):
+    # A small map: 4 units a team (map_size 12), 30-step battles, both teams the learning policy.
+    proc, records = _train(tmp_path, redis_url, "configs/battle.yaml", run_name, "env.kwargs.map_size=12",
+                           "env.kwargs.max_cycles=30", "run.total_frames=6000", "actor.num_envs=2",
+                           "actor.unroll_length=10", "learner.batch_size=8", "agent.channels=8", "agent.hidden=32",
+                           eval_games=2)
+    assert records[-1]["frames"] >= 6000
+    from distributed.transport import ResultsStream
+
+    results = ResultsStream(redis_client, run_name).read_new()
+    assert results and all(r["length"] <= 30 and len(r["returns"]) == 2 for r in results)
+    assert {r["winner"] for r in results} <= {-1, 0, 1}
+    assert "greedy policy vs random over 2 games per seat: red" in proc.stdout
+
+
+def test_gym_env_trains_and_reports_returns(tmp_path, redis_url, run_name):
+    proc, records = _train(tmp_path, redis_url, "configs/cartpole.yaml", run_name, "run.total_frames=20000",
+                           "actor.num_envs=4", eval_games=3)
+    assert records[-1]["frames"] >= 20000
+    returns = [r["episode_return"] for r in records if "episode_return" in r]
+    assert returns and all(r >= 8 for r in returns)  # CartPole ends no earlier than 8 steps
+    assert "greedy policy over 3 episodes: mean return" in proc.stdout
