@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,16 @@ def test_missing_game_names_the_folder_and_sc2path(tmp_path, monkeypatch):
     (tmp_path / "sc2" / "Versions" / "Base75689" / "SC2_x64").write_bytes(b"")
     (tmp_path / "sc2" / "Maps").mkdir()
     assert require_game() == tmp_path / "sc2"
+
+
+def test_training_without_the_game_stops_before_anything_starts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
+    env["SC2PATH"] = str(tmp_path / "no-game")
+    runs = tmp_path / "runs"
+    out = subprocess.run([sys.executable, "run.py", "train", "--config", "configs/sc2_move_to_beacon.yaml",
+                          "--set", f"run.dir={runs}"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: sc2:MoveToBeacon: StarCraft II is not installed where pysc2 looks: no folder "
+                                 f"SC2PATH={tmp_path / 'no-game'}")
+    assert "set SC2PATH to that folder" in out.stderr and "Traceback" not in out.stderr
+    assert not runs.exists()  # no run directory, no Redis, no learner or actor
