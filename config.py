@@ -58,20 +58,22 @@ class RunConfig:
 @dataclass
 class EnvConfig:
     name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, battle, "
-                   "mpe:<scenario>, gym:<id>, pettingzoo:<module>")
+                   "mpe:<scenario>, gym:<id>, pettingzoo:<module>, sc2:<map>")
     kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
 
 
 @dataclass
 class AgentConfig:
-    torso: str = _f("conv", "network torso: conv (board games) or mlp")
+    torso: str = _f("conv", "network torso: conv (board games), mlp, or fullyconv (StarCraft II, SC2LE's FullyConv)")
     channels: int = _f(64, "conv torso: channels of each 3x3 conv layer")
     conv_layers: int = _f(2, "conv torso: number of conv layers")
     kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)")
     padding: str = _f("same", "conv torso: same (keep the board size) or valid (no padding)")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
+    sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
+                            "in this many channels, smaller ones one-hot")
 
 
 @dataclass
@@ -273,7 +275,14 @@ def validate(cfg: Config) -> None:
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
-        (cfg.agent.torso in ("conv", "mlp"), "agent.torso must be conv or mlp"),
+        (cfg.agent.torso in ("conv", "mlp", "fullyconv"), "agent.torso must be conv, mlp or fullyconv"),
+        ((cfg.agent.torso == "fullyconv") == cfg.env.name.startswith("sc2:"),
+         "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
+        (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
+        (spec.kind != "sc2" or cfg.env.kwargs.get("screen_size", 32) == cfg.env.kwargs.get("minimap_size", 32),
+         "agent.torso=fullyconv needs env.kwargs.minimap_size equal to env.kwargs.screen_size (default 32)"),
+        (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
+         "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
         (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
          "agent.padding=same needs an odd agent.kernel_size"),
@@ -355,6 +364,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
     from evaluation.bots import make_bot
 
+    if cfg.env.name.startswith("sc2:") and league.enabled and league.bots:
+        raise ConfigError("league.bots: the baseline bots play Discrete actions, not StarCraft II; set league.bots: [] "
+                          "(env.kwargs.bot plays against the game's built-in bot)")
     for bot in league.bots if league.enabled else ():
         try:
             make_bot(bot, cfg.env.name)

@@ -125,6 +125,18 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(args.config, args.overrides)
 
 
+def _require_game(cfg: Config) -> None:
+    """StarCraft II runs stop here, before any actor starts, when the game is not installed."""
+    if cfg.env.name.startswith("sc2:"):
+        from envs.sc2_wrappers.compat import SC2NotInstalledError
+        from envs.sc2_wrappers.env import check_game_installed
+
+        try:
+            check_game_installed(cfg.env.name, cfg.env.kwargs)
+        except SC2NotInstalledError as e:
+            raise ConfigError(str(e)) from None
+
+
 def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
     from distributed.launcher import REDIS_URL_ENV
 
@@ -162,6 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from distributed.transport import connect
 
     cfg = _load(args)
+    _require_game(cfg)
     if args.eval_games > MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
     url = _redis_url(args, cfg)
@@ -186,7 +199,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
                  "continues it", args.config, cfg.run.name)
     if finished and checkpoint.exists() and args.eval_games > 0:
-        _final_evaluation(checkpoint, args.eval_games)
+        if cfg.env.name.startswith("sc2:"):
+            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
+                     "checkpoint: %s", checkpoint)
+        else:
+            _final_evaluation(checkpoint, args.eval_games)
     return code
 
 
@@ -261,6 +278,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     from distributed.actor import run_actor
 
     cfg = _load(args)
+    _require_game(cfg)
     if args.actor_id < 0:
         raise ConfigError("--actor-id must be >= 0")
     url = _redis_url(args, cfg)

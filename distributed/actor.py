@@ -18,7 +18,7 @@ import redis
 import torch
 from safetensors import SafetensorError
 
-from agents.network import ActorCritic, explore, sample_actions
+from agents.heads import make_model, policy_head
 from config import Config, ConfigError
 from distributed.codec import UnrollSpec, decode_weights, encode_unroll
 from distributed.params import ParamStore
@@ -44,25 +44,30 @@ class UnrollBuffer:
     def __init__(self, spec: UnrollSpec):
         self.T = spec.unroll_length
         self.arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
+        self.stepped = [name for name in self.arrays if name.startswith("obs") or name == "action_mask"]  # T+1 long
+        self.behaviour = "behaviour_logits" if "behaviour_logits" in self.arrays else "behaviour_log_probs"
         self.n = 0  # observed steps in the current unroll
 
-    def observe(self, obs: np.ndarray, action_mask: np.ndarray) -> dict[str, np.ndarray] | None:
+    def observe(self, obs: np.ndarray | dict[str, np.ndarray], action_mask: np.ndarray) -> dict[str, np.ndarray] | None:
+        """obs: one array, or a dict of named arrays (stored as `obs.<name>`, see UnrollSpec)."""
         a = self.arrays
-        a["obs"][self.n] = obs
+        for name, value in (obs.items() if isinstance(obs, dict) else [("", obs)]):
+            a[f"obs.{name}" if name else "obs"][self.n] = value
         a["action_mask"][self.n] = action_mask
         self.n += 1
         if self.n <= self.T:
             return None
         unroll = {name: array.copy() for name, array in a.items()}
-        a["obs"][0] = a["obs"][self.T]
-        a["action_mask"][0] = a["action_mask"][self.T]
+        for name in self.stepped:
+            a[name][0] = a[name][self.T]
         self.n = 1
         return unroll
 
-    def record_action(self, action: int, logits: np.ndarray) -> None:
+    def record_action(self, action: int | np.ndarray, behaviour: np.ndarray) -> None:
+        """The action taken at the open step and mu's record of it (logits, or per-head log-probs)."""
         t = self.n - 1
         self.arrays["action"][t] = action
-        self.arrays["behaviour_logits"][t] = logits
+        self.arrays[self.behaviour][t] = behaviour
         self.arrays["reward"][t] = 0.0
         self.arrays["done"][t] = 0
 
@@ -89,13 +94,13 @@ class Opponents:
         self.spec = spec
         self.seed = seed
         self.store = LeagueStore(client, cfg.run.name)
-        self.snapshots: OrderedDict[str, ActorCritic] = OrderedDict()
-        self.learners: dict[str, tuple[ParamStore, int, ActorCritic]] = {}
+        self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
+        self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
 
-    def _model(self, state_dict: dict[str, torch.Tensor]) -> ActorCritic:
-        model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent)
+    def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+        model = make_model(self.spec, self.cfg.agent)
         model.load_state_dict(state_dict)
         return model.eval()
 
@@ -106,7 +111,7 @@ class Opponents:
             self.failed.add(opponent_id)
 
     def get(self, opponent_id: str, in_use: set[str] = frozenset()):
-        """An ActorCritic or a bot for `opponent_id`, or None (see the class doc). Snapshots in
+        """A network or a bot for `opponent_id`, or None (see the class doc). Snapshots in
         `in_use` (the opponents of running episodes) are never dropped from the cache."""
         if opponent_id in self.snapshots:
             self.snapshots.move_to_end(opponent_id)
@@ -178,8 +183,9 @@ class Actor:
         self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs)
                      for i in range(cfg.actor.num_envs)]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
-        self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent)
+        self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
+        self.head = policy_head(self.spec)
         # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
         # policy as it is, others see the positions that off-policy moves lead to.
         self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
@@ -301,12 +307,10 @@ class Actor:
         if learning:
             obs, masks = self.stack(steps, learning)
             logits = self.forward(self.model, obs, masks)
-            if self.cfg.actor.epsilon > 0:
-                logits = explore(logits, masks, self.epsilons[[i for i, _ in learning]])
-            chosen = sample_actions(logits, self.rng).tolist()
-            logits_np = logits.numpy()
+            drawn, behaviour = self.head.sample(logits, masks, self.epsilons[[i for i, _ in learning]], self.rng)
+            chosen, behaviour_np = drawn.numpy(), behaviour.numpy()
             for n, (i, k) in enumerate(learning):
-                self.buffers[i][steps[i].agents[k]].record_action(chosen[n], logits_np[n])
+                self.buffers[i][steps[i].agents[k]].record_action(chosen[n], behaviour_np[n])
                 actions[i][k] = chosen[n]
         in_use = set(self.opponent)
         for opponent_id, pairs in by_opponent.items():
@@ -315,22 +319,29 @@ class Actor:
             policy = self.opponents.get(opponent_id, in_use)
             if policy is None:
                 policy = self.model
-            if isinstance(policy, ActorCritic):
-                chosen = sample_actions(self.forward(policy, *self.stack(steps, pairs)), self.rng).tolist()
+            if isinstance(policy, torch.nn.Module):
+                obs, masks = self.stack(steps, pairs)
+                chosen = self.head.sample(self.forward(policy, obs, masks), masks, torch.zeros(len(pairs)),
+                                          self.rng)[0].numpy()
             else:  # a bot
-                chosen = [policy.act(steps[i].observations[k], steps[i].action_masks[k]) for i, k in pairs]
+                chosen = [int(policy.act(steps[i].observations[k], steps[i].action_masks[k])) for i, k in pairs]
             for (i, k), action in zip(pairs, chosen):
-                actions[i][k] = int(action)
+                actions[i][k] = action
         return actions
 
     @staticmethod
-    def stack(steps: list, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Observations [N, *obs_shape] and action masks [N, A] of acting agents `pairs` (env, index)."""
-        return (torch.from_numpy(np.stack([steps[i].observations[k] for i, k in pairs])),
-                torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs])))
+    def stack(steps: list, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
+        """Observations [N, *obs_shape] (a dict of such per name for envs with several observation
+        arrays) and action masks [N, A] of acting agents `pairs` (env, index)."""
+        observations = [steps[i].observations[k] for i, k in pairs]
+        if isinstance(observations[0], dict):
+            obs = {name: torch.from_numpy(np.stack([o[name] for o in observations])) for name in observations[0]}
+        else:
+            obs = torch.from_numpy(np.stack(observations))
+        return obs, torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs]))
 
     @staticmethod
-    def forward(model: ActorCritic, obs: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    def forward(model: torch.nn.Module, obs, masks: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             logits, _ = model(obs, masks)
         return logits

@@ -38,6 +38,13 @@ class UnrollSpec:
     reward          [T]                float32    (reward settled on that step, see envs/aec.py)
     done            [T]                uint8      (1 = the episode ended with this step)
     behaviour_logits [T, A]            float32    (mu's masked logits, MASKED_LOGIT on illegal actions)
+
+    Envs with several observation arrays and multi-head actions (`env.obs_arrays`, `env.action_heads`:
+    StarCraft II) carry instead, with H heads:
+    obs.<name>      [T+1, *shape]      its dtype  (one per observation array)
+    action          [T, H]             int64      (head 0 is checked against action_mask)
+    behaviour_log_probs [T, H]         float32    (log mu_h(a_h|x) per head, 0 for heads the action
+                                                   does not use: log mu(a|x) is their sum)
     """
 
     env: EnvSpec
@@ -45,14 +52,20 @@ class UnrollSpec:
 
     @property
     def arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-        T, A = self.unroll_length, self.env.num_actions
+        T, A, heads = self.unroll_length, self.env.num_actions, self.env.action_heads
+        if self.env.obs_arrays is None:
+            obs = {"obs": (self.env.obs_dtype, (T + 1, *self.env.obs_shape))}
+        else:
+            obs = {f"obs.{name}": (dtype, (T + 1, *shape)) for name, shape, dtype in self.env.obs_arrays}
+        behaviour = {"behaviour_logits": (np.dtype(np.float32), (T, A))} if heads is None else {
+            "behaviour_log_probs": (np.dtype(np.float32), (T, len(heads)))}
         return {
-            "obs": (self.env.obs_dtype, (T + 1, *self.env.obs_shape)),
+            **obs,
             "action_mask": (np.dtype(np.uint8), (T + 1, A)),
-            "action": (np.dtype(np.int64), (T,)),
+            "action": (np.dtype(np.int64), (T,) if heads is None else (T, len(heads))),
             "reward": (np.dtype(np.float32), (T,)),
             "done": (np.dtype(np.uint8), (T,)),
-            "behaviour_logits": (np.dtype(np.float32), (T, A)),
+            **behaviour,
         }
 
 
@@ -126,14 +139,14 @@ def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...])
 
 def _check_values(arrays: dict[str, np.ndarray], spec: UnrollSpec) -> None:
     A = spec.env.num_actions
-    for name in ("reward", "behaviour_logits"):
-        if not np.isfinite(arrays[name]).all():
+    for name, array in arrays.items():
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise DecodeError(f"array '{name}' has non-finite values")
-    if np.issubdtype(arrays["obs"].dtype, np.floating) and not np.isfinite(arrays["obs"]).all():
-        raise DecodeError("array 'obs' has non-finite values")
     action = arrays["action"]
-    if action.min() < 0 or action.max() >= A:
-        raise DecodeError(f"action out of range [0, {A})")
+    if action.min() < 0 or (action >= np.array(spec.env.action_heads or A)).any():
+        raise DecodeError(f"action out of range [0, {spec.env.action_heads or A})")
+    if action.ndim == 2:  # multi-head: the mask is over head 0
+        action = action[:, 0]
     if arrays["done"].max() > 1 or arrays["action_mask"].max() > 1:
         raise DecodeError("done and action_mask must be 0 or 1")
     if not arrays["action_mask"][np.arange(len(action)), action].all():

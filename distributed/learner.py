@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import redis
 import torch
-import torch.nn.functional as F
 
-from agents.network import ActorCritic
+from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
@@ -44,9 +43,14 @@ CHECKPOINT_NAME = "latest.safetensors"
 @dataclass
 class Batch:
     """B unrolls stacked time-major. obs [T+1, B, *obs_shape]; action_mask [T+1, B, A];
-    action [T, B] int64; reward [T, B]; done [T, B] bool; behaviour_logits [T, B, A]."""
+    action [T, B] int64; reward [T, B]; done [T, B] bool; behaviour_logits [T, B, A].
 
-    obs: torch.Tensor
+    Envs with several observation arrays and multi-head actions (StarCraft II, see UnrollSpec): obs is
+    a dict name -> [T+1, B, ...], action [T, B, H], and `behaviour_logits` holds the unroll's
+    `behaviour_log_probs`, log mu_h(a_h|x) [T, B, H]: whatever the policy head records (agents/heads.py).
+    """
+
+    obs: torch.Tensor | dict[str, torch.Tensor]
     action_mask: torch.Tensor
     action: torch.Tensor
     reward: torch.Tensor
@@ -58,8 +62,11 @@ class Batch:
         def stacked(name: str) -> torch.Tensor:
             return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1)).to(device, non_blocking=True)
 
-        return cls(obs=stacked("obs"), action_mask=stacked("action_mask"), action=stacked("action"),
-                   reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=stacked("behaviour_logits"))
+        names = unrolls[0]
+        obs = stacked("obs") if "obs" in names else {n[4:]: stacked(n) for n in names if n.startswith("obs.")}
+        behaviour = stacked("behaviour_logits" if "behaviour_logits" in names else "behaviour_log_probs")
+        return cls(obs=obs, action_mask=stacked("action_mask"), action=stacked("action"),
+                   reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=behaviour)
 
     def with_mirror(self, spec: EnvSpec) -> "Batch":
         """This batch and its reflection through the board's symmetry, side by side: [.., 2B, ..]."""
@@ -75,8 +82,13 @@ class Batch:
         )
 
 
-def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig) -> dict[str, float]:
+def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig,
+               head: DiscreteHead | FunctionCallHead | None = None) -> dict[str, float]:
     """One IMPALA update on `batch`. Returns the losses and V-trace diagnostics as floats.
+
+    `head` (agents/heads.py, default one Discrete action) gives log pi(a|x), log mu(a|x) and the
+    entropy; for multi-head actions they are sums over the heads the action uses, so
+    log_rho = log pi(a|x) - log mu(a|x) is the sum of the per-head log-ratios.
 
     loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
       policy_gradient_loss = -mean(pg_rho_t * (r_t + gamma_t v_{t+1} - V(x_t)) * log pi(a_t|x_t)),
@@ -84,19 +96,22 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
       entropy_loss         = -mean(H(pi(.|x_t))),
     v_t from V-trace (eq. 1) and means over the T x B steps (a sum would tie the step size to T x B).
     """
-    T, B = batch.action.shape
-    logits, values = model(batch.obs.flatten(0, 1), batch.action_mask.flatten(0, 1))
+    head = head or DiscreteHead()
+    T, B = batch.reward.shape
+    obs = ({k: v.flatten(0, 1) for k, v in batch.obs.items()} if isinstance(batch.obs, dict)
+           else batch.obs.flatten(0, 1))
+    logits, values = model(obs, batch.action_mask.flatten(0, 1))
     logits, values = logits.view(T + 1, B, -1), values.view(T + 1, B)
     discounts = (~batch.done).float() * cfg.discount
-    vt = vtrace.from_logits(
-        behaviour_policy_logits=batch.behaviour_logits, target_policy_logits=logits[:-1], actions=batch.action,
-        discounts=discounts, rewards=batch.reward, values=values[:-1].detach(), bootstrap_value=values[-1].detach(),
-        clip_rho_threshold=cfg.clip_rho_threshold, clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
-        clip_c_threshold=cfg.clip_c_threshold, lambda_=cfg.lambda_)
-    policy_gradient_loss = -(vt.target_action_log_probs * vt.pg_advantages).mean()
+    target_action_log_probs = head.log_prob(logits[:-1], batch.action)
+    log_rhos = (target_action_log_probs - head.behaviour_log_prob(batch.behaviour_logits, batch.action)).detach()
+    vt = vtrace.from_importance_weights(
+        log_rhos=log_rhos, discounts=discounts, rewards=batch.reward, values=values[:-1].detach(),
+        bootstrap_value=values[-1].detach(), clip_rho_threshold=cfg.clip_rho_threshold,
+        clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, clip_c_threshold=cfg.clip_c_threshold, lambda_=cfg.lambda_)
+    policy_gradient_loss = -(target_action_log_probs * vt.pg_advantages).mean()
     baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
-    log_pi = F.log_softmax(logits[:-1], -1)
-    entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
+    entropy = head.entropy(logits[:-1], batch.action).mean()
     loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
 
     optimizer.zero_grad(set_to_none=True)
@@ -110,7 +125,7 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
     else:
         optimizer.step()
 
-    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
+    rhos = log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
     stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
                          (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
                          (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
@@ -154,7 +169,8 @@ class Learner:
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.device = pick_device(cfg.learner.device)
         torch.manual_seed(cfg.run.seed)
-        self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent).to(self.device)
+        self.model = make_model(self.spec, cfg.agent).to(self.device)
+        self.head = policy_head(self.spec)
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
         self.restored_resets: int | None = None  # league resets this learner's checkpoint had applied
@@ -220,7 +236,7 @@ class Learner:
             return
         self.resets_seen = count
         torch.manual_seed(self.cfg.run.seed + 7919 * count)
-        self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent).to(self.device)
+        self.model = make_model(self.spec, self.cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
@@ -310,7 +326,7 @@ class Learner:
         batch = Batch.stack(unrolls, self.device)
         if self.mirror:
             batch = batch.with_mirror(self.spec)
-        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner)
+        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])

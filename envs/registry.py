@@ -7,6 +7,8 @@ Names:
 * `gym:<id>`: any registered gymnasium env, e.g. `gym:CartPole-v1` (one agent).
 * `pettingzoo:<module>`: any PettingZoo env module by import path, e.g.
   `pettingzoo:pettingzoo.classic.go_v5`; its `parallel_env` is used where it has one, else its `env`.
+* `sc2:<map>`: StarCraft II through pysc2 (envs/sc2_wrappers/), e.g. `sc2:MoveToBeacon`, `sc2:Simple64`;
+  its kwargs are `envs.sc2_wrappers.env.SC2Settings`.
 
 `kwargs` (the config's `env.kwargs`) are passed to the env's constructor (e.g. `map_size` for battle).
 """
@@ -38,7 +40,11 @@ class EnvSpec:
       outcomes, evaluation and the league.
     agents: every agent (PettingZoo `possible_agents`); agent_seats[i] is the seat of agent i. In the
       board games each agent is its own seat; in a battle every unit of a team shares its seat.
-    kind: "aec" (turn-based), "parallel" (simultaneous moves) or "gym" (one agent).
+    kind: "aec" (turn-based), "parallel" (simultaneous moves), "gym" (one agent) or "sc2".
+    obs_arrays: for envs whose observation is several named arrays (StarCraft II), (name, shape,
+      dtype) of each; None = one array of obs_shape / obs_dtype.
+    action_heads: for multi-head actions (StarCraft II FunctionCalls), the number of choices of each
+      head, head 0 being masked by `action_mask` [num_actions]; None = one Discrete(num_actions).
     mirror_actions: for a game symmetric under reflecting observation axis `mirror_axis`, the action
       that each action becomes under the reflection; None where the game has no such symmetry.
     version: the versioned env module the game comes from (e.g. `connect_four_v3`); replays record it
@@ -56,6 +62,8 @@ class EnvSpec:
     agents: tuple[str, ...] = ()
     agent_seats: tuple[int, ...] = ()
     kind: str = "aec"
+    obs_arrays: Optional[tuple[tuple[str, tuple[int, ...], np.dtype], ...]] = None
+    action_heads: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if not self.agents:  # turn-based board games: one agent per seat
@@ -80,7 +88,7 @@ _BOARD_GAMES = {
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
 ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle")
-PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:")
+PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:", "sc2:")
 
 
 def _import(module: str, name: str):
@@ -211,6 +219,10 @@ def _game(name: str, kwargs_json: str) -> _Game:
         def make(render_mode: Optional[str] = None):
             return gymnasium.make(env_id, render_mode=render_mode, **kwargs)
         return _probe(name, "gym", make, env_id)
+    if name.startswith("sc2:"):
+        from envs.sc2_wrappers.env import sc2_spec
+
+        return _Game(sc2_spec(name, kwargs), (), lambda render_mode=None: None)
     close = difflib.get_close_matches(name, ENV_NAMES, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     raise ValueError(f"unknown env '{name}'{hint}; valid: {', '.join(ENV_NAMES)}, or a name starting with "
@@ -249,6 +261,10 @@ def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, r
     make = functools.partial(game.make, render_mode)
     if spec.kind == "aec":
         return AECAdapter(make, seed, game.encoders, spec.num_actions)
+    if spec.kind == "sc2":
+        from envs.sc2_wrappers.env import SC2Adapter, sc2_game
+
+        return SC2Adapter(sc2_game(name, kwargs), seed)
     if spec.kind == "gym":
         return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions)
     return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome)

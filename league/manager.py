@@ -28,7 +28,7 @@ import redis
 import torch
 from safetensors import SafetensorError
 
-from agents.network import ActorCritic
+from agents.heads import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from distributed.codec import decode_weights, encode_weights
@@ -175,7 +175,7 @@ class LeagueManager:
         snapshot_id = f"{player}-{step:07d}"
         if snapshot_id in self.members:
             return None
-        model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent)
+        model = make_model(self.spec, self.cfg.agent)
         try:
             model.load_state_dict(decode_weights(data))
         except (RuntimeError, SafetensorError) as e:

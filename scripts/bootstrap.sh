@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv at the repository root (if missing) and install the pinned requirements.
-# Re-running is cheap: it reinstalls only when requirements.txt changed.
+# Re-running is cheap: it reinstalls only when requirements.txt or requirements-sc2.txt changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,12 +9,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-sc2.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing requirements into .venv (first time takes a minute or two)"
   # pip warns once per package about local index folders this machine's pip config may name; hide only those.
   quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
   quiet .venv/bin/python -m pip install --quiet --upgrade pip
   quiet .venv/bin/python -m pip install --quiet -r requirements.txt
+  quiet .venv/bin/python -m pip install --quiet --no-deps -r requirements-sc2.txt
   echo "$want" > "$stamp"
 fi

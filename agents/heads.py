@@ -1,0 +1,109 @@
+"""Policy heads: how the actor samples from a network's logits and how the learner scores actions.
+
+The actor and the learner call one interface for every env:
+* `DiscreteHead`: one Discrete action masked by `action_mask` (board games, battle, MPE, gym).
+  The behaviour record is mu's masked logits [A].
+* `FunctionCallHead`: pysc2 FunctionCalls (envs/sc2_wrappers/actions.py). The network's logits are
+  its heads' logits side by side, [..., sum of head sizes]; an action is int64 [H]; the behaviour
+  record is log mu_h(a_h|x) per head [H] (0 for heads the action does not use).
+In both, log pi(a|x) is what V-trace's log_rho = log pi(a|x) - log mu(a|x) and the policy gradient use.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agents.network import explore, sample_actions
+from distributed.vtrace import action_log_probs
+
+
+class DiscreteHead:
+    """One Discrete(A) action; logits [..., A] are already masked (agents.network.mask_logits)."""
+
+    behaviour_key = "behaviour_logits"
+
+    def sample(self, logits: torch.Tensor, masks: torch.Tensor, epsilon: torch.Tensor,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions int64 [N] from mu = (1 - epsilon) pi + epsilon uniform(legal) (epsilon [N]), and mu's
+        logits [N, A] for the unroll."""
+        if bool((epsilon > 0).any()):
+            logits = explore(logits, masks, epsilon)
+        return sample_actions(logits, generator), logits
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a|x): logits [T, B, A], actions int64 [T, B] -> [T, B]."""
+        return action_log_probs(logits, actions)
+
+    def behaviour_log_prob(self, behaviour: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log mu(a|x) from the recorded behaviour logits [T, B, A] -> [T, B]."""
+        return action_log_probs(behaviour, actions)
+
+    def entropy(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """H(pi(.|x)) [T, B]; masked actions have probability exactly 0 and add 0."""
+        log_pi = torch.log_softmax(logits, -1)
+        return -(log_pi.exp() * log_pi).sum(-1)
+
+
+class FunctionCallHead:
+    """pysc2 FunctionCalls through `codec` (a FunctionCallCodec); see the module doc for the layout."""
+
+    behaviour_key = "behaviour_log_probs"
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.sizes = [h.size for h in codec.heads]
+
+    def split(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """[..., sum of sizes] -> one [..., size] tensor per head."""
+        return list(torch.split(logits, self.sizes, -1))
+
+    def sample(self, logits: torch.Tensor, masks: torch.Tensor, epsilon: torch.Tensor,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions int64 [N, H] drawn from pi, and log pi_h(a_h|x) [N, H] for the unroll (mu = pi:
+        StarCraft II runs have no epsilon exploration; the config refuses actor.epsilon > 0)."""
+        heads = self.split(logits)
+        actions = self.codec.sample(heads, generator)
+        return actions, self.codec.head_log_probs(heads, actions)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a|x) = sum over the heads the function uses: [T, B, sum], [T, B, H] -> [T, B]."""
+        return self.codec.log_prob(self.split(logits), actions)
+
+    def behaviour_log_prob(self, behaviour: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log mu(a|x) = sum of the recorded per-head log-probs [T, B, H] -> [T, B]."""
+        return behaviour.sum(-1)
+
+    def entropy(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Entropy summed over the function head and the argument heads the taken function uses."""
+        return self.codec.entropy(self.split(logits), actions[..., 0])
+
+
+def _sc2_sizes(spec) -> tuple[int, int]:
+    """(screen_size, minimap_size) of a StarCraft II spec, read from its observation arrays."""
+    shapes = {name: shape for name, shape, _ in spec.obs_arrays}
+    return shapes["screen"][-1], shapes["minimap"][-1]
+
+
+def policy_head(spec) -> DiscreteHead | FunctionCallHead:
+    """The head for EnvSpec `spec`: FunctionCallHead for StarCraft II (kind "sc2"), DiscreteHead otherwise."""
+    if spec.kind == "sc2":
+        from envs.sc2_wrappers.actions import FunctionCallCodec
+
+        return FunctionCallHead(FunctionCallCodec(*_sc2_sizes(spec)))
+    return DiscreteHead()
+
+
+def make_model(spec, cfg) -> nn.Module:
+    """The actor-critic network for EnvSpec `spec` and AgentConfig `cfg`: SC2LE's FullyConv for
+    StarCraft II, else agents.network.ActorCritic. Both are called as `model(obs, action_mask)`."""
+    if spec.kind == "sc2":
+        from agents.fullyconv import FullyConv
+        from envs.sc2_wrappers.actions import FunctionCallCodec
+        from envs.sc2_wrappers.observation import SC2ObservationSpec
+
+        sizes = _sc2_sizes(spec)
+        return FullyConv(SC2ObservationSpec(*sizes), FunctionCallCodec(*sizes), cfg)
+    from agents.network import ActorCritic
+
+    return ActorCritic(spec.obs_shape, spec.num_actions, cfg)
