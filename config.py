@@ -25,6 +25,7 @@ MAX_ACTORS = 256
 MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
 MAX_BUFFERED_STEPS = 2_000_000
+CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
@@ -98,6 +99,8 @@ class LearnerConfig:
     clip_pg_rho_threshold: Optional[float] = _f(1.0, "pg-rho-bar; null = no clipping")
     clip_c_threshold: Optional[float] = _f(1.0, "c-bar; null = no clipping")
     lambda_: float = _f(1.0, "V-trace lambda (multiplies the c's)")
+    correction: str = _f("vtrace", "off-policy correction (IMPALA Table 2): vtrace, is1 (1-step importance "
+                         "sampling), epsilon (log(pi + 1e-6)) or none")
     mirror_augment: bool = _f(True, "also train on the left-right mirror of each unroll (symmetric boards only)")
     publish_every: int = _f(1, "publish weights every N updates")
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
@@ -267,6 +270,8 @@ def validate(cfg: Config) -> None:
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
         (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
+        (cfg.learner.correction in CORRECTIONS,
+         "learner.correction must be vtrace, is1, epsilon or none"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),

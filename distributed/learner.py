@@ -15,6 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import redis
@@ -75,25 +76,77 @@ class Batch:
         )
 
 
+EPSILON_CORRECTION = 1e-6  # the epsilon of the paper's epsilon-correction: log(pi + epsilon)
+
+
+class Targets(NamedTuple):
+    """What the losses need from one correction; every field [T, B] float.
+
+    vs: value targets (no gradient). pg_advantages: the advantages in front of the policy's log-prob
+    (no gradient). log_pi: the log-prob term of the policy gradient, with gradient. log_rhos:
+    log pi(a_t|x_t) - log mu(a_t|x_t), unclipped, for the diagnostics (no gradient).
+    """
+
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+    log_pi: torch.Tensor
+    log_rhos: torch.Tensor
+
+
+def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch, cfg: LearnerConfig) -> Targets:
+    """Value targets and policy-gradient advantages under the off-policy correction `cfg.correction`
+    (IMPALA, Espeholt et al. 2018, Table 2 and appendix D):
+
+      vtrace  vs from V-trace (eq. 1); advantage min(pg_rho_bar, rho_t) (r_t + gamma_t v_{t+1} - V(x_t)).
+      is1     vs uncorrected n-step returns; the advantage weighted by this step's own ratio only,
+              min(pg_rho_bar, rho_t) (1-step importance sampling).
+      epsilon vs uncorrected; no weight; log pi in the policy gradient is log(pi + 1e-6), which
+              bounds it when the behaviour policy took an action that pi now gives ~0 probability.
+      none    vs uncorrected n-step returns; no weight.
+
+    "Uncorrected" = V-trace with every rho and c set to 1 (with learner.lambda_=1, the n-step
+    bootstrapped returns). logits [T+1, B, A] (masked), values [T+1, B], both with gradient.
+    """
+    discounts = (~batch.done).float() * cfg.discount
+    log_pi = vtrace.action_log_probs(logits[:-1], batch.action)
+    log_mu = vtrace.action_log_probs(batch.behaviour_logits, batch.action)
+    log_rhos = (log_pi - log_mu).detach()
+    targets = dict(discounts=discounts, rewards=batch.reward, values=values[:-1].detach(),
+                   bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_)
+    if cfg.correction == "vtrace":
+        vt = vtrace.from_importance_weights(log_rhos, clip_rho_threshold=cfg.clip_rho_threshold,
+                                            clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
+                                            clip_c_threshold=cfg.clip_c_threshold, **targets)
+        return Targets(vt.vs, vt.pg_advantages, log_pi, log_rhos)
+    plain = vtrace.from_importance_weights(torch.zeros_like(log_rhos), clip_rho_threshold=None,
+                                           clip_pg_rho_threshold=None, clip_c_threshold=None, **targets)
+    if cfg.correction == "is1":
+        rhos = log_rhos.exp() if cfg.clip_pg_rho_threshold is None else log_rhos.clamp(
+            max=math.log(cfg.clip_pg_rho_threshold)).exp()
+        return Targets(plain.vs, rhos * plain.pg_advantages, log_pi, log_rhos)
+    if cfg.correction == "epsilon":
+        pi = F.softmax(logits[:-1], -1).gather(-1, batch.action.unsqueeze(-1)).squeeze(-1)
+        return Targets(plain.vs, plain.pg_advantages, torch.log(pi + EPSILON_CORRECTION), log_rhos)
+    return Targets(plain.vs, plain.pg_advantages, log_pi, log_rhos)
+
+
 def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig) -> dict[str, float]:
     """One IMPALA update on `batch`. Returns the losses and V-trace diagnostics as floats.
 
     loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
-      policy_gradient_loss = -mean(pg_rho_t * (r_t + gamma_t v_{t+1} - V(x_t)) * log pi(a_t|x_t)),
+      policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),
       baseline_loss        = mean(0.5 * (v_t - V(x_t))^2),
       entropy_loss         = -mean(H(pi(.|x_t))),
-    v_t from V-trace (eq. 1) and means over the T x B steps (a sum would tie the step size to T x B).
+    v_t and pg_advantage_t from the off-policy correction `cfg.correction` (see `off_policy_targets`;
+    V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
+    The diagnostics mean_rho, rho_clipped_fraction and c_clipped_fraction describe the batch's
+    importance ratios pi/mu, whichever correction is used.
     """
     T, B = batch.action.shape
     logits, values = model(batch.obs.flatten(0, 1), batch.action_mask.flatten(0, 1))
     logits, values = logits.view(T + 1, B, -1), values.view(T + 1, B)
-    discounts = (~batch.done).float() * cfg.discount
-    vt = vtrace.from_logits(
-        behaviour_policy_logits=batch.behaviour_logits, target_policy_logits=logits[:-1], actions=batch.action,
-        discounts=discounts, rewards=batch.reward, values=values[:-1].detach(), bootstrap_value=values[-1].detach(),
-        clip_rho_threshold=cfg.clip_rho_threshold, clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
-        clip_c_threshold=cfg.clip_c_threshold, lambda_=cfg.lambda_)
-    policy_gradient_loss = -(vt.target_action_log_probs * vt.pg_advantages).mean()
+    vt = off_policy_targets(logits, values, batch, cfg)
+    policy_gradient_loss = -(vt.log_pi * vt.pg_advantages).mean()
     baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
     log_pi = F.log_softmax(logits[:-1], -1)
     entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
