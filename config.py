@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 MAX_ACTORS = 256
 MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
+MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
@@ -78,6 +79,8 @@ class ActorConfig:
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
     unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
+    weight_delay: int = _f(0, "act with the weights K publishes behind the learner's latest (policy lag on "
+                           "purpose, for the off-policy correction study); 0 = the latest")
     epsilon: float = _f(0.0, "exploration: env i plays uniformly random legal moves with probability "
                         "epsilon * i / (num_envs - 1); V-trace corrects for it")
     high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls")
@@ -266,6 +269,8 @@ def validate(cfg: Config) -> None:
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
         (0.0 <= cfg.actor.epsilon <= 1.0, "actor.epsilon must be in [0, 1]"),
         (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
+        (0 <= cfg.actor.weight_delay <= MAX_WEIGHT_DELAY,
+         f"actor.weight_delay must be in [0, {MAX_WEIGHT_DELAY}] (Redis keeps that many copies of the weights)"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
         (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),

@@ -185,7 +185,7 @@ class Actor:
         own = namespace(cfg.run.name, player)
         self.trajectories = TrajectoryStream(self.redis, own)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, own)
+        self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         self.opponents = Opponents(self.redis, cfg, self.spec, seed)
         self.distribution: dict[str, float] | None = None

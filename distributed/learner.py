@@ -220,7 +220,7 @@ class Learner:
         self.namespace = namespace(cfg.run.name, player)
         self.trajectories = TrajectoryStream(self.redis, self.namespace)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, self.namespace)
+        self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         # A reset asked for while this learner was down is applied at once (see follow_league).
         self.resets_seen = (self.restored_resets if self.restored_resets is not None
