@@ -88,6 +88,8 @@ class ActorConfig:
 
 @dataclass
 class LearnerConfig:
+    algo: str = _f("impala", "impala (actors send unrolls, the learner corrects with learner.correction) or a3c "
+                   "(actors push n-step actor-critic gradients to a parameter server; no league)")
     device: str = _f("auto", "torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     batch_size: int = _f(32, "B: unrolls per update")
     optimizer: str = _f("adam", "adam or rmsprop")
@@ -275,6 +277,9 @@ def validate(cfg: Config) -> None:
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
         (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
+        (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
+        (cfg.learner.algo == "impala" or not cfg.league.enabled,
+         "learner.algo=a3c trains without a league: set league.enabled=false"),
         (cfg.learner.correction in CORRECTIONS,
          "learner.correction must be vtrace, is1, epsilon or none"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),

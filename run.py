@@ -216,7 +216,12 @@ def cmd_learner(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
-    run_learner(cfg, url, run_dir, resume=args.resume, player=player)
+    if cfg.learner.algo == "a3c":
+        from distributed.a3c import ParameterServer
+
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer)
+    else:
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player)
     return 0
 
 
@@ -256,7 +261,12 @@ def cmd_actor(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
-    run_actor(cfg, url, args.actor_id, _player(args, cfg))
+    if cfg.learner.algo == "a3c":
+        from distributed.a3c import A3CWorker
+
+        run_actor(cfg, url, args.actor_id, _player(args, cfg), actor_class=A3CWorker)
+    else:
+        run_actor(cfg, url, args.actor_id, _player(args, cfg))
     return 0
 
 

@@ -292,7 +292,9 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                          ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
         for name, (role, args, nice) in commands.items():
             workers[name] = _spawn(role, config_path, redis_url, args, nice)
-        log.info("started the learner (pid %d) and %s", learner.pid,
+        # With learner.algo=a3c the learner process is A3C's parameter server (run.py learner picks it).
+        log.info("started the %s (pid %d) and %s", "parameter server" if cfg.learner.algo == "a3c" else "learner",
+                 learner.pid,
                  ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
         while learner.poll() is None and not interrupted and not failure:

@@ -130,8 +130,8 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     return Targets(plain.vs, plain.pg_advantages, log_pi, log_rhos)
 
 
-def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig) -> dict[str, float]:
-    """One IMPALA update on `batch`. Returns the losses and V-trace diagnostics as floats.
+def actor_critic_loss(model: ActorCritic, batch: Batch, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The IMPALA loss on `batch` (with gradient) and its parts and diagnostics (0-dim tensors, no gradient).
 
     loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
       policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),
@@ -139,8 +139,9 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
       entropy_loss         = -mean(H(pi(.|x_t))),
     v_t and pg_advantage_t from the off-policy correction `cfg.correction` (see `off_policy_targets`;
     V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
-    The diagnostics mean_rho, rho_clipped_fraction and c_clipped_fraction describe the batch's
-    importance ratios pi/mu, whichever correction is used.
+    With correction `none` on on-policy unrolls this is A3C's n-step advantage actor-critic loss
+    (Mnih et al. 2016, Algorithm S3). The diagnostics mean_rho, rho_clipped_fraction and
+    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used.
     """
     T, B = batch.action.shape
     logits, values = model(batch.obs.flatten(0, 1), batch.action_mask.flatten(0, 1))
@@ -151,9 +152,17 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
     log_pi = F.log_softmax(logits[:-1], -1)
     entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
     loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
+    parts = {"loss": loss, "policy_gradient_loss": policy_gradient_loss, "baseline_loss": baseline_loss,
+             "entropy": entropy, "mean_rho": rhos.mean(),
+             "rho_clipped_fraction": (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
+             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()}
+    return loss, {k: v.detach() for k, v in parts.items()}
 
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> dict[str, float]:
+    """Clip the gradients in `model`'s .grad to global norm `cfg.grad_norm_clip` and step, unless that
+    norm is not finite. Returns {"grad_norm": norm before clipping, "skipped_update": 1.0 or 0.0}."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
     # A batch whose loss or gradient is not finite (finite but extreme values that overflow on the way,
     # e.g. rewards near float32's max) would turn every weight into nan for good: skip that update.
@@ -162,14 +171,17 @@ def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batc
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
+    return {"grad_norm": float(grad_norm), "skipped_update": float(skipped)}
 
-    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
-    stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
-                         (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
-                         (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
-    names = ["loss", "policy_gradient_loss", "baseline_loss", "entropy", "grad_norm", "mean_rho",
-             "rho_clipped_fraction", "c_clipped_fraction"]
-    return {**dict(zip(names, stats)), "skipped_update": float(skipped)}
+
+def learn_step(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig) -> dict[str, float]:
+    """One IMPALA update on `batch` (loss: `actor_critic_loss`). Returns the losses, grad_norm,
+    skipped_update and the V-trace diagnostics as floats."""
+    loss, parts = actor_critic_loss(model, batch, cfg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    step = optimizer_step(model, optimizer, cfg)
+    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:
@@ -230,6 +242,7 @@ class Learner:
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
+        self.batch_size = cfg.learner.batch_size  # stream entries per update
         self.metrics_file = metrics_path(self.run_dir, player).open("a")
         self.wandb = None
 
@@ -284,7 +297,7 @@ class Learner:
 
         Malformed entries go to the dead-letter stream and do not count towards B.
         """
-        B = self.cfg.learner.batch_size
+        B = self.batch_size
         ids, headers, unrolls = [], [], []
         while len(unrolls) < B:
             if self.stopping:
@@ -300,7 +313,7 @@ class Learner:
                 self.pending_cursor = entries[-1][0] if entries else None
             for entry_id, data in entries:
                 try:
-                    header, arrays = decode_unroll(data, self.unroll_spec)
+                    header, arrays = self.decode(data)
                 except DecodeError as e:
                     self.trajectories.dead_letter(entry_id, data, str(e))
                     log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), e)
@@ -309,6 +322,10 @@ class Learner:
                 headers.append(header)
                 unrolls.append(arrays)
         return ids, headers, unrolls
+
+    def decode(self, data: bytes) -> tuple[dict, object]:
+        """(header, payload) of one stream entry. Raises DecodeError."""
+        return decode_unroll(data, self.unroll_spec)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -341,10 +358,10 @@ class Learner:
             if got is None:
                 break
             ids, headers, unrolls = got
+            frames = self.frames
             stats = self.train_on(unrolls)
             self.trajectories.ack(ids)
-            window.add(cfg.actor.unroll_length * len(unrolls), [self.step - 1 - h["policy_version"] for h in headers],
-                       stats)
+            window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
             now = time.monotonic()
             if now - window.start >= cfg.run.log_every_s:
                 self.log_metrics(window, now)
@@ -461,10 +478,12 @@ def _plain(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
 
 
-def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN) -> None:
-    """Entry point of `run.py learner`: stop cleanly (final checkpoint) on SIGTERM/SIGINT."""
+def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
+                learner_class: type = Learner) -> None:
+    """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
+    cleanly (final checkpoint) on SIGTERM/SIGINT."""
     torch.set_num_threads(1)
-    learner = Learner(cfg, redis_url, run_dir, resume, player)
+    learner = learner_class(cfg, redis_url, run_dir, resume, player)
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
     try:
