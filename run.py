@@ -8,6 +8,9 @@
   evaluate  play a checkpoint against a baseline bot in both seats, or a round-robin of checkpoints,
             run directories and bots with Elo ratings
   replay    re-simulate a recorded game, check it, and show it (text boards, GIF)
+  compare   train several configurations one after another for the same wall clock and seeds
+            (IMPALA vs A3C, or the four off-policy corrections) and write a table and plots
+  report    one self-contained HTML page about run directories (or a compare output)
 
 Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
 """
@@ -45,6 +48,37 @@ REPLAY_HELP = """Re-simulate a game saved by `run.py evaluate --record DIR` in t
 seed, check every action is legal and that rewards and outcome match the record, and show it: a
 text board per move (X moves first), or only the last with --final; --gif writes an animation.
 A replay that does not re-simulate to what it records is an error (exit code 2).
+"""
+
+
+COMPARE_HELP = """Train several configurations one after another on this machine, each for the same
+wall-clock budget (--minutes) and the same seeds, then compare them.
+
+  --study algos        IMPALA against A3C (learner.algo=impala | a3c), with the config's actor
+                       counts for both: the IMPALA paper's Table 1 question (throughput)
+  --study corrections  learner.correction = vtrace | is1 | epsilon | none, with the actors acting on
+                       weights --lag published versions old (actor.weight_delay): its Table 2
+
+Every variant x seed is a normal `run.py train` run (without a league) in
+OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
+per variant (means over seeds; per-seed rows in the JSON):
+  SPS             env frames per second the learner (A3C: parameter server) trained on, mean
+  SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
+  frames          env frames trained on by the end of the budget
+  policy lag      learner updates between acting and learning (A3C: gradient staleness)
+  final score     the score at the end of the run
+  final score vs bot
+                  two-player games: the final checkpoint, greedy, against --eval-opponent in both
+                  seats (wins + draws / 2); self-play returns measure nothing there
+  score at equal wall clock / at equal frames
+                  the score when the shortest run ended, resp. at the fewest frames any run reached
+and curves_wall_clock.png, curves_frames.png (the score of every run against both axes).
+The score is the metric --metric of metrics.jsonl, by default league_score where recorded, else
+episode_return (the learning seat's return: the score of single-agent envs such as gym:CartPole-v1;
+~0 in two-player self-play). `run.py report OUT` shows it all on one page.
+
+  run.py compare --config configs/tictactoe.yaml --minutes 10 --seeds 0 1 2
+  run.py compare --config configs/cartpole.yaml --study corrections --lag 20 --minutes 5 --seeds 0 1 2
 """
 
 
@@ -108,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--final", action="store_true", help="print only the final board instead of one per move")
     p.add_argument("--gif", metavar="OUT.gif", help="also write an animated GIF of the env's own rendering, "
                    "one frame for the start and one per move")
+    p = sub.add_parser("compare", help="train several configurations for the same wall clock and compare them",
+                       description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _config_args(p)
+    p.add_argument("--study", default="algos", help="algos (IMPALA vs A3C, default) or corrections")
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
+    p.add_argument("--frames", type=int, help="also end each run at this many env frames (default: only the budget)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
+    p.add_argument("--lag", type=int, default=20, help="corrections study: actor.weight_delay, in published "
+                   "versions (default 20)")
+    p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
+                   "league_score, else episode_return)")
+    p.add_argument("--out", help="output folder (default <run.dir>/compare-<study>-<date>-<time>); must not exist")
+    p.add_argument("--eval-opponent", default="tactical", help="two-player games: the bot each final checkpoint "
+                   "plays for the 'final score vs bot' column (random, tactical, minimax:D; default tactical)")
+    p.add_argument("--eval-games", type=int, default=100, help="games per seat of that evaluation (0 = none)")
     return parser
 
 
@@ -374,6 +423,42 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import time
+
+    from analysis.compare import STUDIES, markdown_table, run_study
+    from config import MAX_WEIGHT_DELAY
+    from envs.registry import env_spec
+    from evaluation.bots import make_bot
+
+    cfg = _load(args)  # checks the config and overrides before anything runs
+    if not args.config:
+        raise ConfigError("compare needs --config (the experiment every variant starts from)")
+    if args.study not in STUDIES:
+        raise ConfigError(f"--study must be one of {', '.join(STUDIES)}")
+    if not args.minutes > 0 or (args.frames is not None and args.frames < 1):
+        raise ConfigError("--minutes must be > 0 and --frames >= 1")
+    if not 0 <= args.lag <= MAX_WEIGHT_DELAY:
+        raise ConfigError(f"--lag must be in [0, {MAX_WEIGHT_DELAY}]")
+    if not args.seeds or any(not 0 <= s < 2**31 for s in args.seeds):
+        raise ConfigError("--seeds must be in [0, 2**31)")
+    out = Path(args.out) if args.out else Path(cfg.run.dir) / f"compare-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists():
+        raise ConfigError(f"--out {out} exists; compare writes into a new folder")
+    if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
+    if args.eval_games and len(env_spec(cfg.env.name).seats) > 1:
+        try:
+            make_bot(args.eval_opponent, cfg.env.name)
+        except ValueError as e:
+            raise ConfigError(f"--eval-opponent: {e}") from None
+    summary = run_study(args.config, args.study, out, args.seeds, args.minutes, args.frames, args.lag,
+                        args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games)
+    print(markdown_table(summary))
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and the plots; `run.py report {out}` shows them")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
@@ -383,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     from evaluation.tournament import PlayerError, TournamentError
 
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
-                "evaluate": cmd_evaluate, "replay": cmd_replay}
+                "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare}
     try:
         return commands[args.role](args)
     except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,

@@ -426,6 +426,7 @@ class Learner:
         })
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
+            record["episode_return"] = float(np.mean([learner_return(e) for e in episodes]))
         if self_play:
             winners = np.array([e.get("winner", -1) for e in self_play])
             record["first_seat_win_rate"] = float(np.mean(winners == 0))
@@ -447,6 +448,14 @@ class Learner:
                  "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
                  f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"], record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
+
+
+def learner_return(episode: dict) -> float:
+    """Return of the learning seat of a reported episode; in self-play (learner_seat -1) the mean
+    over seats, which is 0 in zero-sum games: there only a league's or a bot's score measures progress."""
+    returns = episode.get("returns") or [0.0]
+    seat = episode.get("learner_seat", -1)
+    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
 
 
 @dataclass
