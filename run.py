@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-opponent", default="tactical", help="two-player games: the bot each final checkpoint "
                    "plays for the 'final score vs bot' column (random, tactical, minimax:D; default tactical)")
     p.add_argument("--eval-games", type=int, default=100, help="games per seat of that evaluation (0 = none)")
+    p = sub.add_parser("report", help="one self-contained HTML page about run directories and compare outputs",
+                       description="Write one HTML file (plots embedded as PNG) about each RUN_DIR: the architecture "
+                       "with the run's SPS, queue depth, policy lag and publish rate; learning curves; throughput; "
+                       "the policy-lag histogram; V-trace diagnostics; league Elo and payoff where a league ran. "
+                       "A `run.py compare` output folder adds its table and curves, then each of its runs.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories and/or compare output folders")
+    p.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html of the first one)")
     return parser
 
 
@@ -459,6 +466,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import build_report
+
+    page = build_report(args.run_dirs)
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report.html"
+    try:
+        out.write_text(page)
+    except OSError as e:
+        raise ConfigError(f"cannot write {out}: {e.strerror}") from None
+    print(f"wrote {out} ({len(page) / 1e6:.1f} MB)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
@@ -468,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     from evaluation.tournament import PlayerError, TournamentError
 
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
-                "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare}
+                "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
+                "report": cmd_report}
     try:
         return commands[args.role](args)
     except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,

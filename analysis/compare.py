@@ -177,7 +177,7 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
             for j, run in enumerate(rs):
                 recs = [r for r in run.records if key in r]
                 xs = [run.elapsed(r) if axis == "time" else r["frames"] for r in recs]
-                ax.plot(xs, [r[key] for r in recs], color=f"C{k}", alpha=0.9, label=name if j == 0 else None)
+                ax.plot(xs, [r[key] for r in recs], ".-", color=f"C{k}", alpha=0.9, label=name if j == 0 else None)
         ax.set_xlabel(label)
         ax.set_ylabel(key)
         ax.set_title(f"{key} against {label}")

@@ -40,6 +40,7 @@ from envs.registry import EnvSpec, env_spec
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
+LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
 @dataclass
@@ -436,7 +437,7 @@ class Learner:
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
         if self.wandb is not None:
-            self.wandb.log(record, step=self.step)
+            self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=self.step)
         games = []
         if self_play:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
@@ -473,11 +474,13 @@ class MetricsWindow:
         self.stats.append(stats)
 
     def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag."""
+        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
+        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more)."""
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
         record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
-                       "policy_lag_max": int(max(self.lags))})
+                       "policy_lag_max": int(max(self.lags)),
+                       "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
         return record
 
 
