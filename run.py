@@ -18,6 +18,7 @@ Run `python run.py <role> --help` for the options of a role, and `--help-config`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -229,12 +230,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     _write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
     log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
              cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
-    if url:
-        code, finished = supervise(cfg, config_path, run_dir, url, args.resume)
-    else:
-        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
-            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
-            code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume)
+    view = None
+    if sys.stdout.isatty():  # a live progress view on a terminal; plain log lines otherwise
+        from distributed.live import LiveView
+
+        view = LiveView(cfg, run_dir / "metrics.jsonl")
+    with view or contextlib.nullcontext():
+        if url:
+            code, finished = supervise(cfg, config_path, run_dir, url, args.resume, view)
+        else:
+            with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
+                log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+                code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume, view)
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
     if not finished and code == 0:
         log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
