@@ -14,11 +14,15 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
 from config import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
 VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
@@ -33,8 +37,10 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> str:
-    """An <img> holding `fig` as a base64 PNG; closes the figure."""
+def _png(fig: Figure | None) -> str | None:
+    """An <img> holding `fig` as a base64 PNG (None for None); closes the figure."""
+    if fig is None:
+        return None
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     _pyplot().close(fig)
@@ -58,7 +64,7 @@ def figures(run: Run) -> dict[str, float | None]:
             "policy_lag": _mean(recs, "policy_lag"), "publish_rate": rate}
 
 
-def architecture(run: Run) -> str:
+def architecture(run: Run) -> Figure:
     """Boxes and arrows: actors -> Redis stream -> learner -> weights -> actors (+ league manager),
     each labelled with the run's figures. A3C runs show workers, the gradient stream and the
     parameter server instead."""
@@ -103,10 +109,10 @@ def architecture(run: Run) -> str:
     ax.set_xlim(0, 1)
     ax.set_ylim(0.05, 0.9)
     ax.set_title(f"{run.name}: {'A3C' if a3c else 'IMPALA'} on {cfg.env.name}")
-    return _png(fig)
+    return fig
 
 
-def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> str | None:
+def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> Figure | None:
     """One line per key of `keys` that the records have, against frames or elapsed seconds."""
     present = [k for k in keys if any(k in r for r in run.records)]
     if not present:
@@ -122,10 +128,10 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
-def throughput(run: Run) -> str | None:
+def throughput(run: Run) -> Figure | None:
     """SPS and queue depth against wall clock."""
     if not run.records:
         return None
@@ -141,10 +147,10 @@ def throughput(run: Run) -> str | None:
     ax.set_title("throughput")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
-def lag_histogram(run: Run) -> str | None:
+def lag_histogram(run: Run) -> Figure | None:
     """Unrolls (A3C: gradients) per policy lag, summed over the run's `policy_lag_counts`; runs
     from before that metric show the distribution of the per-record mean lag instead."""
     counts = [r["policy_lag_counts"] for r in run.records if "policy_lag_counts" in r]
@@ -166,10 +172,10 @@ def lag_histogram(run: Run) -> str | None:
         return None
     ax.set_title("policy lag")
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
-def league_figures(run: Run) -> list[str]:
+def league_figures(run: Run) -> list[Figure]:
     """Elo over time (league/ratings.jsonl) and the payoff heatmap (league/state.json), where present."""
     out = []
     plt = _pyplot()
@@ -187,7 +193,7 @@ def league_figures(run: Run) -> list[str]:
         if len(members) <= 12:
             ax.legend(fontsize=7)
         fig.tight_layout()
-        out.append(_png(fig))
+        out.append(fig)
     state_file = run.path / "league" / "state.json"
     if state_file.is_file():
         rows = json.loads(state_file.read_text()).get("payoff", [])
@@ -205,7 +211,7 @@ def league_figures(run: Run) -> list[str]:
             ax.set_title("payoff: row's score against column")
             fig.colorbar(im, ax=ax)
             fig.tight_layout()
-            out.append(_png(fig))
+            out.append(fig)
     return out
 
 
@@ -216,26 +222,55 @@ def _section(anchor: str, title: str, body: list[str | None]) -> str:
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
 
 
+def run_figures(run: Run) -> dict[str, list]:
+    """The figures about one run by section: architecture, learning, throughput, lag, vtrace, and
+    league where a league ran. Each list holds matplotlib Figures (or None where nothing was recorded)."""
+    sections = {
+        "architecture": [architecture(run)],
+        "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
+                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
+                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps")],
+        "throughput": [throughput(run)],
+        "lag": [lag_histogram(run)],
+        "vtrace": [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")],
+    }
+    if run.config.league.enabled:
+        sections["league"] = league_figures(run)
+    return sections
+
+
+TITLES = {"architecture": "architecture", "learning": "learning curves", "throughput": "throughput",
+          "lag": "policy lag", "vtrace": "V-trace diagnostics", "league": "league"}
+
+
 def run_sections(run: Run, k: int) -> list[str]:
-    """The HTML sections about one run (anchors run{k}-...)."""
+    """The HTML sections about one run (anchors run{k}-<section>)."""
     cfg = run.config
     facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {cfg.learner.correction}, "
              f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
              f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} frames.</p>")
-    sections = [
-        _section(f"run{k}-architecture", f"{run.name}: architecture", [facts, architecture(run)]),
-        _section(f"run{k}-learning", f"{run.name}: learning curves",
-                 [_lines(run, CURVE_KEYS[:2], "frames", "score"),
-                  _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
-                  _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps")]),
-        _section(f"run{k}-throughput", f"{run.name}: throughput", [throughput(run)]),
-        _section(f"run{k}-lag", f"{run.name}: policy lag", [lag_histogram(run)]),
-        _section(f"run{k}-vtrace", f"{run.name}: V-trace diagnostics",
-                 [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")]),
-    ]
-    if cfg.league.enabled:
-        sections.append(_section(f"run{k}-league", f"{run.name}: league", league_figures(run)))
-    return sections
+    out = []
+    for name, figs in run_figures(run).items():
+        body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
+        out.append(_section(f"run{k}-{name}", f"{run.name}: {TITLES[name]}", body))
+    return out
+
+
+def log_to_wandb(run: Run, wandb_run) -> None:
+    """Log the report's figures to a wandb run as images under `report/<section>/<n>`, and the
+    league's payoff as a table (`report/payoff`) where a league ran."""
+    import wandb
+
+    images = {}
+    for name, figs in run_figures(run).items():
+        for n, fig in enumerate(f for f in figs if f is not None):
+            images[f"report/{name}/{n}"] = wandb.Image(fig)
+            _pyplot().close(fig)
+    state_file = run.path / "league" / "state.json"
+    if state_file.is_file():
+        rows = json.loads(state_file.read_text()).get("payoff", [])
+        images["report/payoff"] = wandb.Table(columns=["player", "opponent", "wins", "draws", "losses"], data=rows)
+    wandb_run.log(images)
 
 
 def compare_section(folder: Path, k: int) -> str:

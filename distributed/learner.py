@@ -401,7 +401,20 @@ class Learner:
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
+            if self.player == MAIN:
+                self.log_report_figures()
             self.wandb.finish()
+
+    def log_report_figures(self) -> None:
+        """The figures of `run.py report` for this run, logged to wandb at the end (a plotting error
+        is logged and does not fail a run whose checkpoint is written)."""
+        from analysis.report import log_to_wandb
+        from analysis.runs import load_run
+
+        try:
+            log_to_wandb(load_run(self.run_dir), self.wandb)
+        except (ValueError, OSError, KeyError, TypeError) as e:
+            log.warning("could not log the report figures to wandb: %s: %s", type(e).__name__, e)
 
     # -- metrics -----------------------------------------------------------------------------------
     def start_wandb(self) -> None:
@@ -437,7 +450,12 @@ class Learner:
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=self.step)
+            import wandb
+
+            counts = np.array(record["policy_lag_counts"])
+            self.wandb.log({**{k: v for k, v in record.items() if not isinstance(v, list)},
+                            "policy_lag_histogram": wandb.Histogram(np_histogram=(counts, np.arange(len(counts) + 1)))},
+                           step=self.step)
         games = []
         if self_play:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")

@@ -70,9 +70,12 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
     page = out.read_text()
     assert "<script" not in page and "http" not in page.split("<body>", 1)[1]  # self-contained
 
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,9000"]
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
+    dom = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--dump-dom", out.as_uri()], capture_output=True,
+                         text=True, timeout=120).stdout
     sections = dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', dom, re.S))
     expected = ["compare0"] + [f"run{k}-{s}" for k in (0, 1, 2) for s in
                                ("architecture", "learning", "throughput", "lag", "vtrace")] + ["run0-league"]
@@ -87,11 +90,28 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
     assert sections["run0-league"].count("<img") == 2  # Elo over time and payoff heatmap
     assert sections["compare0"].count("<img") == 2 and "<td>a3c</td>" in sections["compare0"]
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report.png"
-    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=120)
     image = Image.open(shot).convert("RGB")
     assert image.size == (1100, 9000)
     colours = len(image.resize((275, 2250)).getcolors(maxcolors=1 << 20))
     assert colours > 50, "the screenshot is (nearly) blank"
     print(f"report screenshot: {shot}")
+
+
+def test_the_report_figures_go_to_an_offline_wandb_run(tmp_path, monkeypatch):
+    import wandb
+
+    from analysis.report import log_to_wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = _run_dir(tmp_path, "league-run", ["league.enabled=true"])
+    (run_dir / "league").mkdir()
+    (run_dir / "league" / "state.json").write_text(json.dumps({"payoff": [["main", "random", 8, 1, 1]]}))
+    wandb_run = wandb.init(project="test", dir=str(tmp_path), mode="offline", id="report-test")
+    log_to_wandb(load_run(run_dir), wandb_run)
+    wandb_run.finish()
+    media = next(tmp_path.glob("wandb/offline-run-*-report-test/files/media"))
+    images = sorted(p.relative_to(media / "images").as_posix() for p in (media / "images").rglob("*.png"))
+    # architecture, 3 learning plots, throughput, lag, vtrace, league payoff heatmap (no ratings.jsonl)
+    assert len(images) == 8 and any(p.startswith("report/architecture") for p in images), images
+    table = json.loads(next((media / "table").rglob("*.json")).read_text())
+    assert table["data"] == [["main", "random", 8, 1, 1]]
