@@ -54,11 +54,15 @@ def _mean(records: list[dict], key: str, last: int = 5) -> float | None:
 
 def figures(run: Run) -> dict[str, float | None]:
     """The run's own numbers for the diagram (means of the last 5 metrics records): SPS, queue depth,
-    policy lag, and publish rate = weight publishes per second (updates per second / publish_every)."""
+    policy lag, and publish rate = weight publishes per second (updates per second between the first
+    and last records, or since the start with one record, / publish_every)."""
     recs = run.records
     rate = None
     if len(recs) >= 2 and recs[-1]["time"] > recs[0]["time"]:
         rate = (recs[-1]["step"] - recs[0]["step"]) / (recs[-1]["time"] - recs[0]["time"])
+    elif recs and run.elapsed(recs[-1]) > 0:  # one record: updates since the start (a resumed run overstates)
+        rate = recs[-1]["step"] / run.elapsed(recs[-1])
+    if rate is not None:
         rate /= run.config.learner.publish_every
     return {"sps": _mean(recs, "sps"), "queue_depth": _mean(recs, "queue_depth"),
             "policy_lag": _mean(recs, "policy_lag"), "publish_rate": rate}
