@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -59,7 +59,10 @@ class RunConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe")
+    name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, battle, "
+                   "mpe:<scenario>, gym:<id>, pettingzoo:<module>")
+    kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
 
 
 @dataclass
@@ -228,7 +231,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if "=" not in item:
                 raise ConfigError(f"override '{item}' must look like section.key=value")
             key = item.split("=", 1)[0].strip()
-            if key not in _all_keys():
+            if key not in _all_keys() and not key.startswith("env.kwargs."):
                 raise _unknown_key_error(key)
             try:  # one layer per override (later ones win), so a parse error names its override
                 layer = OmegaConf.from_dotlist([item])
@@ -259,12 +262,12 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
 
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError."""
-    from envs.registry import ENV_NAMES, env_spec
+    from envs.registry import env_spec
 
-    if cfg.env.name not in ENV_NAMES:
-        close = difflib.get_close_matches(cfg.env.name, ENV_NAMES, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown env.name '{cfg.env.name}'{hint}; valid: {', '.join(ENV_NAMES)}")
+    try:
+        spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    except ValueError as e:
+        raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
     checks = [
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
@@ -367,13 +370,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
     from evaluation.bots import make_bot
 
-    for bot in league.bots:
+    for bot in league.bots if league.enabled else ():
         try:
             make_bot(bot, cfg.env.name)
         except ValueError as e:
             raise ConfigError(f"league.bots: {e}") from None
     if cfg.agent.torso == "conv" and cfg.agent.padding == "valid":
-        h, w = env_spec(cfg.env.name).obs_shape[:2]
+        h, w = spec.obs_shape[:2]
         shrink = cfg.agent.conv_layers * (cfg.agent.kernel_size - 1)
         if shrink >= min(h, w):
             raise ConfigError(f"agent: {cfg.agent.conv_layers} valid-padded conv layers of kernel "

@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
                    "league_score, else episode_return)")
     p.add_argument("--out", help="output folder (default <run.dir>/compare-<study>-<date>-<time>); must not exist")
-    p.add_argument("--eval-opponent", default="tactical", help="two-player games: the bot each final checkpoint "
-                   "plays for the 'final score vs bot' column (random, tactical, minimax:D; default tactical)")
+    p.add_argument("--eval-opponent", help="multi-seat games: the bot each final checkpoint plays for the 'final "
+                   "score vs bot' column (random, tactical, minimax:D; default: tactical where the game has it, "
+                   "else random)")
     p.add_argument("--eval-games", type=int, default=100, help="games per seat of that evaluation (0 = none)")
     p = sub.add_parser("report", help="one self-contained HTML page about run directories and compare outputs",
                        description="Write one HTML file (plots embedded as PNG) about each RUN_DIR: the architecture "
@@ -253,16 +254,24 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _final_evaluation(checkpoint: Path, games: int) -> None:
     from agents.policy import load_policy
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import episode_returns, evaluate
 
     policy = load_policy(checkpoint)
+    if len(policy.spec.seats) == 1:
+        r = episode_returns(policy, games)
+        log.info("greedy policy over %d episodes: mean return %.1f (std %.1f, min %.1f, max %.1f)", games,
+                 r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
+        log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
+        return
     strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
-    for opponent in ("random", "tactical", strongest[policy.spec.name]):
+    board = policy.spec.name in strongest
+    for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
         result = evaluate(policy, opponent, games)
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
         log.info("greedy policy vs %s over %d games per seat: %s", opponent, games, rates)
-    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent tactical)", checkpoint, checkpoint)
+    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
+             "tactical" if board else "random")
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
@@ -373,11 +382,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return _tournament(args)
     from agents.policy import load_policy
     from evaluation.bots import make_bot
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import episode_returns, evaluate
     from evaluation.tournament import checkpoint_player
 
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
+    if len(policy.spec.seats) == 1:
+        if args.record:
+            raise ConfigError(f"--record: replays are recorded for turn-based games, not {policy.spec.name}")
+        result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample)
+        if args.json:
+            _emit_json(result, args.json)
+        if args.json != "-":
+            print(f"{result['env']}: {args.games} episodes, mean return {result['mean_return']:.1f} "
+                  f"(std {result['std_return']:.1f}, min {result['min_return']:.1f}, max {result['max_return']:.1f})")
+        return 0
     try:
         make_bot(opponent, policy.spec.name)
     except ValueError as e:
@@ -461,7 +480,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} exists; compare writes into a new folder")
     if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
-    if args.eval_games and len(env_spec(cfg.env.name).seats) > 1:
+    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs).seats) > 1:
+        if args.eval_opponent is None:
+            args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
         try:
             make_bot(args.eval_opponent, cfg.env.name)
         except ValueError as e:

@@ -56,11 +56,11 @@ class ActorCritic(nn.Module):
         self.baseline = nn.Linear(cfg.hidden, 1)
 
     def forward(self, obs: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [N, *obs_shape] (any numeric dtype); action_mask [N, A].
+        """obs [N, *obs_shape] (any numeric dtype; uint8 means an image, scaled to [0, 1]); action_mask [N, A].
 
         Returns (policy_logits [N, A] float32 with illegal actions at MASKED_LOGIT, baseline [N] float32).
         """
-        x = obs.float()
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
         if self.conv is not None:
             x = self.conv(x.permute(0, 3, 1, 2))
         x = self.fc(x.flatten(1))

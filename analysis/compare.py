@@ -201,7 +201,7 @@ def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", m
 
 
 def run_study(config: str, study: str, out: Path, seeds: list[int], minutes: float, frames: int | None, lag: int,
-              extra: list[str], redis_url: str | None, metric: str = "auto", eval_opponent: str = "tactical",
+              extra: list[str], redis_url: str | None, metric: str = "auto", eval_opponent: str | None = "tactical",
               eval_games: int = 100) -> dict:
     """Train every variant x seed one after another (each `minutes` of wall clock, or `frames`), then
     evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per

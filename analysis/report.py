@@ -250,7 +250,8 @@ TITLES = {"architecture": "architecture", "learning": "learning curves", "throug
 def run_sections(run: Run, k: int) -> list[str]:
     """The HTML sections about one run (anchors run{k}-<section>)."""
     cfg = run.config
-    facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {cfg.learner.correction}, "
+    correction = "none (A3C's own n-step returns)" if cfg.learner.algo == "a3c" else cfg.learner.correction
+    facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {correction}, "
              f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
              f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} frames.</p>")
     out = []

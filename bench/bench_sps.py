@@ -34,21 +34,24 @@ from envs.registry import env_spec, make_env  # noqa: E402
 def raw_sps(cfg, seconds: float) -> float:
     """Env steps per second of one process: batched inference over num_envs envs, no transport."""
     torch.set_num_threads(1)
-    spec = env_spec(cfg.env.name)
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).eval()
-    envs = [make_env(cfg.env.name, seed=i) for i in range(cfg.actor.num_envs)]
-    turns = [env.advance() for env in envs]
-    steps, start = 0, time.perf_counter()
+    envs = [make_env(cfg.env.name, i, cfg.env.kwargs) for i in range(cfg.actor.num_envs)]
+    steps_now = [env.advance() for env in envs]
+    steps, start = 0, time.perf_counter()  # steps: agent-steps (one per acting agent)
     while time.perf_counter() - start < seconds:
-        obs = torch.from_numpy(np.stack([t.observation for t in turns]))
-        masks = torch.from_numpy(np.stack([t.action_mask for t in turns]))
+        obs = torch.from_numpy(np.stack([o for s in steps_now for o in s.observations]))
+        masks = torch.from_numpy(np.stack([m for s in steps_now for m in s.action_masks]))
         with torch.no_grad():
             logits, _ = model(obs, masks)
-        actions = sample_actions(logits).numpy()
+        actions = sample_actions(logits).tolist()
+        k = 0
         for i, env in enumerate(envs):
-            env.act(actions[i])
-            turns[i] = env.advance()
-        steps += len(envs)
+            n = len(steps_now[i].agents)
+            env.act(actions[k:k + n])
+            k += n
+            steps += n
+            steps_now[i] = env.advance()
     return steps / (time.perf_counter() - start)
 
 

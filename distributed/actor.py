@@ -1,7 +1,7 @@
 """Actor process: steps many envs with batched forward passes and sends fixed-length unrolls.
 
-Every seat the learner plays is a learning stream whose unrolls go to its learner; seats played by a
-league opponent (a snapshot, another learner, a bot) only act.
+
+
 """
 
 from __future__ import annotations
@@ -170,13 +170,14 @@ class Actor:
         self.actor_id = actor_id
         self.player = player
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
-        self.spec = env_spec(cfg.env.name)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         seed = cfg.run.seed + 1000 * (actor_id + 1)
         self.rng = torch.Generator().manual_seed(seed)
         self.np_rng = np.random.default_rng(seed)
-        self.envs = [make_env(cfg.env.name, seed=seed * 100_003 + 7919 * i) for i in range(cfg.actor.num_envs)]
-        self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.seats] for _ in self.envs]
+        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs)
+                     for i in range(cfg.actor.num_envs)]
+        self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
         self.model = ActorCritic(self.spec.obs_shape, self.spec.num_actions, cfg.agent)
         self.model.eval()
         # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
@@ -249,8 +250,9 @@ class Actor:
                 opponent, seat = drawn, int(self.np_rng.integers(len(self.spec.seats)))
         self.opponent[i], self.learner_seat[i] = opponent, seat
 
-    def learns(self, i: int, seat: int) -> bool:
-        return self.learner_seat[i] in (-1, seat)
+    def learns(self, i: int, agent: int) -> bool:
+        """Is agent `agent` of env i a learning stream (it plays the learner's seat this episode)?"""
+        return self.learner_seat[i] in (-1, self.spec.agent_seats[agent])
 
     def run(self) -> None:
         """The actor loop: observe all envs, one forward pass per policy to move, act, send finished unrolls."""
@@ -258,69 +260,74 @@ class Actor:
         self.refresh_opponents()
         log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s", self.actor_id, os.getpid(),
                  len(self.envs), self.spec.name, self.version, self.player)
-        turns = [env.advance() for env in self.envs]
+        steps = [env.advance() for env in self.envs]
         for i in range(len(self.envs)):
             self.start_episode(i)
         while not self.stopping:
             unrolls, episodes = [], []
-            for i, turn in enumerate(turns):
-                for s in turn.settlements:  # they all belong to the episode the opponent was drawn for
-                    if self.learns(i, s.seat):
-                        self.buffers[i][s.seat].settle(s.reward, s.done)
-                if turn.episodes:
-                    episodes += [self.result(i, e) for e in turn.episodes]
+            for i, step in enumerate(steps):
+                for s in step.settlements:  # they all belong to the episode the opponent was drawn for
+                    if self.learns(i, s.agent):
+                        self.buffers[i][s.agent].settle(s.reward, s.done)
+                if step.episodes:
+                    episodes += [self.result(i, e) for e in step.episodes]
                     self.start_episode(i)
-                if self.learns(i, turn.seat):
-                    unroll = self.buffers[i][turn.seat].observe(turn.observation, turn.action_mask)
-                    if unroll is not None:
-                        unrolls.append(unroll)
+                for agent, obs, mask in zip(step.agents, step.observations, step.action_masks):
+                    if self.learns(i, agent):
+                        unroll = self.buffers[i][agent].observe(obs, mask)
+                        if unroll is not None:
+                            unrolls.append(unroll)
             if episodes:
                 self.results.add_many(episodes)
             if unrolls and self.send(unrolls):
                 return
-            actions = self.choose_actions(turns)
-            for i, (env, turn) in enumerate(zip(self.envs, turns)):
+            actions = self.choose_actions(steps)
+            for i, env in enumerate(self.envs):
                 env.act(actions[i])
-                turns[i] = env.advance()
+                steps[i] = env.advance()
 
-    def choose_actions(self, turns: list) -> list[int]:
-        """One action per env: the learner's (recorded in its unroll buffer) or its opponent's."""
-        actions = [0] * len(turns)
-        learning = [i for i, t in enumerate(turns) if self.learns(i, t.seat)]
+    def choose_actions(self, steps: list) -> list[list[int]]:
+        """Per env, one action per acting agent: the learner's (recorded in its unroll buffer) or its
+        opponent's. Each policy moves all its agents of all envs in one forward pass."""
+        actions = [[0] * len(step.agents) for step in steps]
+        learning: list[tuple[int, int]] = []  # (env, index into the env's acting agents)
+        by_opponent: dict[str, list[tuple[int, int]]] = {}
+        for i, step in enumerate(steps):
+            for k, agent in enumerate(step.agents):
+                if self.learns(i, agent):
+                    learning.append((i, k))
+                else:
+                    by_opponent.setdefault(self.opponent[i], []).append((i, k))
         if learning:
-            obs, masks = self.stack(turns, learning)
+            obs, masks = self.stack(steps, learning)
             logits = self.forward(self.model, obs, masks)
             if self.cfg.actor.epsilon > 0:
-                logits = explore(logits, masks, self.epsilons[learning])
-            chosen = sample_actions(logits, self.rng).numpy()
+                logits = explore(logits, masks, self.epsilons[[i for i, _ in learning]])
+            chosen = sample_actions(logits, self.rng).tolist()
             logits_np = logits.numpy()
-            for k, i in enumerate(learning):
-                self.buffers[i][turns[i].seat].record_action(chosen[k], logits_np[k])
-                actions[i] = int(chosen[k])
-        by_opponent: dict[str, list[int]] = {}
-        for i, t in enumerate(turns):
-            if not self.learns(i, t.seat):
-                by_opponent.setdefault(self.opponent[i], []).append(i)
+            for n, (i, k) in enumerate(learning):
+                self.buffers[i][steps[i].agents[k]].record_action(chosen[n], logits_np[n])
+                actions[i][k] = chosen[n]
         in_use = set(self.opponent)
-        for opponent_id, envs in by_opponent.items():
+        for opponent_id, pairs in by_opponent.items():
             # None: the opponent vanished mid-episode (e.g. Redis lost its weights); the latest
             # weights finish the episode for it, without learning.
             policy = self.opponents.get(opponent_id, in_use)
             if policy is None:
                 policy = self.model
             if isinstance(policy, ActorCritic):
-                chosen = sample_actions(self.forward(policy, *self.stack(turns, envs)), self.rng).tolist()
+                chosen = sample_actions(self.forward(policy, *self.stack(steps, pairs)), self.rng).tolist()
             else:  # a bot
-                chosen = [policy.act(turns[i].observation, turns[i].action_mask) for i in envs]
-            for i, action in zip(envs, chosen):
-                actions[i] = int(action)
+                chosen = [policy.act(steps[i].observations[k], steps[i].action_masks[k]) for i, k in pairs]
+            for (i, k), action in zip(pairs, chosen):
+                actions[i][k] = int(action)
         return actions
 
     @staticmethod
-    def stack(turns: list, envs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Observations [N, *obs_shape] and action masks [N, A] of the turns of `envs`."""
-        return (torch.from_numpy(np.stack([turns[i].observation for i in envs])),
-                torch.from_numpy(np.stack([turns[i].action_mask for i in envs])))
+    def stack(steps: list, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Observations [N, *obs_shape] and action masks [N, A] of acting agents `pairs` (env, index)."""
+        return (torch.from_numpy(np.stack([steps[i].observations[k] for i, k in pairs])),
+                torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs])))
 
     @staticmethod
     def forward(model: ActorCritic, obs: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:

@@ -216,7 +216,7 @@ class Learner:
         self.player = player
         self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
-        self.spec = env_spec(cfg.env.name)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.device = pick_device(cfg.learner.device)
         torch.manual_seed(cfg.run.seed)
@@ -440,8 +440,8 @@ class Learner:
         })
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
-            record["episode_return"] = float(np.mean([learner_return(e) for e in episodes]))
-        if self_play:
+            record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))
+        if self_play and len(self.spec.seats) > 1:
             winners = np.array([e.get("winner", -1) for e in self_play])
             record["first_seat_win_rate"] = float(np.mean(winners == 0))
             record["draw_rate"] = float(np.mean(winners == -1))
@@ -457,7 +457,9 @@ class Learner:
                             "policy_lag_histogram": wandb.Histogram(np_histogram=(counts, np.arange(len(counts) + 1)))},
                            step=self.step)
         games = []
-        if self_play:
+        if episodes and self.spec.kind != "aec":
+            games.append(f"return {record['episode_return']:.1f}")
+        if "first_seat_win_rate" in record:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
         if league:
             games.append(f"league score {record['league_score']:.2f}")
@@ -467,14 +469,6 @@ class Learner:
                  "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
                  f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"], record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
-
-
-def learner_return(episode: dict) -> float:
-    """Return of the learning seat of a reported episode; in self-play (learner_seat -1) the mean
-    over seats, which is 0 in zero-sum games: there only a league's or a bot's score measures progress."""
-    returns = episode.get("returns") or [0.0]
-    seat = episode.get("learner_seat", -1)
-    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
 
 
 @dataclass
@@ -506,6 +500,13 @@ def _plain(cfg: Config) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
+
+
+def _learner_return(episode: dict) -> float:
+    """The learner's return in a reported episode: its seat's, or the mean over seats in self-play."""
+    returns = episode.get("returns") or [0.0]
+    seat = episode.get("learner_seat", -1)
+    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,

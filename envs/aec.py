@@ -1,10 +1,12 @@
-"""Adapter for PettingZoo turn-based (AEC) games: one learning stream per seat.
+"""Adapter for PettingZoo turn-based (AEC) games: one learning stream per agent (seat).
 
 The AEC loop (`agent_iter`, `last`, `step`) makes turn order explicit. This adapter turns it into two
 kinds of events for the actor:
 
-* a **turn**: seat `s` must act now on `(observation, action_mask)`;
-* a **settlement**: the reward and done flag of seat `s`'s previous step are now known.
+* a **turn**: agent `s` must act now on `(observation, action_mask)` (a `Step` with one agent);
+* a **settlement**: the reward and done flag of agent `s`'s previous step are now known.
+
+In the two-player board games every agent is its own seat, so "seat" and "agent" coincide here.
 
 Which step a reward belongs to is decided here and only here:
 
@@ -26,49 +28,13 @@ so the actor sees an endless sequence of turns with episodes concatenated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from envs.base import EpisodeResult, Settlement, Step, leader
 
-@dataclass(frozen=True)
-class Settlement:
-    """The outcome of seat `seat`'s previous step: reward received since that action, and done."""
-
-    seat: int
-    reward: float
-    done: bool
-
-
-@dataclass(frozen=True)
-class EpisodeResult:
-    """A finished episode: per-seat returns (sum of rewards) and the number of actions taken."""
-
-    returns: tuple[float, ...]
-    length: int
-
-    @property
-    def winner(self) -> int | None:
-        """Seat with the strictly highest return, or None for a draw."""
-        best = max(self.returns)
-        leaders = [s for s, r in enumerate(self.returns) if r == best]
-        return leaders[0] if len(leaders) == 1 else None
-
-
-@dataclass
-class Turn:
-    """What `advance` returns: the settlements made, finished episodes, and the seat to act now.
-
-    observation: the acting agent's observation, shape `EnvSpec.obs_shape`, dtype `EnvSpec.obs_dtype`.
-    action_mask: uint8 `[num_actions]`, 1 = legal.
-    """
-
-    seat: int
-    observation: np.ndarray
-    action_mask: np.ndarray
-    settlements: list[Settlement] = field(default_factory=list)
-    episodes: list[EpisodeResult] = field(default_factory=list)
+Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
 
 
 class AECAdapter:
@@ -77,14 +43,18 @@ class AECAdapter:
     Args:
       make: zero-argument factory of the PettingZoo AEC env (with PettingZoo's default wrappers).
       seed: seed of the first episode; episode k is reset with `seed + k`.
+      encoders: per agent, raw observation -> (observation, action mask or None); see envs/spaces.py.
+      num_actions: A, for the all-legal mask of envs without one.
 
-    Use: `turn = adapter.advance()`, pick an action for `turn.seat`, `adapter.act(action)`, repeat.
+    Use: `step = adapter.advance()`, pick an action for `step.agents[0]`, `adapter.act([action])`, repeat.
     """
 
-    def __init__(self, make: Callable[[], object], seed: int):
+    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode], num_actions: int):
         self.env = make()
         self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
         self._seat = {agent: i for i, agent in enumerate(self.agents)}
+        self._encoders = list(encoders)
+        self._all_legal = np.ones(num_actions, np.uint8)
         self._seed = seed
         self._reset()
 
@@ -95,14 +65,14 @@ class AECAdapter:
         self._returns = [0.0] * len(self.agents)
         self._length = 0
 
-    def advance(self) -> Turn:
+    def advance(self) -> Step:
         """Run the AEC loop until some agent must choose an action; collect what was settled."""
         settlements: list[Settlement] = []
         episodes: list[EpisodeResult] = []
         env = self.env
         while True:
             if not env.agents:
-                episodes.append(EpisodeResult(tuple(self._returns), self._length))
+                episodes.append(EpisodeResult(tuple(self._returns), self._length, leader(self._returns)))
                 self._reset()
                 continue
             agent = env.agent_selection
@@ -117,10 +87,11 @@ class AECAdapter:
                 self._acted[seat] = False
                 env.step(None)
                 continue
-            return Turn(seat, obs["observation"], obs["action_mask"], settlements, episodes)
+            observation, mask = self._encoders[seat](obs)
+            return Step([seat], [observation], [self._all_legal if mask is None else mask], settlements, episodes)
 
-    def act(self, action: int) -> None:
-        """Play `action` for the seat returned by the last `advance`."""
+    def act(self, actions: Sequence[int]) -> None:
+        """Play `actions[0]` for the agent of the last `advance`."""
         self._acted[self._seat[self.env.agent_selection]] = True
         self._length += 1
-        self.env.step(int(action))
+        self.env.step(int(actions[0]))

@@ -1,27 +1,48 @@
-"""Env registry: every game is reached by name, with its specs written down in one place."""
+"""Env registry: every game is reached by name, with its specs written down or read from its spaces.
+
+Names:
+* `connect_four`, `tictactoe`: PettingZoo classic board games (turn-based, two seats).
+* `battle`: MAgent2's `battle_v4`, two teams (`red`, `blue`) of many units acting at once.
+* `mpe:<scenario>`: an MPE2 scenario, e.g. `mpe:simple_tag` (adversaries vs agents).
+* `gym:<id>`: any registered gymnasium env, e.g. `gym:CartPole-v1` (one agent).
+* `pettingzoo:<module>`: any PettingZoo env module by import path, e.g.
+  `pettingzoo:pettingzoo.classic.go_v5`; its `parallel_env` is used where it has one, else its `env`.
+
+`kwargs` (the config's `env.kwargs`) are passed to the env's constructor (e.g. `map_size` for battle).
+"""
 
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib
+import json
+import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from envs.aec import AECAdapter
+from envs.parallel import ParallelAdapter, single_agent_adapter
+from envs.spaces import ObsEncoder, UnsupportedSpace, num_actions, observation_encoder
 
 
 @dataclass(frozen=True)
 class EnvSpec:
     """What the actor, learner, codec and agents need to know about a game.
 
-    obs_shape / obs_dtype: one agent's observation (channels last for boards).
+    obs_shape / obs_dtype: one agent's observation (channels last for boards and local views).
     num_actions: size of the Discrete action space; `action_mask` is uint8 [num_actions].
-    seats: agent names in seat order (seat 0 moves first in turn-based games).
+    seats: the sides of the game in order (seat 0 moves first in turn-based games): the unit of
+      outcomes, evaluation and the league.
+    agents: every agent (PettingZoo `possible_agents`); agent_seats[i] is the seat of agent i. In the
+      board games each agent is its own seat; in a battle every unit of a team shares its seat.
+    kind: "aec" (turn-based), "parallel" (simultaneous moves) or "gym" (one agent).
     mirror_actions: for a game symmetric under reflecting observation axis `mirror_axis`, the action
       that each action becomes under the reflection; None where the game has no such symmetry.
-    version: the versioned PettingZoo env module the game comes from (e.g. `connect_four_v3`);
-      replays record it and refuse to re-simulate under another.
+    version: the versioned env module the game comes from (e.g. `connect_four_v3`); replays record it
+      and refuse to re-simulate under another.
     """
 
     name: str
@@ -32,61 +53,208 @@ class EnvSpec:
     mirror_axis: Optional[int] = None
     mirror_actions: Optional[tuple[int, ...]] = None
     version: Optional[str] = None
+    agents: tuple[str, ...] = ()
+    agent_seats: tuple[int, ...] = ()
+    kind: str = "aec"
+
+    def __post_init__(self) -> None:
+        if not self.agents:  # turn-based board games: one agent per seat
+            object.__setattr__(self, "agents", self.seats)
+            object.__setattr__(self, "agent_seats", tuple(range(len(self.seats))))
 
 
-def _connect_four(render_mode: Optional[str] = None):
-    from pettingzoo.classic import connect_four_v3
+@dataclass(frozen=True)
+class _Game:
+    """How to build one game: its spec, the per-agent observation encoders and the env factory."""
 
-    return connect_four_v3.env(render_mode=render_mode)
-
-
-def _tictactoe(render_mode: Optional[str] = None):
-    from pettingzoo.classic import tictactoe_v3
-
-    return tictactoe_v3.env(render_mode=render_mode)
+    spec: EnvSpec
+    encoders: tuple[Callable[[Any], tuple[np.ndarray, Optional[np.ndarray]]], ...]
+    make: Callable[..., object]  # make(render_mode=None) -> the PettingZoo / gymnasium env
+    outcome: str = "return"
 
 
 # Tic-tac-toe's action a marks observation cell (a // 3, a % 3); reflecting columns maps c -> 2 - c.
 _TICTACTOE_MIRROR = tuple(3 * (a // 3) + 2 - a % 3 for a in range(9))
-
-_REGISTRY: dict[str, tuple[EnvSpec, Callable[..., object]]] = {
-    "connect_four": (
-        EnvSpec("connect_four", (6, 7, 2), np.dtype(np.int8), 7, ("player_0", "player_1"),
-                mirror_axis=1, mirror_actions=tuple(range(6, -1, -1)), version="connect_four_v3"),
-        _connect_four,
-    ),
-    "tictactoe": (
-        EnvSpec("tictactoe", (3, 3, 2), np.dtype(np.int8), 9, ("player_1", "player_2"),
-                mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR, version="tictactoe_v3"),
-        _tictactoe,
-    ),
+_BOARD_GAMES = {
+    "connect_four": ("pettingzoo.classic.connect_four_v3", dict(mirror_axis=1, mirror_actions=tuple(range(6, -1, -1)))),
+    "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
-
-ENV_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-
-
-def _lookup(name: str) -> tuple[EnvSpec, Callable[..., object]]:
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, ENV_NAMES, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"unknown env '{name}'{hint}; valid: {', '.join(ENV_NAMES)}")
-    return _REGISTRY[name]
+ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle")
+PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:")
 
 
-def env_spec(name: str) -> EnvSpec:
-    """The spec of env `name`. Raises ValueError naming the valid envs if `name` is unknown."""
-    return _lookup(name)[0]
+def _import(module: str, name: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"env '{name}': cannot import '{module}' ({e}); is its package installed?") from None
 
 
-def make_env(name: str, seed: int) -> AECAdapter:
-    """A fresh turn-based adapter around env `name`; episode k is seeded `seed + k`."""
-    return AECAdapter(_lookup(name)[1], seed)
+def _mpe_module(name: str, scenario: str) -> str:
+    """The newest `mpe2.<scenario>_vN` module."""
+    import pkgutil
+
+    import mpe2
+
+    found = sorted((int(m.name.rsplit("_v", 1)[1]), m.name) for m in pkgutil.iter_modules(mpe2.__path__)
+                   if re.fullmatch(rf"{re.escape(scenario)}_v\d+", m.name))
+    if not found:
+        scenarios = sorted(m.name.rsplit("_v", 1)[0] for m in pkgutil.iter_modules(mpe2.__path__)
+                           if re.fullmatch(r"\w+_v\d+", m.name))
+        raise ValueError(f"unknown MPE scenario '{scenario}' in env '{name}'; valid: {', '.join(scenarios)}")
+    return f"mpe2.{found[-1][1]}"
 
 
-def make_raw_env(name: str, render_mode: Optional[str] = None):
-    """The PettingZoo env itself (for evaluation and replays that drive the AEC loop directly).
+def _team(agent: str) -> str:
+    """PettingZoo names units `<team>_<n>` (red_3, adversary_0): the team is the part before the last `_`."""
+    return agent.rsplit("_", 1)[0] if re.fullmatch(r".+_\d+", agent) else agent
+
+
+def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_seats: tuple[int, ...], name: str):
+    """Per-agent observation encoders, padded to one shape where agents see different vectors.
+
+    Agents of different roles (MPE's adversaries and good agents) can have observation vectors of
+    different lengths; they share one network (parameter sharing) by padding each vector with
+    zeros to the longest and appending a one-hot of the agent's seat, so the network knows the role.
+    """
+    encoders: list[ObsEncoder] = [observation_encoder(obs_space(a), f"env '{name}', agent '{a}'")
+                                  for a in agents]
+    shapes = {e.shape for e in encoders}
+    if len(shapes) == 1 and len({e.dtype for e in encoders}) == 1:
+        return encoders[0].shape, encoders[0].dtype, tuple(e.encode for e in encoders)
+    if any(len(s) != 1 for s in shapes):
+        raise UnsupportedSpace(f"env '{name}': agents have observations of different shapes {sorted(shapes)}; "
+                               f"only 1-D observations of different lengths can be padded to one shape")
+    width, seats = max(s[0] for s in shapes), max(agent_seats) + 1
+
+    def padded(encode, seat):
+        def pad(raw):
+            obs, mask = encode(raw)
+            out = np.zeros(width + seats, np.float32)
+            out[:obs.shape[0]] = obs
+            out[width + seat] = 1.0
+            return out, mask
+        return pad
+    return (width + seats,), np.dtype(np.float32), tuple(padded(e.encode, s) for e, s in zip(encoders, agent_seats))
+
+
+def _probe(name: str, kind: str, make: Callable[..., object], version: str, outcome: str = "return",
+           **spec_extra: Any) -> _Game:
+    """Build the env once and read its agents and spaces into a spec."""
+    env = make()
+    try:
+        if kind == "gym":
+            agents: tuple[str, ...] = ("agent",)
+            seats = agents
+            agent_seats: tuple[int, ...] = (0,)
+            obs_space = lambda _agent: env.observation_space  # noqa: E731
+            actions = {num_actions(env.action_space, f"env '{name}'")}
+        else:
+            agents = tuple(env.possible_agents)
+            if kind == "aec":  # turn-based: each agent is its own side
+                seats, agent_seats = agents, tuple(range(len(agents)))
+            else:  # simultaneous: units named <team>_<n> share their team's seat
+                teams = list(dict.fromkeys(_team(a) for a in agents))
+                seats, agent_seats = tuple(teams), tuple(teams.index(_team(a)) for a in agents)
+            obs_space = env.observation_space
+            actions = {num_actions(env.action_space(a), f"env '{name}', agent '{a}'") for a in agents}
+        if len(actions) != 1:
+            raise UnsupportedSpace(f"env '{name}': agents have Discrete action spaces of different sizes "
+                                   f"{sorted(actions)}; one shared policy needs one size")
+        obs_shape, obs_dtype, encoders = _encoders(obs_space, agents, agent_seats, name)
+    finally:
+        env.close()
+    spec = EnvSpec(name, obs_shape, obs_dtype, actions.pop(), seats, version=version, agents=agents,
+                   agent_seats=agent_seats, kind=kind, **spec_extra)
+    return _Game(spec, encoders, make, outcome)
+
+
+def _module_factory(module: Any, fn: str, kwargs: Mapping[str, Any]) -> Callable[..., object]:
+    def make(render_mode: Optional[str] = None):
+        extra = {} if render_mode is None else {"render_mode": render_mode}
+        return getattr(module, fn)(**kwargs, **extra)
+    return make
+
+
+@functools.lru_cache(maxsize=64)
+def _game(name: str, kwargs_json: str) -> _Game:
+    kwargs = json.loads(kwargs_json)
+    if name in _BOARD_GAMES:
+        module_name, mirror = _BOARD_GAMES[name]
+        module = _import(module_name, name)
+        return _probe(name, "aec", _module_factory(module, "env", kwargs), module_name.rsplit(".", 1)[1], **mirror)
+    if name == "battle":
+        module = _import("magent2.environments.battle_v4", name)
+        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4",
+                      outcome="units_left")
+    if name.startswith("mpe:"):
+        module_name = _mpe_module(name, name[4:])
+        module = _import(module_name, name)
+        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), module_name.rsplit(".", 1)[1])
+    if name.startswith("pettingzoo:"):
+        module_name = name[len("pettingzoo:"):]
+        module = _import(module_name, name)
+        fn = "parallel_env" if hasattr(module, "parallel_env") else "env"
+        if not hasattr(module, fn):
+            raise ValueError(f"env '{name}': module '{module_name}' has neither parallel_env() nor env()")
+        return _probe(name, "parallel" if fn == "parallel_env" else "aec", _module_factory(module, fn, kwargs),
+                      module_name.rsplit(".", 1)[-1])
+    if name.startswith("gym:"):
+        import gymnasium
+
+        env_id = name[4:]
+        if env_id not in gymnasium.registry:
+            close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
+            hint = f"; did you mean 'gym:{close[0]}'?" if close else ""
+            raise ValueError(f"unknown gymnasium env id '{env_id}'{hint}")
+
+        def make(render_mode: Optional[str] = None):
+            return gymnasium.make(env_id, render_mode=render_mode, **kwargs)
+        return _probe(name, "gym", make, env_id)
+    close = difflib.get_close_matches(name, ENV_NAMES, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ValueError(f"unknown env '{name}'{hint}; valid: {', '.join(ENV_NAMES)}, or a name starting with "
+                     f"{', '.join(PREFIXES)}")
+
+
+def _lookup(name: str, kwargs: Optional[Mapping[str, Any]]) -> _Game:
+    try:
+        key = json.dumps(dict(kwargs or {}), sort_keys=True)
+    except TypeError as e:
+        raise ValueError(f"env '{name}': env.kwargs must be plain values (numbers, strings, lists): {e}") from None
+    try:
+        return _game(name, key)
+    except TypeError as e:  # a keyword the env's constructor does not take
+        raise ValueError(f"env '{name}' does not accept env.kwargs {dict(kwargs or {})}: {e}") from None
+
+
+def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:
+    """The spec of env `name` built with `kwargs`.
+
+    Raises:
+      ValueError: unknown name (naming the valid ones), a module that does not import, or kwargs the
+        env does not take.
+      UnsupportedSpace (a ValueError): an observation or action space this stack cannot train on.
+    """
+    return _lookup(name, kwargs).spec
+
+
+def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None):
+    """A fresh adapter around env `name` (AECAdapter or ParallelAdapter; see envs/base.py for what
+    `advance` and `act` do); episode k is seeded `seed + k`."""
+    game = _lookup(name, kwargs)
+    spec = game.spec
+    if spec.kind == "aec":
+        return AECAdapter(game.make, seed, game.encoders, spec.num_actions)
+    if spec.kind == "gym":
+        return single_agent_adapter(game.make, seed, game.encoders[0], spec.num_actions)
+    return ParallelAdapter(game.make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome)
+
+
+def make_raw_env(name: str, render_mode: Optional[str] = None, kwargs: Optional[Mapping[str, Any]] = None):
+    """The PettingZoo (or gymnasium) env itself, for evaluation and replays that drive it directly.
 
     render_mode: None, or a mode the env supports (`"rgb_array"`: `env.render()` returns uint8
     `[H, W, 3]` frames; PettingZoo's classic games draw them with pygame, without a display).
     """
-    return _lookup(name)[1](render_mode)
+    return _lookup(name, kwargs).make(render_mode)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import numpy as np
 
-from envs.registry import make_env
+from envs.registry import env_spec, make_env
 from evaluation.bots import Bot, make_bot
 
 if TYPE_CHECKING:
@@ -27,54 +27,58 @@ Side = Union["Policy", Bot]
 class GameRecord:
     """One finished game: enough to count it and to re-simulate it (see `evaluation/replays.py`).
 
-    seed: the env seed it was reset with; actions: every action in order of play (seat 0 first);
-    returns: summed reward per seat; winner: seat with the highest return, None for a draw.
+    seed: the env seed it was reset with; actions: every action in order of play (in a turn-based
+    game one per move, seat 0 first; in a simultaneous game the acting agents' actions of each step
+    in turn); returns: summed reward per seat; winner: the winning seat by the env's rule, None for a
+    draw; length: env steps (moves, in a turn-based game).
     """
 
     seed: int
     actions: tuple[int, ...]
     returns: tuple[float, ...]
     winner: int | None
-
-    @property
-    def length(self) -> int:
-        return len(self.actions)
+    length: int
 
 
-def play_games(env_name: str, sides: tuple[Side, Side], games: int, seed: int = 0,
-               greedy: bool = True) -> list[GameRecord]:
-    """Play `games` games of `env_name` with `sides[s]` in seat `s` (seat 0 moves first).
+def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0,
+               greedy: bool = True, kwargs: Mapping[str, Any] | None = None) -> list[GameRecord]:
+    """Play `games` games of `env_name` (built with `kwargs`) with `sides[s]` playing seat `s`.
 
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
-    every game where it is its turn in one forward pass (`greedy`: argmax, else a sample from its
-    generator); a bot side is asked game by game, in game order, so results are reproducible.
+    every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
+    its generator); a bot side is asked agent by agent, in game order, so results are reproducible.
 
     Returns the records of the games in order k = 0 .. games-1.
     """
-    envs = [make_env(env_name, seed=seed + k) for k in range(games)]
-    turns = [env.advance() for env in envs]
+    spec = env_spec(env_name, kwargs)
+    if len(sides) != len(spec.seats):
+        raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
+    envs = [make_env(env_name, seed + k, kwargs) for k in range(games)]
+    steps = [env.advance() for env in envs]
     actions: list[list[int]] = [[] for _ in range(games)]
     records: list[GameRecord | None] = [None] * games
     while True:
         active = [k for k in range(games) if records[k] is None]
         if not active:
             break
-        chosen: dict[int, int] = {}
+        chosen: dict[tuple[int, int], int] = {}
         for seat, side in enumerate(sides):
-            mine = [k for k in active if turns[k].seat == seat]
+            mine = [(k, j) for k in active for j, agent in enumerate(steps[k].agents) if spec.agent_seats[agent] == seat]
             if mine and hasattr(side, "act_batch"):
-                batch = side.act_batch(np.stack([turns[k].observation for k in mine]),
-                                       np.stack([turns[k].action_mask for k in mine]), greedy)
+                batch = side.act_batch(np.stack([steps[k].observations[j] for k, j in mine]),
+                                       np.stack([steps[k].action_masks[j] for k, j in mine]), greedy)
                 chosen.update(zip(mine, batch.tolist()))
         for k in active:
-            action = chosen[k] if k in chosen else sides[turns[k].seat].act(turns[k].observation,
-                                                                          turns[k].action_mask)
-            actions[k].append(int(action))
-            envs[k].act(action)
-            turns[k] = envs[k].advance()
-            if turns[k].episodes:
-                episode = turns[k].episodes[0]
-                records[k] = GameRecord(seed + k, tuple(actions[k]), episode.returns, episode.winner)
+            step = steps[k]
+            acts = [int(chosen[(k, j)]) if (k, j) in chosen else
+                    int(sides[spec.agent_seats[agent]].act(step.observations[j], step.action_masks[j]))
+                    for j, agent in enumerate(step.agents)]
+            actions[k] += acts
+            envs[k].act(acts)
+            steps[k] = envs[k].advance()
+            if steps[k].episodes:
+                episode = steps[k].episodes[0]
+                records[k] = GameRecord(seed + k, tuple(actions[k]), episode.returns, episode.winner, episode.length)
     return records  # type: ignore[return-value]
 
 
@@ -107,23 +111,33 @@ def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:
 def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int = 0,
                greedy: bool = True, record_dir: str | Path | None = None,
                name: str = "checkpoint") -> MatchResult:
-    """Play `games` games of the policy's env, the policy in `seat` and bot `opponent` in the other.
+    """Play `games` games of the policy's env, the policy in `seat` and bot `opponent` in every other.
 
     Game k is seeded `seed + k`; the bot is seeded `seed`. With `record_dir`, every game is saved
     there as a replay, the policy named `name` (see `evaluation/replays.py`).
 
     Raises ValueError if `opponent` is not a valid bot spec for the env.
     """
-    env_name = policy.spec.name
-    bot = make_bot(opponent, env_name, seed=seed)
-    sides = (policy, bot) if seat == 0 else (bot, policy)
-    records = play_games(env_name, sides, games, seed, greedy)
+    spec = policy.spec
+    bot = make_bot(opponent, spec.name, seed=seed)
+    sides = tuple(policy if s == seat else bot for s in range(len(spec.seats)))
+    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs)
     if record_dir is not None:
         from evaluation.replays import save_match
 
-        names = (name, opponent) if seat == 0 else (opponent, name)
-        save_match(record_dir, env_name, names, records)
+        names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
+        save_match(record_dir, spec.name, names, records)
     return count_outcomes(records, seat)
+
+
+def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True) -> dict:
+    """The policy alone in a one-seat env (a gymnasium env): `games` episodes, JSON-ready summary of
+    their returns (mean, std, min, max) and lengths."""
+    records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs)
+    returns = np.array([r.returns[0] for r in records])
+    return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
+            "std_return": float(returns.std()), "min_return": float(returns.min()),
+            "max_return": float(returns.max()), "mean_length": float(np.mean([r.length for r in records]))}
 
 
 def evaluate(policy: Policy, opponent: str, games: int, seed: int = 0, greedy: bool = True,

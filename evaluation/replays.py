@@ -120,6 +120,8 @@ def save_match(directory: str | Path, env_name: str, players: tuple[str, str], r
 
     Raises ReplayError naming the directory if it cannot be written.
     """
+    if env_spec(env_name).kind != "aec":
+        raise ReplayError(f"replays are recorded for turn-based games; {env_name} is not one")
     directory = Path(directory)
     paths = []
     tmp = None

@@ -222,7 +222,9 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
     results = []
     for (first, second), match_seed in zip(((a, b), (b, a)), pair_seeds(pair_index, seed)):
         sides = (load(first[1], env_name, match_seed), load(second[1], env_name, match_seed + 1))
-        records = play_games(env_name, sides, games, match_seed, greedy)
+        # The env as the checkpoints were trained on it (e.g. a battle's map size); bots take the defaults.
+        kwargs = next((side.config.env.kwargs for side in sides if hasattr(side, "config")), None)
+        records = play_games(env_name, sides, games, match_seed, greedy, kwargs)
         if record_dir is not None:
             from evaluation.replays import save_match
 

@@ -16,10 +16,10 @@ def play(adapter, moves):
     events = []
     turn = adapter.advance()
     for move in moves:
-        events.append(("turn", turn.seat))
-        adapter.act(move)
+        events.append(("turn", turn.agents[0]))
+        adapter.act([move])
         turn = adapter.advance()
-        events += [("settle", s.seat, s.reward, s.done) for s in turn.settlements]
+        events += [("settle", s.agent, s.reward, s.done) for s in turn.settlements]
     return events, turn
 
 
@@ -38,7 +38,7 @@ def test_connect_four_vertical_win_settles_both_seats_once():
     assert turn.episodes[0].length == 7
     assert turn.episodes[0].winner == 0
     # Play goes on in a fresh game: an empty board, seat 0 to move.
-    assert turn.seat == 0 and turn.observation.sum() == 0
+    assert turn.agents == [0] and turn.observations[0].sum() == 0
 
 
 def test_connect_four_streams_end_with_reward_and_done_and_no_extra_step():
@@ -50,20 +50,21 @@ def test_connect_four_streams_end_with_reward_and_done_and_no_extra_step():
     logits = np.zeros(7, np.float32)
     moves = iter([0, 1, 0, 1, 0, 1, 0])
     for _ in range(7):
+        seat = turn.agents[0]
         for s in turn.settlements:
-            buffers[s.seat].settle(s.reward, s.done)
-        out = buffers[turn.seat].observe(turn.observation, turn.action_mask)
+            buffers[s.agent].settle(s.reward, s.done)
+        out = buffers[seat].observe(turn.observations[0], turn.action_masks[0])
         if out is not None:
-            finished[turn.seat].append(out)
+            finished[seat].append(out)
         move = next(moves)
-        buffers[turn.seat].record_action(move, logits)
-        adapter.act(move)
+        buffers[seat].record_action(move, logits)
+        adapter.act([move])
         turn = adapter.advance()
     for s in turn.settlements:
-        buffers[s.seat].settle(s.reward, s.done)
+        buffers[s.agent].settle(s.reward, s.done)
     # An observation of the next game completes both unrolls (T=4 for seat 0, T=3 for seat 1).
     for seat in (0, 1):
-        finished[seat].append(buffers[seat].observe(turn.observation, turn.action_mask))
+        finished[seat].append(buffers[seat].observe(turn.observations[0], turn.action_masks[0]))
     u0, u1 = finished[0][0], finished[1][0]
     np.testing.assert_array_equal(u0["action"], [0, 0, 0, 0])
     np.testing.assert_array_equal(u0["reward"], [0, 0, 0, 1])

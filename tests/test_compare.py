@@ -94,7 +94,7 @@ def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
     assert json.loads(metadata["meta"])["step"] >= 2
     cfg = load_run(a3c_dir).config
     torch.manual_seed(cfg.run.seed)  # the parameter server's initial weights
-    spec = env_spec(cfg.env.name)
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
     initial = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in model_state(tensors).items())
     records = load_run(a3c_dir).records

@@ -191,7 +191,7 @@ def _config(tmp_path, run_name, *extra):
 
 
 def _publish(redis_client, cfg, player_ns: str, version: int, frames: int = 0, seed: int = 0) -> ActorCritic:
-    spec = env_spec(cfg.env.name)
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
     torch.manual_seed(seed)
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent)
     ParamStore(redis_client, player_ns).publish(model.state_dict(), version, frames)

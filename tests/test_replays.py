@@ -154,7 +154,7 @@ def test_save_match_never_overwrites_and_numbers_a_taken_name(recorded, tmp_path
     from evaluation.replays import save_match
 
     source = load_replay(recorded / "ttt" / "minimax_9-vs-tactical-0000.json")
-    game = GameRecord(source.seed, tuple(source.actions), tuple(source.rewards), source.winner)
+    game = GameRecord(source.seed, tuple(source.actions), tuple(source.rewards), source.winner, source.length)
     first = save_match(tmp_path, "tictactoe", ("k9/main", "random"), [game])
     before = first[0].read_text()
     again = save_match(tmp_path, "tictactoe", ("k9_main", "random"), [game, game])

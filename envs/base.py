@@ -1,0 +1,68 @@
+"""What every env adapter gives the actor: steps of acting agents, settlements, finished episodes.
+
+Terms used across `envs/`:
+
+* **agent**: one PettingZoo agent (a seat of a board game, one unit of a battle, the one agent of a
+  gymnasium env), numbered by its index in `EnvSpec.agents`. Each agent the learner plays is one
+  *learning stream*.
+* **seat**: a side of the game, the unit of outcomes and of the league: the two players of a board
+  game, the red and blue teams of a battle. `EnvSpec.agent_seats[i]` is agent i's seat.
+* **step**: the agents that must act now, with their observations and action masks (one agent in a
+  turn-based game, every living unit in a simultaneous one).
+* **settlement**: the reward and done flag of an agent's previous action, once they are known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The outcome of agent `agent`'s previous action: the reward received since, and whether its
+    stream ended there (the episode ended, or the unit died)."""
+
+    agent: int
+    reward: float
+    done: bool
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """A finished episode.
+
+    returns: summed reward per seat (over the seat's agents); length: env steps taken (in a
+    turn-based game, moves); winner: the winning seat by the env's rule, None for a draw.
+    """
+
+    returns: tuple[float, ...]
+    length: int
+    winner: int | None
+
+
+def leader(scores: Sequence[float]) -> int | None:
+    """Index of the strictly highest score, or None when several share it (a draw)."""
+    best = max(scores)
+    leaders = [s for s, v in enumerate(scores) if v == best]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+@dataclass
+class Step:
+    """What an adapter's `advance` returns.
+
+    agents: indices of the agents that must act now; `act` takes one action per entry, in order.
+    observations: per acting agent, shape `EnvSpec.obs_shape`, dtype `EnvSpec.obs_dtype`.
+    action_masks: per acting agent, uint8 `[num_actions]`, 1 = legal.
+    settlements: outcomes of earlier actions made known since the last `advance`.
+    episodes: episodes that ended since the last `advance` (play has already gone on in a new one).
+    """
+
+    agents: list[int]
+    observations: list[np.ndarray]
+    action_masks: list[np.ndarray]
+    settlements: list[Settlement] = field(default_factory=list)
+    episodes: list[EpisodeResult] = field(default_factory=list)

@@ -1,0 +1,134 @@
+"""Adapter for PettingZoo Parallel (simultaneous-move) games and for single-agent gymnasium envs.
+
+Every living agent acts at every step. Which step a reward belongs to is decided here:
+
+* *Simultaneous step.* The rewards `env.step` returns are the outcome of the actions just taken: each
+  acting agent's reward settles the step it just took (a settlement per acting agent, every step).
+* *Dead unit.* An agent whose `terminated` flag is set has its step settled with `done=True`; it is
+  no longer asked to act, and its stream goes on with the next episode (the slot is reused).
+* *Time limit.* A truncated agent is settled with `done=True` like a terminated one (no bootstrap
+  through truncation), but still counts as alive for the outcome.
+* *Episode end.* When no agent is left (PettingZoo removes finished agents), the episode's result is
+  recorded and the env is reset with the next seed; play goes on without a gap.
+* *Outcome.* `outcome="return"`: the seat whose agents' summed reward is highest wins;
+  `outcome="units_left"`: the seat with the most agents alive at the end wins (a battle); ties draw.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from envs.base import EpisodeResult, Settlement, Step, leader
+
+Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
+OUTCOMES = ("return", "units_left")
+
+
+class ParallelAdapter:
+    """One PettingZoo Parallel env seen as agents that all act at once.
+
+    Args:
+      make: zero-argument factory of the Parallel env.
+      seed: seed of the first episode; episode k is reset with `seed + k`.
+      encoders: per agent (in `possible_agents` order), raw observation -> (observation, mask or None).
+      agent_seats: the seat (side) of each agent.
+      num_actions: A, for the all-legal mask of envs without one.
+      outcome: "return" or "units_left", the rule that names the winning seat.
+
+    Use: `step = adapter.advance()`, choose one action per agent in `step.agents`, `adapter.act(actions)`.
+    """
+
+    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode],
+                 agent_seats: Sequence[int], num_actions: int, outcome: str = "return"):
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        self.env = make()
+        self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
+        self._index = {agent: i for i, agent in enumerate(self.agents)}
+        self._encoders = list(encoders)
+        self._seats = list(agent_seats)
+        self._num_seats = max(self._seats) + 1
+        self._all_legal = np.ones(num_actions, np.uint8)
+        self._outcome = outcome
+        self._seed = seed
+        self._pending: list[Settlement] = []
+        self._episodes: list[EpisodeResult] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._obs, self._infos = self.env.reset(seed=self._seed)
+        self._seed += 1
+        self._returns = [0.0] * self._num_seats
+        self._alive = set(self.env.agents)
+        self._length = 0
+
+    def advance(self) -> Step:
+        """The agents to act now (every living agent), with what was settled since the last call."""
+        agents, observations, masks = [], [], []
+        for name in self.env.agents:
+            i = self._index[name]
+            observation, mask = self._encoders[i](self._obs[name])
+            if mask is None:
+                mask = self._infos.get(name, {}).get("action_mask", self._all_legal)
+            agents.append(i)
+            observations.append(observation)
+            masks.append(np.asarray(mask, np.uint8))
+        step = Step(agents, observations, masks, self._pending, self._episodes)
+        self._pending, self._episodes = [], []
+        return step
+
+    def act(self, actions: Sequence[int]) -> None:
+        """Step the env with one action per agent of the last `advance`, in its order."""
+        acting = list(self.env.agents)
+        self._obs, rewards, terminated, truncated, self._infos = self.env.step(
+            {name: int(a) for name, a in zip(acting, actions)})
+        self._length += 1
+        still = set(self.env.agents)
+        for name in acting:
+            i = self._index[name]
+            reward = float(rewards.get(name, 0.0))
+            self._returns[self._seats[i]] += reward
+            if terminated.get(name, False):
+                self._alive.discard(name)
+            done = bool(terminated.get(name, False) or truncated.get(name, False) or name not in still)
+            self._pending.append(Settlement(i, reward, done))
+        if not still:
+            self._episodes.append(EpisodeResult(tuple(self._returns), self._length, self._winner()))
+            self._reset()
+
+    def _winner(self) -> int | None:
+        if self._outcome == "units_left":
+            left = [0] * self._num_seats
+            for name in self._alive:
+                left[self._seats[self._index[name]]] += 1
+            return leader(left)
+        return leader(self._returns)
+
+
+class _OneAgent:
+    """A gymnasium env dressed as a one-agent Parallel env (agent name "agent")."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.possible_agents = ["agent"]
+        self.agents: list[str] = []
+
+    def reset(self, seed: int | None = None):
+        obs, info = self.env.reset(seed=seed)
+        self.agents = ["agent"]
+        return {"agent": obs}, {"agent": info}
+
+    def step(self, actions: dict[str, int]):
+        obs, reward, terminated, truncated, info = self.env.step(actions["agent"])
+        if terminated or truncated:
+            self.agents = []
+        return ({"agent": obs}, {"agent": reward}, {"agent": terminated}, {"agent": truncated},
+                {"agent": info})
+
+
+def single_agent_adapter(make: Callable[[], object], seed: int, encode: Encode, num_actions: int) -> ParallelAdapter:
+    """A gymnasium env (`make()` returns it) as the one-agent case of `ParallelAdapter`: one seat,
+    the return is the episode's score, and a time-limit truncation settles like a termination."""
+    return ParallelAdapter(lambda: _OneAgent(make()), seed, [encode], [0], num_actions)
