@@ -24,7 +24,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 MAX_ACTORS = 256
 MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
+MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
+CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
@@ -82,6 +84,8 @@ class ActorConfig:
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
     unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
+    weight_delay: int = _f(0, "act with the weights K publishes behind the learner's latest (policy lag on "
+                           "purpose, for the off-policy correction study); 0 = the latest")
     epsilon: float = _f(0.0, "exploration: env i plays uniformly random legal moves with probability "
                         "epsilon * i / (num_envs - 1); V-trace corrects for it")
     high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls")
@@ -89,6 +93,8 @@ class ActorConfig:
 
 @dataclass
 class LearnerConfig:
+    algo: str = _f("impala", "impala (actors send unrolls, the learner corrects with learner.correction) or a3c "
+                   "(actors push n-step actor-critic gradients to a parameter server; no league)")
     device: str = _f("auto", "torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     batch_size: int = _f(32, "B: unrolls per update")
     optimizer: str = _f("adam", "adam or rmsprop")
@@ -103,6 +109,8 @@ class LearnerConfig:
     clip_pg_rho_threshold: Optional[float] = _f(1.0, "pg-rho-bar; null = no clipping")
     clip_c_threshold: Optional[float] = _f(1.0, "c-bar; null = no clipping")
     lambda_: float = _f(1.0, "V-trace lambda (multiplies the c's)")
+    correction: str = _f("vtrace", "off-policy correction (IMPALA Table 2): vtrace, is1 (1-step importance "
+                         "sampling), epsilon (log(pi + 1e-6)) or none")
     mirror_augment: bool = _f(True, "also train on the left-right mirror of each unroll (symmetric boards only)")
     publish_every: int = _f(1, "publish weights every N updates")
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
@@ -268,10 +276,17 @@ def validate(cfg: Config) -> None:
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
         (0.0 <= cfg.actor.epsilon <= 1.0, "actor.epsilon must be in [0, 1]"),
         (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
+        (0 <= cfg.actor.weight_delay <= MAX_WEIGHT_DELAY,
+         f"actor.weight_delay must be in [0, {MAX_WEIGHT_DELAY}] (Redis keeps that many copies of the weights)"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
         (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
+        (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
+        (cfg.learner.algo == "impala" or not cfg.league.enabled,
+         "learner.algo=a3c trains without a league: set league.enabled=false"),
+        (cfg.learner.correction in CORRECTIONS,
+         "learner.correction must be vtrace, is1, epsilon or none"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),

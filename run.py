@@ -8,6 +8,9 @@
   evaluate  play a checkpoint against a baseline bot in both seats, or a round-robin of checkpoints,
             run directories and bots with Elo ratings
   replay    re-simulate a recorded game, check it, and show it (text boards, GIF)
+  compare   train several configurations one after another for the same wall clock and seeds
+            (IMPALA vs A3C, or the four off-policy corrections) and write a table and plots
+  report    one self-contained HTML page about run directories (or a compare output)
 
 Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
 """
@@ -15,6 +18,7 @@ Run `python run.py <role> --help` for the options of a role, and `--help-config`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -47,6 +51,37 @@ it: a text board per move (X moves first) or, in simultaneous-move and one-agent
 step with units left and reward so far per team; only the last with --final. --gif writes an
 animation (simultaneous games: 100 ms per step, every k-th step past 250 steps).
 A replay that does not re-simulate to what it records is an error (exit code 2).
+"""
+
+
+COMPARE_HELP = """Train several configurations one after another on this machine, each for the same
+wall-clock budget (--minutes) and the same seeds, then compare them.
+
+  --study algos        IMPALA against A3C (learner.algo=impala | a3c), with the config's actor
+                       counts for both: the IMPALA paper's Table 1 question (throughput)
+  --study corrections  learner.correction = vtrace | is1 | epsilon | none, with the actors acting on
+                       weights --lag published versions old (actor.weight_delay): its Table 2
+
+Every variant x seed is a normal `run.py train` run (without a league) in
+OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
+per variant (means over seeds; per-seed rows in the JSON):
+  SPS             env frames per second the learner (A3C: parameter server) trained on, mean
+  SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
+  frames          env frames trained on by the end of the budget
+  policy lag      learner updates between acting and learning (A3C: gradient staleness)
+  final score     the score at the end of the run
+  final score vs bot
+                  two-player games: the final checkpoint, greedy, against --eval-opponent in both
+                  seats (wins + draws / 2); self-play returns measure nothing there
+  score at equal wall clock / at equal frames
+                  the score when the shortest run ended, resp. at the fewest frames any run reached
+and curves_wall_clock.png, curves_frames.png (the score of every run against both axes).
+The score is the metric --metric of metrics.jsonl, by default league_score where recorded, else
+episode_return (the learning seat's return: the score of single-agent envs such as gym:CartPole-v1;
+~0 in two-player self-play). `run.py report OUT` shows it all on one page.
+
+  run.py compare --config configs/tictactoe.yaml --minutes 10 --seeds 0 1 2
+  run.py compare --config configs/cartpole.yaml --study corrections --lag 20 --minutes 5 --seeds 0 1 2
 """
 
 
@@ -110,6 +145,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--final", action="store_true", help="print only the final board (or step) instead of one per move")
     p.add_argument("--gif", metavar="OUT.gif", help="also write an animated GIF of the env's own rendering, "
                    "one frame for the start and one per move or step")
+    p = sub.add_parser("compare", help="train several configurations for the same wall clock and compare them",
+                       description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _config_args(p)
+    p.add_argument("--study", default="algos", help="algos (IMPALA vs A3C, default) or corrections")
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
+    p.add_argument("--frames", type=int, help="also end each run at this many env frames (default: only the budget)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
+    p.add_argument("--lag", type=int, default=20, help="corrections study: actor.weight_delay, in published "
+                   "versions (default 20)")
+    p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
+                   "league_score, else episode_return)")
+    p.add_argument("--out", help="output folder (default <run.dir>/compare-<study>-<date>-<time>); must not exist")
+    p.add_argument("--eval-opponent", help="multi-seat games: the bot each final checkpoint plays for the 'final "
+                   "score vs bot' column (random, tactical, minimax:D; default: tactical where the game has it, "
+                   "else random)")
+    p.add_argument("--eval-games", type=int, default=100, help="games per seat of that evaluation (0 = none)")
+    p = sub.add_parser("report", help="one self-contained HTML page about run directories and compare outputs",
+                       description="Write one HTML file (plots embedded as PNG) about each RUN_DIR: the architecture "
+                       "with the run's SPS, queue depth, policy lag and publish rate; learning curves; throughput; "
+                       "the policy-lag histogram; V-trace diagnostics; league Elo and payoff where a league ran. "
+                       "A `run.py compare` output folder adds its table and curves, then each of its runs.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories and/or compare output folders")
+    p.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html of the first one)")
     return parser
 
 
@@ -188,12 +246,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     _write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
     log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
              cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
-    if url:
-        code, finished = supervise(cfg, config_path, run_dir, url, args.resume)
-    else:
-        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
-            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
-            code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume)
+    view = None
+    if sys.stdout.isatty():  # a live progress view on a terminal; plain log lines otherwise
+        from distributed.live import LiveView
+
+        view = LiveView(cfg, run_dir / "metrics.jsonl")
+    with view or contextlib.nullcontext():
+        if url:
+            code, finished = supervise(cfg, config_path, run_dir, url, args.resume, view)
+        else:
+            with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
+                log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+                code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume, view)
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
     if not finished and code == 0:
         log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
@@ -243,7 +307,12 @@ def cmd_learner(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
-    run_learner(cfg, url, run_dir, resume=args.resume, player=player)
+    if cfg.learner.algo == "a3c":
+        from distributed.a3c import ParameterServer
+
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer)
+    else:
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player)
     return 0
 
 
@@ -284,7 +353,12 @@ def cmd_actor(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
-    run_actor(cfg, url, args.actor_id, _player(args, cfg))
+    if cfg.learner.algo == "a3c":
+        from distributed.a3c import A3CWorker
+
+        run_actor(cfg, url, args.actor_id, _player(args, cfg), actor_class=A3CWorker)
+    else:
+        run_actor(cfg, url, args.actor_id, _player(args, cfg))
     return 0
 
 
@@ -405,6 +479,57 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import time
+
+    from analysis.compare import STUDIES, markdown_table, run_study
+    from config import MAX_WEIGHT_DELAY
+    from envs.registry import env_spec
+    from evaluation.bots import make_bot
+
+    cfg = _load(args)  # checks the config and overrides before anything runs
+    if not args.config:
+        raise ConfigError("compare needs --config (the experiment every variant starts from)")
+    if args.study not in STUDIES:
+        raise ConfigError(f"--study must be one of {', '.join(STUDIES)}")
+    if not args.minutes > 0 or (args.frames is not None and args.frames < 1):
+        raise ConfigError("--minutes must be > 0 and --frames >= 1")
+    if not 0 <= args.lag <= MAX_WEIGHT_DELAY:
+        raise ConfigError(f"--lag must be in [0, {MAX_WEIGHT_DELAY}]")
+    if not args.seeds or any(not 0 <= s < 2**31 for s in args.seeds):
+        raise ConfigError("--seeds must be in [0, 2**31)")
+    out = Path(args.out) if args.out else Path(cfg.run.dir) / f"compare-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists():
+        raise ConfigError(f"--out {out} exists; compare writes into a new folder")
+    if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
+    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs).seats) > 1:
+        if args.eval_opponent is None:
+            args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
+        try:
+            make_bot(args.eval_opponent, cfg.env.name)
+        except ValueError as e:
+            raise ConfigError(f"--eval-opponent: {e}") from None
+    summary = run_study(args.config, args.study, out, args.seeds, args.minutes, args.frames, args.lag,
+                        args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games)
+    print(markdown_table(summary))
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and the plots; `run.py report {out}` shows them")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import build_report
+
+    page = build_report(args.run_dirs)
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report.html"
+    try:
+        out.write_text(page)
+    except OSError as e:
+        raise ConfigError(f"cannot write {out}: {e.strerror}") from None
+    print(f"wrote {out} ({len(page) / 1e6:.1f} MB)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
@@ -414,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     from evaluation.tournament import PlayerError, TournamentError
 
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
-                "evaluate": cmd_evaluate, "replay": cmd_replay}
+                "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
+                "report": cmd_report}
     try:
         return commands[args.role](args)
     except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,

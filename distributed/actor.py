@@ -192,7 +192,7 @@ class Actor:
         own = namespace(cfg.run.name, player)
         self.trajectories = TrajectoryStream(self.redis, own)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, own)
+        self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         self.opponents = Opponents(self.redis, cfg, self.spec, seed)
         self.distribution: dict[str, float] | None = None
@@ -370,10 +370,11 @@ class Actor:
                 "returns": list(episode.returns)}
 
 
-def run_actor(cfg: Config, redis_url: str, actor_id: int, player: str = MAIN) -> None:
-    """Entry point of `run.py actor`: one thread for torch, stop cleanly on SIGTERM/SIGINT."""
+def run_actor(cfg: Config, redis_url: str, actor_id: int, player: str = MAIN, actor_class: type = Actor) -> None:
+    """Entry point of `run.py actor` (`actor_class`: Actor, or a subclass such as A3C's worker): one
+    thread for torch, stop cleanly on SIGTERM/SIGINT."""
     torch.set_num_threads(1)
-    actor = Actor(cfg, redis_url, actor_id, player)
+    actor = actor_class(cfg, redis_url, actor_id, player)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)
     try:

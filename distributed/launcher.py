@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -28,6 +29,9 @@ from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, connect, run_done_key
 from league.players import MAIN, learner_players, namespace
 from league.store import LeagueStore
+
+if TYPE_CHECKING:
+    from distributed.live import LiveView
 
 log = logging.getLogger("launcher")
 
@@ -197,7 +201,9 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
-def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0) -> subprocess.Popen:
+def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0,
+           view: "LiveView | None" = None) -> subprocess.Popen:
+    """Start `run.py role` as a child; with a live view its output goes through the view."""
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url}, PYTHONUNBUFFERED="1")
 
     def setup() -> None:
@@ -210,8 +216,12 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
                 pass
 
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
-    return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
-                            env=env, start_new_session=True, preexec_fn=setup)
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if view is not None else {}
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
+                            env=env, start_new_session=True, preexec_fn=setup, **output)
+    if view is not None:
+        view.forward(proc.stdout)
+    return proc
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -259,9 +269,10 @@ def _restart_args(role: str, args: list[str]) -> list[str]:
     return args if role == "actor" or "--resume" in args else args + ["--resume"]
 
 
-def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool) -> tuple[int, bool]:
+def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool,
+              view: "LiveView | None" = None) -> tuple[int, bool]:
     """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
-    main learner ends.
+    main learner ends. With `view` (a terminal), the children's output and the progress go through it.
 
     Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
     clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the workers kept crashing.
@@ -289,10 +300,12 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     workers: dict[str, subprocess.Popen] = {}
     try:
         learner = _spawn("learner", config_path, redis_url,
-                         ["--run-dir", str(run_dir)] + (["--resume"] if resume else []))
+                         ["--run-dir", str(run_dir)] + (["--resume"] if resume else []), view=view)
         for name, (role, args, nice) in commands.items():
-            workers[name] = _spawn(role, config_path, redis_url, args, nice)
-        log.info("started the learner (pid %d) and %s", learner.pid,
+            workers[name] = _spawn(role, config_path, redis_url, args, nice, view)
+        # With learner.algo=a3c the learner process is A3C's parameter server (run.py learner picks it).
+        log.info("started the %s (pid %d) and %s", "parameter server" if cfg.learner.algo == "a3c" else "learner",
+                 learner.pid,
                  ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
         while learner.poll() is None and not interrupted and not failure:
@@ -316,7 +329,9 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                     log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
                     role, args, nice = commands[name]
                     commands[name] = (role, _restart_args(role, args), nice)
-                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice)
+                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice, view)
+            if view is not None:
+                view.refresh()
             time.sleep(0.5)
     finally:
         if interrupted or failure:

@@ -15,6 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import redis
@@ -38,6 +39,7 @@ from envs.registry import EnvSpec, env_spec
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
+LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
 @dataclass
@@ -82,19 +84,80 @@ class Batch:
         )
 
 
-def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig,
-               head: DiscreteHead | FunctionCallHead | None = None) -> dict[str, float]:
-    """One IMPALA update on `batch`. Returns the losses and V-trace diagnostics as floats.
+Head = DiscreteHead | FunctionCallHead
+
+EPSILON_CORRECTION = 1e-6  # the epsilon of the paper's epsilon-correction: log(pi + epsilon)
+
+
+class Targets(NamedTuple):
+    """What the losses need from one correction; every field [T, B] float.
+
+    vs: value targets (no gradient). pg_advantages: the advantages in front of the policy's log-prob
+    (no gradient). log_pi: the log-prob term of the policy gradient, with gradient. log_rhos:
+    log pi(a_t|x_t) - log mu(a_t|x_t), unclipped, for the diagnostics (no gradient).
+    """
+
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+    log_pi: torch.Tensor
+    log_rhos: torch.Tensor
+
+
+def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch, cfg: LearnerConfig,
+                       head: Head) -> Targets:
+    """Value targets and policy-gradient advantages under the off-policy correction `cfg.correction`
+    (IMPALA, Espeholt et al. 2018, Table 2 and appendix D):
+
+      vtrace  vs from V-trace (eq. 1); advantage min(pg_rho_bar, rho_t) (r_t + gamma_t v_{t+1} - V(x_t)).
+      is1     vs uncorrected n-step returns; the advantage weighted by this step's own ratio only,
+              min(pg_rho_bar, rho_t) (1-step importance sampling).
+      epsilon vs uncorrected; no weight; log pi in the policy gradient is log(pi + 1e-6), which
+              bounds it when the behaviour policy took an action that pi now gives ~0 probability.
+      none    vs uncorrected n-step returns; no weight.
+
+    "Uncorrected" = V-trace with every rho and c set to 1 (with learner.lambda_=1, the n-step
+    bootstrapped returns). logits [T+1, B, ...] (masked), values [T+1, B], both with gradient; `head`
+    reads log pi and log mu of the actions from them (summed over the heads a multi-head action uses).
+    """
+    discounts = (~batch.done).float() * cfg.discount
+    log_pi = head.log_prob(logits[:-1], batch.action)
+    log_mu = head.behaviour_log_prob(batch.behaviour_logits, batch.action)
+    log_rhos = (log_pi - log_mu).detach()
+    targets = dict(discounts=discounts, rewards=batch.reward, values=values[:-1].detach(),
+                   bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_)
+    if cfg.correction == "vtrace":
+        vt = vtrace.from_importance_weights(log_rhos, clip_rho_threshold=cfg.clip_rho_threshold,
+                                            clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
+                                            clip_c_threshold=cfg.clip_c_threshold, **targets)
+        return Targets(vt.vs, vt.pg_advantages, log_pi, log_rhos)
+    plain = vtrace.from_importance_weights(torch.zeros_like(log_rhos), clip_rho_threshold=None,
+                                           clip_pg_rho_threshold=None, clip_c_threshold=None, **targets)
+    if cfg.correction == "is1":
+        rhos = log_rhos.exp() if cfg.clip_pg_rho_threshold is None else log_rhos.clamp(
+            max=math.log(cfg.clip_pg_rho_threshold)).exp()
+        return Targets(plain.vs, rhos * plain.pg_advantages, log_pi, log_rhos)
+    if cfg.correction == "epsilon":
+        return Targets(plain.vs, plain.pg_advantages, torch.log(log_pi.exp() + EPSILON_CORRECTION), log_rhos)
+    return Targets(plain.vs, plain.pg_advantages, log_pi, log_rhos)
+
+
+def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
+                      head: Head | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The IMPALA loss on `batch` (with gradient) and its parts and diagnostics (0-dim tensors, no gradient).
 
     `head` (agents/heads.py, default one Discrete action) gives log pi(a|x), log mu(a|x) and the
     entropy; for multi-head actions they are sums over the heads the action uses, so
     log_rho = log pi(a|x) - log mu(a|x) is the sum of the per-head log-ratios.
 
     loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
-      policy_gradient_loss = -mean(pg_rho_t * (r_t + gamma_t v_{t+1} - V(x_t)) * log pi(a_t|x_t)),
+      policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),
       baseline_loss        = mean(0.5 * (v_t - V(x_t))^2),
       entropy_loss         = -mean(H(pi(.|x_t))),
-    v_t from V-trace (eq. 1) and means over the T x B steps (a sum would tie the step size to T x B).
+    v_t and pg_advantage_t from the off-policy correction `cfg.correction` (see `off_policy_targets`;
+    V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
+    With correction `none` on on-policy unrolls this is A3C's n-step advantage actor-critic loss
+    (Mnih et al. 2016, Algorithm S3). The diagnostics mean_rho, rho_clipped_fraction and
+    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used.
     """
     head = head or DiscreteHead()
     T, B = batch.reward.shape
@@ -102,20 +165,22 @@ def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
            else batch.obs.flatten(0, 1))
     logits, values = model(obs, batch.action_mask.flatten(0, 1))
     logits, values = logits.view(T + 1, B, -1), values.view(T + 1, B)
-    discounts = (~batch.done).float() * cfg.discount
-    target_action_log_probs = head.log_prob(logits[:-1], batch.action)
-    log_rhos = (target_action_log_probs - head.behaviour_log_prob(batch.behaviour_logits, batch.action)).detach()
-    vt = vtrace.from_importance_weights(
-        log_rhos=log_rhos, discounts=discounts, rewards=batch.reward, values=values[:-1].detach(),
-        bootstrap_value=values[-1].detach(), clip_rho_threshold=cfg.clip_rho_threshold,
-        clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, clip_c_threshold=cfg.clip_c_threshold, lambda_=cfg.lambda_)
-    policy_gradient_loss = -(target_action_log_probs * vt.pg_advantages).mean()
+    vt = off_policy_targets(logits, values, batch, cfg, head)
+    policy_gradient_loss = -(vt.log_pi * vt.pg_advantages).mean()
     baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
     entropy = head.entropy(logits[:-1], batch.action).mean()
     loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
+    parts = {"loss": loss, "policy_gradient_loss": policy_gradient_loss, "baseline_loss": baseline_loss,
+             "entropy": entropy, "mean_rho": rhos.mean(),
+             "rho_clipped_fraction": (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
+             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()}
+    return loss, {k: v.detach() for k, v in parts.items()}
 
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> dict[str, float]:
+    """Clip the gradients in `model`'s .grad to global norm `cfg.grad_norm_clip` and step, unless that
+    norm is not finite. Returns {"grad_norm": norm before clipping, "skipped_update": 1.0 or 0.0}."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
     # A batch whose loss or gradient is not finite (finite but extreme values that overflow on the way,
     # e.g. rewards near float32's max) would turn every weight into nan for good: skip that update.
@@ -124,14 +189,18 @@ def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
         optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.step()
+    return {"grad_norm": float(grad_norm), "skipped_update": float(skipped)}
 
-    rhos = log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
-    stats = torch.stack([loss, policy_gradient_loss, baseline_loss, entropy, grad_norm, rhos.mean(),
-                         (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
-                         (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()]).tolist()
-    names = ["loss", "policy_gradient_loss", "baseline_loss", "entropy", "grad_norm", "mean_rho",
-             "rho_clipped_fraction", "c_clipped_fraction"]
-    return {**dict(zip(names, stats)), "skipped_update": float(skipped)}
+
+def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig,
+               head: Head | None = None) -> dict[str, float]:
+    """One IMPALA update on `batch` (loss: `actor_critic_loss`). Returns the losses, grad_norm,
+    skipped_update and the V-trace diagnostics as floats."""
+    loss, parts = actor_critic_loss(model, batch, cfg, head)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    step = optimizer_step(model, optimizer, cfg)
+    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:
@@ -183,7 +252,7 @@ class Learner:
         self.namespace = namespace(cfg.run.name, player)
         self.trajectories = TrajectoryStream(self.redis, self.namespace)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, self.namespace)
+        self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         # A reset asked for while this learner was down is applied at once (see follow_league).
         self.resets_seen = (self.restored_resets if self.restored_resets is not None
@@ -193,6 +262,7 @@ class Learner:
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
+        self.batch_size = cfg.learner.batch_size  # stream entries per update
         self.metrics_file = metrics_path(self.run_dir, player).open("a")
         self.wandb = None
 
@@ -247,7 +317,7 @@ class Learner:
 
         Malformed entries go to the dead-letter stream and do not count towards B.
         """
-        B = self.cfg.learner.batch_size
+        B = self.batch_size
         ids, headers, unrolls = [], [], []
         while len(unrolls) < B:
             if self.stopping:
@@ -263,7 +333,7 @@ class Learner:
                 self.pending_cursor = entries[-1][0] if entries else None
             for entry_id, data in entries:
                 try:
-                    header, arrays = decode_unroll(data, self.unroll_spec)
+                    header, arrays = self.decode(data)
                 except DecodeError as e:
                     self.trajectories.dead_letter(entry_id, data, str(e))
                     log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), e)
@@ -272,6 +342,10 @@ class Learner:
                 headers.append(header)
                 unrolls.append(arrays)
         return ids, headers, unrolls
+
+    def decode(self, data: bytes) -> tuple[dict, object]:
+        """(header, payload) of one stream entry. Raises DecodeError."""
+        return decode_unroll(data, self.unroll_spec)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -304,10 +378,10 @@ class Learner:
             if got is None:
                 break
             ids, headers, unrolls = got
+            frames = self.frames
             stats = self.train_on(unrolls)
             self.trajectories.ack(ids)
-            window.add(cfg.actor.unroll_length * len(unrolls), [self.step - 1 - h["policy_version"] for h in headers],
-                       stats)
+            window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
             now = time.monotonic()
             if now - window.start >= cfg.run.log_every_s:
                 self.log_metrics(window, now)
@@ -346,7 +420,20 @@ class Learner:
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
+            if self.player == MAIN:
+                self.log_report_figures()
             self.wandb.finish()
+
+    def log_report_figures(self) -> None:
+        """The figures of `run.py report` for this run, logged to wandb at the end (a plotting error
+        is logged and does not fail a run whose checkpoint is written)."""
+        from analysis.report import log_to_wandb
+        from analysis.runs import load_run
+
+        try:
+            log_to_wandb(load_run(self.run_dir), self.wandb)
+        except (ValueError, OSError, KeyError, TypeError) as e:
+            log.warning("could not log the report figures to wandb: %s: %s", type(e).__name__, e)
 
     # -- metrics -----------------------------------------------------------------------------------
     def start_wandb(self) -> None:
@@ -382,7 +469,12 @@ class Learner:
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
         if self.wandb is not None:
-            self.wandb.log(record, step=self.step)
+            import wandb
+
+            counts = np.array(record["policy_lag_counts"])
+            self.wandb.log({**{k: v for k, v in record.items() if not isinstance(v, list)},
+                            "policy_lag_histogram": wandb.Histogram(np_histogram=(counts, np.arange(len(counts) + 1)))},
+                           step=self.step)
         games = []
         if episodes and self.spec.kind != "aec":
             games.append(f"return {record['episode_return']:.1f}")
@@ -413,11 +505,13 @@ class MetricsWindow:
         self.stats.append(stats)
 
     def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag."""
+        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
+        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more)."""
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
         record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
-                       "policy_lag_max": int(max(self.lags))})
+                       "policy_lag_max": int(max(self.lags)),
+                       "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
         return record
 
 
@@ -434,10 +528,12 @@ def _learner_return(episode: dict) -> float:
     return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
 
 
-def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN) -> None:
-    """Entry point of `run.py learner`: stop cleanly (final checkpoint) on SIGTERM/SIGINT."""
+def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
+                learner_class: type = Learner) -> None:
+    """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
+    cleanly (final checkpoint) on SIGTERM/SIGINT."""
     torch.set_num_threads(1)
-    learner = Learner(cfg, redis_url, run_dir, resume, player)
+    learner = learner_class(cfg, redis_url, run_dir, resume, player)
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
     try:

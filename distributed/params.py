@@ -4,6 +4,11 @@ Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:fra
 learner had trained on). They are written in one MULTI/EXEC and read in one, so a reader never pairs
 new weights with an old version. Actors poll only the small
 version key and fetch the weights when it changed.
+
+Policy lag on purpose (`actor.weight_delay` = K > 0): the writer also keeps its last K+1 publishes
+in `{run}:params:history` (blobs) and `{run}:params:history:versions` (newest first), and a reader
+with the same K gets the K-th newest one (the oldest kept while fewer were published), so actors act
+with weights K versions behind the learner's.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ from distributed.codec import decode_weights, encode_weights
 
 
 class ParamStore:
-    def __init__(self, client: redis.Redis, run: str):
+    """Weights of one learner under `{run}:params*`. `delay` = K: keep (writer) and read (reader) the
+    weights K publishes behind the latest; 0 = the latest only."""
+
+    def __init__(self, client: redis.Redis, run: str, delay: int = 0):
         self.r = client
+        self.delay = delay
         self.key = f"{run}:params"
         self.version_key = f"{run}:params:version"
         self.frames_key = f"{run}:params:frames"
+        self.history_key = f"{run}:params:history"
+        self.history_versions_key = f"{run}:params:history:versions"
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:
         data = encode_weights(state_dict)
@@ -27,21 +38,46 @@ class ParamStore:
         pipe.set(self.key, data)
         pipe.set(self.version_key, int(version))
         pipe.set(self.frames_key, int(frames))
+        if self.delay:
+            pipe.lpush(self.history_key, data)
+            pipe.lpush(self.history_versions_key, int(version))
+            pipe.ltrim(self.history_key, 0, self.delay)
+            pipe.ltrim(self.history_versions_key, 0, self.delay)
         pipe.execute()
 
     def clear(self) -> None:
         """Delete the published weights (a new run must not hand an old run's weights to its actors)."""
-        self.r.delete(self.key, self.version_key, self.frames_key)
+        self.r.delete(self.key, self.version_key, self.frames_key, self.history_key, self.history_versions_key)
 
     def version(self) -> int:
-        """Latest published version, or -1 when nothing was published yet."""
-        v = self.r.get(self.version_key)
+        """Version `fetch` would return (the latest, or K behind it), or -1 when nothing was published yet."""
+        if self.delay:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.lindex(self.history_versions_key, self.delay)
+            pipe.lindex(self.history_versions_key, -1)
+            v = next((x for x in pipe.execute() if x is not None), None)
+        else:
+            v = self.r.get(self.version_key)
         return int(v) if v is not None else -1
 
     def fetch(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """(version, state_dict) of the latest weights, or None when nothing was published yet."""
-        raw = self.fetch_raw()
+        """(version, state_dict) of the latest weights (K behind them with `delay`), or None when
+        nothing was published yet."""
+        raw = self.fetch_delayed() if self.delay else self.fetch_raw()
         return None if raw is None else (raw[0], decode_weights(raw[1]))
+
+    def fetch_delayed(self) -> tuple[int, bytes, int] | None:
+        """(version, safetensors bytes, 0) of the weights `delay` publishes behind the latest (the
+        oldest kept while fewer were published), or None before the first publish."""
+        length = self.r.llen(self.history_versions_key)
+        if length == 0:
+            return None
+        index = min(self.delay, length - 1)  # a publish in between shifts it by one; the pair stays matched
+        pipe = self.r.pipeline(transaction=True)
+        pipe.lindex(self.history_versions_key, index)
+        pipe.lindex(self.history_key, index)
+        version, data = pipe.execute()
+        return None if version is None or data is None else (int(version), data, 0)
 
     def fetch_raw(self) -> tuple[int, bytes, int] | None:
         """(version, safetensors bytes, frames) of the latest weights, or None before the first publish."""

@@ -165,11 +165,12 @@ def _safe(url: str) -> str:
 
 
 class TrajectoryStream:
-    """The `{run}:traj` stream seen by actors (`add`, `wait_for_room`) and learners (`read`, `ack`)."""
+    """The `{run}:traj` stream seen by actors (`add`, `wait_for_room`) and learners (`read`, `ack`).
+    `name` gives another stream the same delivery rules (A3C's gradients: `{run}:grads`)."""
 
-    def __init__(self, client: redis.Redis, run: str):
+    def __init__(self, client: redis.Redis, run: str, name: str = "traj"):
         self.r = client
-        self.key = f"{run}:traj"
+        self.key = f"{run}:{name}"
         self.deadletter_key = f"{run}:deadletter"
         self.deadletter_count_key = f"{run}:deadletter:count"
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)

@@ -1,0 +1,233 @@
+"""`run.py compare`: several training configurations, one after another, on the same machine, for the
+same wall-clock budget and seeds; then a table (markdown + JSON) and learning-curve plots.
+
+Studies (IMPALA paper: Table 1 throughput against A3C, Table 2 off-policy corrections):
+  algos        IMPALA against A3C with the config's actor counts (learner.algo=impala | a3c)
+  corrections  learner.correction = vtrace | is1 | epsilon | none, at a policy lag of `lag`
+               published versions (actor.weight_delay)
+Both studies train without a league (A3C has none, and the corrections are compared on equal terms).
+Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from analysis.runs import Run, load_run, score_key
+from config import CORRECTIONS
+
+log = logging.getLogger("compare")
+
+REPO = Path(__file__).resolve().parent.parent
+STUDIES = ("algos", "corrections")
+SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
+UNLIMITED_FRAMES = 10**15
+FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
+
+
+def plan(study: str, lag: int) -> dict[str, list[str]]:
+    """Variant name -> config overrides (`section.key=value`) for `study`. Raises ValueError."""
+    if study == "algos":
+        return {"impala": ["learner.algo=impala", "league.enabled=false"],
+                "a3c": ["learner.algo=a3c", "league.enabled=false"]}
+    if study == "corrections":
+        return {c: ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
+                    f"actor.weight_delay={lag}"] for c in CORRECTIONS}
+    raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+
+
+def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, minutes: float,
+                  frames: int | None, redis_url: str | None) -> list[str]:
+    """The `run.py train` command of one compared run (no final evaluation, wandb as configured)."""
+    sets = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", f"run.seed={seed}",
+            f"run.max_minutes={minutes}", f"run.total_frames={frames or UNLIMITED_FRAMES}", *overrides]
+    cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(config), "--eval-games", "0"]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd + (["--redis-url", redis_url] if redis_url else [])
+
+
+def score_at(run: Run, key: str, *, seconds: float | None = None, frames: float | None = None) -> float | None:
+    """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `frames`
+    env steps); None when no record has it by then. Without a limit: at the end of the run."""
+    rows = [r for r in run.records if key in r
+            and (seconds is None or run.elapsed(r) <= seconds + 1e-9)
+            and (frames is None or r["frames"] <= frames)]
+    return float(np.mean([r[key] for r in rows[-SMOOTH:]])) if rows else None
+
+
+def run_summary(run: Run, key: str | None, equal_seconds: float, equal_frames: float) -> dict:
+    """One run's row: mean SPS over its records, frames and seconds at its end, and scores."""
+    recs = run.records
+    return {
+        "run": run.name,
+        "seed": run.config.run.seed,
+        "sps": float(np.mean([r["sps"] for r in recs])) if recs else None,
+        "frames": int(recs[-1]["frames"]) if recs else 0,
+        "wall_s": run.elapsed(recs[-1]) if recs else 0.0,
+        "policy_lag": float(np.mean([r["policy_lag"] for r in recs])) if recs else None,
+        "final_score": score_at(run, key) if key else None,
+        "score_at_equal_wall_clock": score_at(run, key, seconds=equal_seconds) if key else None,
+        "score_at_equal_frames": score_at(run, key, frames=equal_frames) if key else None,
+        "final_eval_score": _final_eval_score(run.path),
+    }
+
+
+def _final_eval_score(run_dir: Path) -> float | None:
+    """The score of `final_eval.json` (see `final_evaluation`), if the run has one."""
+    path = run_dir / FINAL_EVAL
+    return float(json.loads(path.read_text())["score"]) if path.is_file() else None
+
+
+def final_evaluation(run_dir: Path, opponent: str, games: int) -> float | None:
+    """Greedy final checkpoint of a multi-seat game against the bot `opponent`, `games` per seat;
+    writes `final_eval.json` and returns the score (wins + draws / 2 over all games). None for a
+    single-seat env or a run without a checkpoint."""
+    from agents.policy import load_policy
+    from evaluation.evaluate import evaluate
+
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if not checkpoint.is_file():
+        return None
+    policy = load_policy(checkpoint)
+    if len(policy.spec.seats) < 2:
+        return None
+    result = evaluate(policy, opponent, games)
+    score = float(np.mean([r["win_rate"] + 0.5 * r["draw_rate"] for r in result["seats"].values()]))
+    (run_dir / FINAL_EVAL).write_text(json.dumps({"opponent": opponent, "games_per_seat": games, "score": score,
+                                                  "seats": result["seats"]}, indent=2) + "\n")
+    return score
+
+
+def _mean(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
+    """The comparison of `runs` (variant -> its runs, one per seed).
+
+    Equal wall clock = the shortest run's last record (seconds from its start); equal frames = the
+    fewest frames any run reached. Variant rows are means over seeds; `sps_ratio` divides each
+    variant's SPS by the first variant's.
+    """
+    every = [r for rs in runs.values() for r in rs]
+    key = score_key([rec for r in every for rec in r.records], metric)
+    with_records = [r for r in every if r.records]
+    equal_seconds = min((r.elapsed(r.records[-1]) for r in with_records), default=0.0)
+    equal_frames = min((r.records[-1]["frames"] for r in with_records), default=0)
+    variants = {}
+    for name, rs in runs.items():
+        rows = [run_summary(r, key, equal_seconds, equal_frames) for r in rs]
+        variants[name] = {field: _mean([row[field] for row in rows]) for field in
+                          ("sps", "frames", "wall_s", "policy_lag", "final_score", "score_at_equal_wall_clock",
+                           "score_at_equal_frames", "final_eval_score")}
+        variants[name]["runs"] = rows
+    first = next(iter(variants.values()), {}).get("sps")
+    for v in variants.values():
+        v["sps_ratio"] = v["sps"] / first if v["sps"] is not None and first else None
+    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants}
+
+
+COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"), ("frames", "frames", "{:,.0f}"),
+           ("policy_lag", "policy lag", "{:.1f}"), ("final_score", "final score", "{:.3f}"),
+           ("score_at_equal_wall_clock", "score at equal wall clock", "{:.3f}"),
+           ("score_at_equal_frames", "score at equal frames", "{:.3f}"),
+           ("final_eval_score", "final score vs bot", "{:.3f}")]
+
+
+def markdown_table(summary: dict) -> str:
+    """The variants as a markdown table, with a line saying what the score and the equal points are."""
+    head = "| variant | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, v in summary["variants"].items():
+        cells = ["-" if v[k] is None else fmt.format(v[k]) for k, _, fmt in COLUMNS]
+        lines.append(f"| {name} | {len(v['runs'])} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Score: `{summary['metric'] or 'none recorded'}` from metrics.jsonl, mean of the last {SMOOTH} "
+                 f"records up to the point; equal wall clock = {summary['equal_wall_clock_s']:.0f} s, equal frames "
+                 f"= {summary['equal_frames']:,}. Means over seeds."
+                 + (f" Final score vs bot: the last checkpoint, greedy, against {summary['eval_opponent']}, wins "
+                    "+ draws / 2 in both seats." if summary.get("eval_opponent") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[Path]:
+    """Learning curves (`key` against wall-clock seconds and against frames), one line per run,
+    one colour per variant; PNG files in `out`. Returns their paths (none without a metric)."""
+    if key is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for axis, label, fname in (("time", "wall clock (s)", "curves_wall_clock.png"),
+                               ("frames", "env frames", "curves_frames.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k, (name, rs) in enumerate(runs.items()):
+            for j, run in enumerate(rs):
+                recs = [r for r in run.records if key in r]
+                xs = [run.elapsed(r) if axis == "time" else r["frames"] for r in recs]
+                ax.plot(xs, [r[key] for r in recs], ".-", color=f"C{k}", alpha=0.9, label=name if j == 0 else None)
+        ax.set_xlabel(label)
+        ax.set_ylabel(key)
+        ax.set_title(f"{key} against {label}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=100)
+        plt.close(fig)
+        paths.append(out / fname)
+    return paths
+
+
+def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", meta: dict | None = None) -> dict:
+    """compare.json, compare.md and the curve PNGs in `out`; returns the summary."""
+    summary = summarize(runs, metric)
+    summary.update(meta or {})
+    summary["plots"] = [p.name for p in plot_curves(runs, summary["metric"], out)]
+    (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "compare.md").write_text(markdown_table(summary))
+    return summary
+
+
+def run_study(config: str, study: str, out: Path, seeds: list[int], minutes: float, frames: int | None, lag: int,
+              extra: list[str], redis_url: str | None, metric: str = "auto", eval_opponent: str | None = "tactical",
+              eval_games: int = 100) -> dict:
+    """Train every variant x seed one after another (each `minutes` of wall clock, or `frames`), then
+    evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per
+    seat; 0 = no evaluation) and write the outputs. A run that fails is reported and left out; all
+    failing is a RuntimeError."""
+    variants = plan(study, lag)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    for seed in seeds:
+        for name, overrides in variants.items():
+            run_dir = out / f"{name}-seed{seed}"
+            cmd = train_command(config, run_dir, [*extra, *overrides], seed, minutes, frames, redis_url)
+            log.info("%s, seed %d: %s", name, seed, " ".join(cmd[1:]))
+            start = time.time()
+            with (out / f"{run_dir.name}.log").open("w") as output:
+                code = subprocess.run(cmd, stdout=output, stderr=subprocess.STDOUT, cwd=REPO).returncode
+            if code != 0 or not (run_dir / "config.yaml").is_file():
+                log.error("%s, seed %d failed (exit code %d); see %s", name, seed, code, out / f"{run_dir.name}.log")
+                continue
+            (run_dir / "started").write_text(f"{start}\n")
+            if eval_games:
+                final_evaluation(run_dir, eval_opponent, eval_games)
+            runs[name].append(load_run(run_dir))
+    runs = {name: rs for name, rs in runs.items() if rs}
+    if not runs:
+        raise RuntimeError(f"every run of the study failed; see the logs in {out}")
+    return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
+                                              "minutes": minutes, "lag": lag if study == "corrections" else None,
+                                              "eval_opponent": eval_opponent if eval_games else None})

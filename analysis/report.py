@@ -1,0 +1,324 @@
+"""`run.py report`: one self-contained HTML page about run directories and compare outputs.
+
+Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is one file that
+opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
+the policy-lag histogram, V-trace diagnostics, and where a league ran its Elo ratings over time and
+payoff heatmap. Per compare output (a folder with compare.json): its table and curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
+from config import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
+VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Figure | None) -> str | None:
+    """An <img> holding `fig` as a base64 PNG (None for None); closes the figure."""
+    if fig is None:
+        return None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    _pyplot().close(fig)
+    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _mean(records: list[dict], key: str, last: int = 5) -> float | None:
+    values = [r[key] for r in records if key in r][-last:]
+    return float(np.mean(values)) if values else None
+
+
+def figures(run: Run) -> dict[str, float | None]:
+    """The run's own numbers for the diagram (means of the last 5 metrics records): SPS, queue depth,
+    policy lag, and publish rate = weight publishes per second (updates per second between the first
+    and last records, or since the start with one record, / publish_every)."""
+    recs = run.records
+    rate = None
+    if len(recs) >= 2 and recs[-1]["time"] > recs[0]["time"]:
+        rate = (recs[-1]["step"] - recs[0]["step"]) / (recs[-1]["time"] - recs[0]["time"])
+    elif recs and run.elapsed(recs[-1]) > 0:  # one record: updates since the start (a resumed run overstates)
+        rate = recs[-1]["step"] / run.elapsed(recs[-1])
+    if rate is not None:
+        rate /= run.config.learner.publish_every
+    return {"sps": _mean(recs, "sps"), "queue_depth": _mean(recs, "queue_depth"),
+            "policy_lag": _mean(recs, "policy_lag"), "publish_rate": rate}
+
+
+def architecture(run: Run) -> Figure:
+    """Boxes and arrows: actors -> Redis stream -> learner -> weights -> actors (+ league manager),
+    each labelled with the run's figures. A3C runs show workers, the gradient stream and the
+    parameter server instead."""
+    plt = _pyplot()
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    cfg, f = run.config, figures(run)
+    a3c = cfg.learner.algo == "a3c"
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    boxes = {
+        "actors": (0.03, 0.55, f"{'A3C workers' if a3c else 'actors'}\n{cfg.actor.num_actors} processes x "
+                   f"{cfg.actor.num_envs} envs\n{cfg.env.name}, T = {cfg.actor.unroll_length}"),
+        "stream": (0.37, 0.55, f"Redis stream\n{cfg.run.name}:{'grads' if a3c else 'traj'}\nqueue depth "
+                   f"{fmt(f['queue_depth'], '.1f')}"),
+        "learner": (0.71, 0.55, f"{'parameter server' if a3c else 'learner'}\n{cfg.learner.device}, "
+                    f"B = {1 if a3c else cfg.learner.batch_size}\nSPS {fmt(f['sps'], ',.0f')}"),
+        "params": (0.37, 0.12, f"weights ({cfg.run.name}:params)\n{fmt(f['publish_rate'], '.2f')} publishes/s\n"
+                   f"policy lag {fmt(f['policy_lag'], '.1f')} updates"),
+    }
+    if cfg.league.enabled:
+        boxes["league"] = (0.71, 0.12, "league manager\nsnapshots, payoff, Elo, PFSP\n"
+                           f"{cfg.league.main_exploiters} + {cfg.league.league_exploiters} exploiters")
+    w, h = 0.26, 0.3
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    ax.set_axis_off()
+    for name, (x, y, text) in boxes.items():
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.01", fc="#e8f0fe" if name != "stream"
+                                    else "#fdecea", ec="#333"))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
+
+    def arrow(a, b, label):
+        (xa, ya), (xb, yb) = a, b
+        ax.add_patch(FancyArrowPatch((xa, ya), (xb, yb), arrowstyle="-|>", mutation_scale=14, color="#333"))
+        ax.text((xa + xb) / 2, (ya + yb) / 2 + 0.03, label, ha="center", fontsize=8, color="#555")
+
+    arrow((0.03 + w, 0.7), (0.37, 0.7), "gradients" if a3c else "unrolls")
+    arrow((0.37 + w, 0.7), (0.71, 0.7), "XREADGROUP")
+    arrow((0.71 + w / 2, 0.55), (0.37 + w, 0.27), "publish")
+    arrow((0.37, 0.27), (0.03 + w / 2, 0.55), "pull")
+    if cfg.league.enabled:
+        arrow((0.71 + w / 2, 0.42), (0.71 + w / 2, 0.12 + h), "")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0.05, 0.9)
+    ax.set_title(f"{run.name}: {'A3C' if a3c else 'IMPALA'} on {cfg.env.name}")
+    return fig
+
+
+def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> Figure | None:
+    """One line per key of `keys` that the records have, against frames or elapsed seconds."""
+    present = [k for k in keys if any(k in r for r in run.records)]
+    if not present:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for k in present:
+        recs = [r for r in run.records if k in r]
+        ax.plot([r["frames"] if x == "frames" else run.elapsed(r) for r in recs], [r[k] for r in recs], ".-", label=k)
+    ax.set_xlabel("env frames" if x == "frames" else "wall clock (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def throughput(run: Run) -> Figure | None:
+    """SPS and queue depth against wall clock."""
+    if not run.records:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    t = [run.elapsed(r) for r in run.records]
+    ax.plot(t, [r["sps"] for r in run.records], ".-", color="C0", label="SPS")
+    ax.set_xlabel("wall clock (s)")
+    ax.set_ylabel("SPS (env frames / s)", color="C0")
+    twin = ax.twinx()
+    twin.plot(t, [r.get("queue_depth", 0) for r in run.records], ".-", color="C3", label="queue depth")
+    twin.set_ylabel("queue depth (stream entries)", color="C3")
+    ax.set_title("throughput")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def lag_histogram(run: Run) -> Figure | None:
+    """Unrolls (A3C: gradients) per policy lag, summed over the run's `policy_lag_counts`; runs
+    from before that metric show the distribution of the per-record mean lag instead."""
+    counts = [r["policy_lag_counts"] for r in run.records if "policy_lag_counts" in r]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    if counts:
+        total = np.zeros(max(len(c) for c in counts))
+        for c in counts:
+            total[:len(c)] += c
+        ax.bar(np.arange(len(total)), total, color="C2")
+        ax.set_ylabel("unrolls")
+        ax.set_xlabel("policy lag (learner updates; the last bar: that many or more)")
+    elif run.records:
+        ax.hist([r["policy_lag"] for r in run.records], bins=20, color="C2")
+        ax.set_ylabel("metrics records")
+        ax.set_xlabel("mean policy lag of a record")
+    else:
+        plt.close(fig)
+        return None
+    ax.set_title("policy lag")
+    fig.tight_layout()
+    return fig
+
+
+def league_figures(run: Run) -> list[Figure]:
+    """Elo over time (league/ratings.jsonl) and the payoff heatmap (league/state.json), where present."""
+    out = []
+    plt = _pyplot()
+    ratings = read_jsonl(run.path / "league" / "ratings.jsonl")
+    if ratings:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        members = sorted({m for r in ratings for m in r.get("elo", {})})
+        for m in members:
+            rows = [r for r in ratings if m in r.get("elo", {})]
+            ax.plot([r["time"] - run.start for r in rows], [r["elo"][m] for r in rows], label=m)
+        ax.set_xlabel("wall clock (s)")
+        ax.set_ylabel("Elo")
+        ax.set_title("league Elo over time")
+        ax.grid(alpha=0.3)
+        if len(members) <= 12:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        out.append(fig)
+    state_file = run.path / "league" / "state.json"
+    if state_file.is_file():
+        rows = json.loads(state_file.read_text()).get("payoff", [])
+        players = sorted({row[0] for row in rows} | {row[1] for row in rows})
+        if players:
+            index = {p: i for i, p in enumerate(players)}
+            grid = np.full((len(players), len(players)), np.nan)
+            for a, b, w, d, l in rows:
+                if w + d + l > 0:
+                    grid[index[a], index[b]] = (w + 0.5 * d) / (w + d + l)
+            fig, ax = plt.subplots(figsize=(1.5 + 0.5 * len(players), 1.2 + 0.45 * len(players)))
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn")
+            ax.set_xticks(range(len(players)), players, rotation=60, ha="right", fontsize=7)
+            ax.set_yticks(range(len(players)), players, fontsize=7)
+            ax.set_title("payoff: row's score against column")
+            fig.colorbar(im, ax=ax)
+            fig.tight_layout()
+            out.append(fig)
+    return out
+
+
+def _section(anchor: str, title: str, body: list[str | None]) -> str:
+    parts = [b for b in body if b]
+    if not parts:
+        parts = ["<p class=empty>nothing recorded</p>"]
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
+
+
+def run_figures(run: Run) -> dict[str, list]:
+    """The figures about one run by section: architecture, learning, throughput, lag, vtrace, and
+    league where a league ran. Each list holds matplotlib Figures (or None where nothing was recorded)."""
+    sections = {
+        "architecture": [architecture(run)],
+        "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
+                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
+                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps")],
+        "throughput": [throughput(run)],
+        "lag": [lag_histogram(run)],
+        "vtrace": [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")],
+    }
+    if run.config.league.enabled:
+        sections["league"] = league_figures(run)
+    return sections
+
+
+TITLES = {"architecture": "architecture", "learning": "learning curves", "throughput": "throughput",
+          "lag": "policy lag", "vtrace": "V-trace diagnostics", "league": "league"}
+
+
+def run_sections(run: Run, k: int) -> list[str]:
+    """The HTML sections about one run (anchors run{k}-<section>)."""
+    cfg = run.config
+    correction = "none (A3C's own n-step returns)" if cfg.learner.algo == "a3c" else cfg.learner.correction
+    facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {correction}, "
+             f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
+             f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} frames.</p>")
+    out = []
+    for name, figs in run_figures(run).items():
+        body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
+        out.append(_section(f"run{k}-{name}", f"{run.name}: {TITLES[name]}", body))
+    return out
+
+
+def log_to_wandb(run: Run, wandb_run) -> None:
+    """Log the report's figures to a wandb run as images under `report/<section>/<n>`, and the
+    league's payoff as a table (`report/payoff`) where a league ran."""
+    import wandb
+
+    images = {}
+    for name, figs in run_figures(run).items():
+        for n, fig in enumerate(f for f in figs if f is not None):
+            images[f"report/{name}/{n}"] = wandb.Image(fig)
+            _pyplot().close(fig)
+    state_file = run.path / "league" / "state.json"
+    if state_file.is_file():
+        rows = json.loads(state_file.read_text()).get("payoff", [])
+        images["report/payoff"] = wandb.Table(columns=["player", "opponent", "wins", "draws", "losses"], data=rows)
+    wandb_run.log(images)
+
+
+def compare_section(folder: Path, k: int) -> str:
+    """The table of compare.json as HTML and its curve PNGs, embedded."""
+    summary = json.loads((folder / "compare.json").read_text())
+    from analysis.compare import COLUMNS
+
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
+    rows = []
+    for name, v in summary["variants"].items():
+        cells = "".join(f"<td>{'-' if v.get(key) is None else fmt.format(v[key])}</td>" for key, _, fmt in COLUMNS)
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(v['runs'])}</td>{cells}</tr>")
+    table = (f"<p>study {html.escape(str(summary.get('study')))}, score <code>{html.escape(str(summary['metric']))}"
+             f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal frames "
+             f"{summary['equal_frames']:,}</p><table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
+    images = [f'<img alt="plot" src="data:image/png;base64,{base64.b64encode((folder / p).read_bytes()).decode()}">'
+              for p in summary.get("plots", []) if (folder / p).is_file()]
+    return _section(f"compare{k}", f"comparison: {folder.name}", [table, *images])
+
+
+STYLE = """body{font-family:sans-serif;max-width:1000px;margin:auto;padding:1em;color:#222}
+section{border-top:1px solid #ccc;padding:.5em 0}img{max-width:100%;display:block;margin:.5em 0}
+table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"""
+
+
+def build_report(paths: list[str | Path]) -> str:
+    """The HTML page about `paths`: run directories and/or compare outputs (whose runs are shown
+    too). Raises ConfigError for a path that is neither."""
+    sections, k, compares = [], 0, 0
+    for raw in paths:
+        path = Path(raw)
+        if (path / "compare.json").is_file():
+            sections.append(compare_section(path, compares))
+            compares += 1
+            runs = sorted(p.parent for p in path.glob("*/config.yaml"))
+        elif (path / "config.yaml").is_file():
+            runs = [path]
+        else:
+            raise ConfigError(f"{path} is neither a run directory (config.yaml) nor a compare output (compare.json)")
+        for run_dir in runs:
+            sections += run_sections(load_run(run_dir), k)
+            k += 1
+    title = "training report: " + ", ".join(Path(p).name for p in paths)
+    return (f"<!DOCTYPE html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<p>generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>{''.join(sections)}</body></html>\n")

@@ -1,0 +1,101 @@
+"""run.py compare: the plans of both studies, the table against hand-computed values on written
+metrics, and a seconds-long real IMPALA-vs-A3C comparison on tictactoe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents.network import ActorCritic
+from analysis.compare import plan, summarize, write_outputs
+from analysis.runs import load_run
+from config import load_config, to_yaml
+from distributed.checkpoint import model_state, read_checkpoint
+from envs.registry import env_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fake_run(root: Path, name: str, start: float, rows: list[tuple[float, int, float, float]], seed: int = 0):
+    """A run directory whose metrics records are (seconds after start, frames, sps, episode_return)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(load_config(None, ["env.name=tictactoe", f"run.seed={seed}"])))
+    (run_dir / "started").write_text(str(start))
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"time": start + t, "frames": f, "sps": sps, "policy_lag": 1.0, "episode_return": ret}) + "\n"
+        for t, f, sps, ret in rows))
+    return load_run(run_dir)
+
+
+def test_plans_of_both_studies():
+    assert plan("algos", 5) == {"impala": ["learner.algo=impala", "league.enabled=false"],
+                                "a3c": ["learner.algo=a3c", "league.enabled=false"]}
+    corrections = plan("corrections", 30)
+    assert list(corrections) == ["vtrace", "is1", "epsilon", "none"]
+    assert all("actor.weight_delay=30" in o and "league.enabled=false" in o for o in corrections.values())
+    assert "learner.correction=is1" in corrections["is1"]
+    for overrides in [*corrections.values(), *plan("algos", 0).values()]:
+        load_config(REPO / "configs/tictactoe.yaml", overrides)  # every variant is a valid config
+    with pytest.raises(ValueError, match="unknown study"):
+        plan("nope", 1)
+
+
+def test_table_values_match_a_hand_computation(tmp_path):
+    # impala: 4 records at 10..40 s, 1000 frames each 10 s, sps 100; returns 0.1, 0.2, 0.3, 0.4.
+    impala = _fake_run(tmp_path, "impala-seed0", 1000.0,
+                       [(10, 1000, 100, 0.1), (20, 2000, 100, 0.2), (30, 3000, 100, 0.3), (40, 4000, 100, 0.4)])
+    # a3c: ends at 30 s with 600 frames, sps 20; returns 0.0, 0.3, 0.6.
+    a3c = _fake_run(tmp_path, "a3c-seed0", 5000.0, [(10, 200, 20, 0.0), (20, 400, 20, 0.3), (30, 600, 20, 0.6)])
+    summary = summarize({"impala": [impala], "a3c": [a3c]})
+    assert summary["metric"] == "episode_return"
+    assert summary["equal_wall_clock_s"] == 30 and summary["equal_frames"] == 600
+    i, a = summary["variants"]["impala"], summary["variants"]["a3c"]
+    assert i["sps"] == 100 and a["sps"] == 20 and a["sps_ratio"] == pytest.approx(0.2)
+    assert i["final_score"] == pytest.approx((0.2 + 0.3 + 0.4) / 3)  # mean of the last 3 records
+    assert i["score_at_equal_wall_clock"] == pytest.approx((0.1 + 0.2 + 0.3) / 3)  # records up to 30 s
+    assert i["score_at_equal_frames"] is None  # impala's first record already had 1000 > 600 frames
+    assert a["score_at_equal_frames"] == pytest.approx(0.3) and a["frames"] == 600
+    out = write_outputs({"impala": [impala], "a3c": [a3c]}, tmp_path)
+    table = (tmp_path / "compare.md").read_text()
+    assert "| impala | 1 | 100 | 1.00 | 4,000 |" in table and "| a3c | 1 | 20 | 0.20 | 600 |" in table
+    assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["frames"] == 600
+    assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png"]
+    assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
+
+
+def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, str(REPO / "run.py"), "compare", "--config", str(REPO / "configs/tictactoe.yaml"),
+           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--frames", "640",
+           "--eval-games", "2", "--eval-opponent", "random",
+           "--set", "run.wandb_mode=disabled", "--set", "run.log_every_s=1", "--set", "actor.num_actors=1",
+           "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4",
+           "--set", "actor.high_water_mark=16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "compare.json").read_text())
+    assert list(summary["variants"]) == ["impala", "a3c"]
+    for name, v in summary["variants"].items():
+        assert v["sps"] > 0 and v["frames"] >= 640, name
+        assert 0.0 <= v["final_eval_score"] <= 1.0
+        assert (out / f"{name}-seed0" / "checkpoints" / "latest.safetensors").is_file()
+    assert "| impala | 1 |" in (out / "compare.md").read_text()
+    assert (out / "curves_wall_clock.png").is_file()
+    # The A3C run: its parameter server applied pushed gradients (one update each) and the weights moved.
+    a3c_dir = out / "a3c-seed0"
+    assert "started the parameter server" in (out / "a3c-seed0.log").read_text()
+    tensors, metadata = read_checkpoint(a3c_dir / "checkpoints" / "latest.safetensors")
+    assert json.loads(metadata["meta"])["step"] >= 2
+    cfg = load_run(a3c_dir).config
+    torch.manual_seed(cfg.run.seed)  # the parameter server's initial weights
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    initial = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in model_state(tensors).items())
+    records = load_run(a3c_dir).records
+    assert records and records[-1]["dead_letters"] == 0 and all(r["policy_lag"] >= 0 for r in records)

@@ -1,0 +1,38 @@
+"""The live terminal view of run.py train: the bar follows metrics.jsonl as the learner appends to it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from config import load_config
+from distributed.live import LiveView, describe
+
+
+def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):
+    cfg = load_config(None, ["run.total_frames=1000", "run.name=live"])
+    metrics = tmp_path / "metrics.jsonl"
+    out = io.StringIO()
+    view = LiveView(cfg, metrics, Console(file=out, force_terminal=True, width=200))
+    assert view.refresh() is None  # no file yet
+    record = {"frames": 250, "sps": 1234.4, "policy_lag": 1.25, "queue_depth": 7, "first_seat_win_rate": 0.5}
+    metrics.write_text(json.dumps(record) + "\n" + '{"frames": 9')
+    with view:
+        assert view.refresh() == record
+        task = view.progress.tasks[0]
+        assert task.completed == 250 and task.total == 1000
+        assert task.fields["status"] == "SPS 1,234  lag 1.2  queue 7  first-seat wins 0.50"
+        with metrics.open("a") as f:
+            f.write('00, "sps": 10, "policy_lag": 0, "queue_depth": 0, "episode_return": 21.5}\n')
+        assert view.refresh()["frames"] == 900  # the completed line, read from where the last read stopped
+        view.print_line("actor 0: a child's log line")
+    assert view.progress.tasks[0].completed == 900
+    text = out.getvalue()
+    assert "actor 0: a child's log line" in text and "900/1000" in text
+
+
+def test_description_names_the_score_the_run_has():
+    assert describe({"sps": 10, "policy_lag": 0, "queue_depth": 1, "league_score": 0.25}).endswith("league score 0.25")
+    assert "return 3.00" in describe({"episode_return": 3.0})
