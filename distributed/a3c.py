@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 
 from config import Config
 from distributed.actor import Actor
-from distributed.codec import MAX_MESSAGE_BYTES, DecodeError, decode_weights, encode_weights
+from distributed.codec import DecodeError, decode_weights, encode_weights, unpack_message
 from distributed.learner import Batch, Learner, actor_critic_loss, optimizer_step
 from distributed.transport import DeadConsumerSweeper, TrajectoryStream
 from league.players import MAIN, namespace
@@ -56,14 +56,7 @@ def decode_gradients(data: bytes, shapes: dict[str, tuple[int, ...]]) -> tuple[d
     Raises DecodeError, with the reason, for anything else (no pickle is ever involved: msgpack
     and safetensors only).
     """
-    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE_BYTES:
-        raise DecodeError(f"gradient payload must be bytes of at most {MAX_MESSAGE_BYTES} bytes")
-    try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
-    except Exception as e:  # msgpack raises several unrelated types for garbage input
-        raise DecodeError(f"not msgpack: {type(e).__name__}: {e}") from None
-    if not isinstance(msg, dict) or set(msg) != {"header", "grads"}:
-        raise DecodeError("gradient message must be a map with exactly 'header' and 'grads'")
+    msg = unpack_message(data, ("header", "grads"), "gradient message")
     header = msg["header"]
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise DecodeError(f"gradient header must be a map with schema {SCHEMA}")

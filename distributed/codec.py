@@ -82,20 +82,27 @@ def encode_unroll(arrays: dict[str, np.ndarray], *, unroll_id: str, policy_versi
     return msgpack.packb({"header": header, "arrays": body}, use_bin_type=True)
 
 
+def unpack_message(data: Any, keys: tuple[str, ...], what: str = "message") -> dict:
+    """The msgpack map in `data`, which must be bytes of at most MAX_MESSAGE_BYTES holding a map with
+    exactly the keys `keys`. Raises DecodeError (naming `what`) otherwise."""
+    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE_BYTES:
+        raise DecodeError(f"{what} payload must be bytes of at most {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
+    except Exception as e:  # msgpack raises several unrelated types for garbage input
+        raise DecodeError(f"not msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(msg, dict) or set(msg) != set(keys):
+        raise DecodeError(f"{what} must be a map with exactly {' and '.join(repr(k) for k in keys)}")
+    return msg
+
+
 def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Parse and validate one unroll. Returns (header, arrays); arrays are read-only views of `data`.
 
     Raises:
       DecodeError: with the reason, for anything that does not match `spec` exactly.
     """
-    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE_BYTES:
-        raise DecodeError(f"payload must be bytes of at most {MAX_MESSAGE_BYTES} bytes")
-    try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
-    except Exception as e:  # msgpack raises several unrelated types for garbage input
-        raise DecodeError(f"not msgpack: {type(e).__name__}: {e}") from None
-    if not isinstance(msg, dict) or set(msg) != {"header", "arrays"}:
-        raise DecodeError("message must be a map with exactly 'header' and 'arrays'")
+    msg = unpack_message(data, ("header", "arrays"))
     header, body = msg["header"], msg["arrays"]
     _check_header(header, spec)
     if not isinstance(body, dict) or set(body) != set(spec.arrays):

@@ -20,6 +20,7 @@ from envs.registry import env_spec
 from evaluation.evaluate import play_games
 from evaluation.replays import ReplayError, load_replay, save_match, simulate
 from evaluation.tournament import _worker_main
+from tests.test_replays import tampered
 
 BATTLE = {"map_size": 12, "max_cycles": 150}  # two units per team; random-ish play lasts the 150 steps
 MOVES = 13  # battle actions 0-12 move, 13-20 attack a neighbouring cell
@@ -70,13 +71,6 @@ def test_a_battle_re_simulates_to_its_recorded_outcome(battles):
         assert np.allclose(positions[-1].returns, replay.rewards)
     assert positions[-1].units[0] > positions[-1].units[1]  # red wins by units left
     assert draw.winner is None and won.winner == 0
-
-
-def tampered(source: Path, target: Path, **changes) -> Path:
-    data = json.loads(source.read_text())
-    data.update(changes)
-    target.write_text(json.dumps(data))
-    return target
 
 
 def test_tampered_battles_are_refused_with_the_reason(battles, tmp_path):
