@@ -114,3 +114,100 @@ def test_the_learner_skips_duplicate_deliveries_also_after_a_restart(tmp_path, r
     assert resumed.rolled_back == 0  # the first learner checkpointed after its update
     record = json.loads((tmp_path / run_name / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["duplicate_unrolls"] == 3 and record["unrolls_trained"] == 4
+
+
+# -- kill -9 of the learner under real actor processes ----------------------------------------------
+
+def _spawn(role: str, url: str, log_path: Path, *args: str) -> subprocess.Popen:
+    """`run.py learner|actor` with a small tictactoe config, output to `log_path`."""
+    env = dict(os.environ, IMPALA_REDIS_URL=url, PYTHONUNBUFFERED="1")
+    with log_path.open("a") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "run.py"), role, *args], stdout=out,
+                                stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+
+
+def _wait(condition, timeout: float, what: str, procs=()) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"{what}: pid {proc.pid} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, run_name):
+    """Two actor processes and a learner over real Redis. Faults: two garbage entries, four copies of
+    sent unrolls (two before the kill, two after the restart, as re-sent XADDs would add), and a
+    `kill -9` of the learner mid-run; it is restarted with --resume, the actors are stopped, and the
+    learner drains the stream. Then produced + copies + garbage == trained + dead-lettered + duplicates,
+    with nothing left, and the resumed model's frames count exactly the unrolls not rolled back."""
+    run_dir = tmp_path / run_name
+    run_dir.mkdir()
+    settings = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "run.log_every_s=1",
+                "run.total_frames=1000000000", f"actor.unroll_length={T}", "actor.num_envs=2",
+                "actor.high_water_mark=8", "learner.batch_size=1", "learner.checkpoint_every_s=1",
+                "learner.read_block_ms=100", "agent.hidden=16"]
+    config = ["--config", str(REPO / "configs/tictactoe.yaml"), *[a for s in settings for a in ("--set", s)]]
+    learner_args = ["learner", *config, "--run-dir", str(run_dir)]
+    procs: list[subprocess.Popen] = []
+    with EmbeddedRedis() as server:
+        client = connect(server.url)
+        stream = TrajectoryStream(client, run_name)
+        log_path = tmp_path / "learner.log"
+        try:
+            learner = _spawn(*learner_args[:1], server.url, log_path, *learner_args[1:])
+            actors = [_spawn("actor", server.url, tmp_path / f"actor{i}.log", *config, "--actor-id", str(i))
+                      for i in range(2)]
+            procs += [learner, *actors]
+            checkpoint = run_dir / "checkpoints" / "latest.json"
+            _wait(lambda: stream.accounting()["trained"] >= 12 and checkpoint.exists(), 90, "training", procs)
+            for garbage in (b"\x00not an unroll", b"\xc1"):
+                client.xadd(stream.key, {"data": garbage})
+            copies = [fields[b"data"] for _, fields in client.xrange(stream.key, count=2)]
+            for data in copies:
+                client.xadd(stream.key, {"data": data})
+            _wait(lambda: stream.accounting()["trained"] >= 24, 60, "more training", procs)
+
+            learner.kill()  # kill -9, mid-run
+            learner.wait()
+            trained_at_kill = stream.accounting()["trained"]
+            in_checkpoint = json.loads(checkpoint.read_text())["unrolls_trained"]
+            client.delete(f"{run_name}:learner")  # its lease would lapse by itself in 10 s
+            restarted_at = time.monotonic()
+            learner = _spawn(*learner_args[:1], server.url, log_path, *learner_args[1:], "--resume")
+            procs = [learner, *actors]
+            _wait(lambda: stream.accounting()["trained"] > trained_at_kill, 60, "the resumed learner", procs)
+            recovery_s = time.monotonic() - restarted_at
+            for data in copies:  # trained on before the kill: still known as such to the new process
+                client.xadd(stream.key, {"data": data})
+            _wait(lambda: stream.accounting()["trained"] >= trained_at_kill + 12, 60, "training after resume", procs)
+
+            for actor in actors:
+                actor.send_signal(signal.SIGTERM)
+            for actor in actors:
+                assert actor.wait(30) == 0
+            _wait(lambda: stream.accounting()["backlog"] == 0, 60, "the learner to drain the stream", [learner])
+            learner.send_signal(signal.SIGTERM)
+            assert learner.wait(60) == 0
+            counts = stream.accounting()
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    logs = log_path.read_text()
+    sent = sum(int(m) for i in range(2)
+               for m in re.findall(r"sent (\d+) unrolls", (tmp_path / f"actor{i}.log").read_text()))
+    rolled_back = trained_at_kill - in_checkpoint
+    print(f"\naccounting: {counts}, copies 4, garbage 2, trained at kill {trained_at_kill}, in checkpoint "
+          f"{in_checkpoint}, rolled back {rolled_back}, first update {recovery_s:.1f} s after the restart")
+    assert counts["produced"] == sent  # what the actors say they sent, counted once each
+    assert counts["backlog"] == 0 and counts["dead_lettered"] == 2 and counts["duplicates"] == 4
+    assert counts["produced"] + 4 + 2 == counts["trained"] + counts["dead_lettered"] + counts["duplicates"]
+    assert 0 <= rolled_back <= trained_at_kill
+    if rolled_back:
+        assert f"{rolled_back} unrolls acked after the checkpoint (trained count {in_checkpoint} -> " in logs
+    final = json.loads(checkpoint.read_text())
+    assert final["unrolls_trained"] == counts["trained"]
+    assert final["frames"] == T * (counts["trained"] - rolled_back)  # the model holds every update but those lost
+    assert "Traceback" not in logs
