@@ -110,7 +110,8 @@ def test_32_actors_against_a_slow_learner_stay_within_the_memory_bound_and_recov
     print(f"\n{ACTORS} actors: slow learner {slow_trained:.0f} unrolls/s trained ({slow_produced:.0f} produced), "
           f"fast {fast_trained:.0f} ({fast_produced:.0f}); peak backlog {sampler.peak_backlog} (bound "
           f"{backlog_bound}); Redis used_memory peak {sampler.peak_memory / 2**20:.2f} MiB, baseline "
-          f"{baseline / 2**20:.2f} MiB, bound {memory_bound / 2**20:.2f} MiB; unrolls per actor {min(sent)}..{max(sent)}")
+          f"{baseline / 2**20:.2f} MiB, bound {memory_bound / 2**20:.2f} MiB; "
+          f"unrolls per actor {min(sent)}..{max(sent)}")
     assert [s["errors"] for s in summaries] == [[], []]
     assert [s["alive_at_stop"] for s in summaries] == [PER_PROCESS, PER_PROCESS]  # no actor crashed
     assert len(sent) == ACTORS and min(sent) > 0
