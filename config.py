@@ -25,6 +25,7 @@ MAX_ACTORS = 256
 MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
 MAX_BUFFERED_STEPS = 2_000_000
+MAX_BATCH_SIZE = 4096  # a batch is acked in one Lua script, whose argument unpacking has a limit
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
@@ -265,7 +266,7 @@ def validate(cfg: Config) -> None:
         (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
-        (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
+        (1 <= cfg.learner.batch_size <= MAX_BATCH_SIZE, f"learner.batch_size must be in [1, {MAX_BATCH_SIZE}]"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
