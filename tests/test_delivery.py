@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from distributed.launcher import EmbeddedRedis
-from distributed.transport import GROUP, SEEN_IDS, TrajectoryStream, connect
+from distributed.transport import GROUP, SEEN_IDS, TrajectoryStream, connect, redis_outages
 from tests.test_faults import T, encode, small_config, valid_unroll
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,6 +86,79 @@ def test_the_seen_set_keeps_the_last_seen_ids(redis_client, run_name, monkeypatc
         stream.ack([eid for eid, _ in entries], batch)
     assert redis_client.zrange(stream.seen_key, 0, -1, withscores=True) == [(b"b", 2.0), (b"c", 4.0), (b"d", 4.0)]
     assert SEEN_IDS >= 10_000  # production: far more than a backlog or a minute of claims
+
+
+class ReplyDroppingProxy:
+    """A TCP proxy to Redis that, when armed, forwards the next request holding an EXEC and then cuts
+    the connection before the reply comes back: the transaction ran, the client never hears so."""
+
+    def __init__(self, port: int):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            mute = threading.Event()  # set: replies on this connection are dropped
+            threading.Thread(target=self._pump, args=(client, server, mute, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, mute, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, mute: threading.Event, requests: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if requests and self.armed.is_set() and b"EXEC" in data:
+                    self.armed.clear()
+                    mute.set()
+                    self.dropped += 1
+                    dst.sendall(data)
+                    time.sleep(0.2)  # Redis runs the transaction and replies; the reply goes nowhere
+                    break
+                if mute.is_set():
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_transaction_whose_reply_was_lost_is_resent_and_its_copies_are_skipped(tmp_path, redis_server, run_name):
+    """The real path of a duplicate: the actor's XADD transaction runs, its reply is lost, the retry
+    policy re-sends it. The stream then holds each unroll twice, produced counts them once, and the
+    learner trains on each once and skips the copies."""
+    from distributed.learner import Learner
+
+    proxy = ReplyDroppingProxy(redis_server.port)
+    try:
+        url = f"redis://:{redis_server.password}@127.0.0.1:{proxy.port}/0"
+        actor_side = TrajectoryStream(connect(url), run_name)
+        proxy.armed.set()
+        actor_side.add([encode(valid_unroll(1.0)), encode(valid_unroll(-1.0))], producer="0-tok", produced=2)
+        assert proxy.dropped == 1 and redis_outages(actor_side.r) == 1  # the reply was lost, the retry got one
+        actor_side.add([encode(valid_unroll(0.5))], producer="0-tok", produced=3)
+    finally:
+        proxy.close()
+    stream = TrajectoryStream(connect(redis_server.url), run_name)
+    assert stream.accounting()["backlog"] == 5 and stream.accounting()["produced"] == 3
+    learner = Learner(small_config(run_name, tmp_path), redis_server.url, tmp_path / run_name)
+    run_learner_until(learner, lambda: stream.accounting()["backlog"] == 1)  # B = 2: the last one waits
+    assert learner.step == 1 and learner.frames == 2 * T
+    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "duplicates": 2, "backlog": 1}
 
 
 # -- duplicates, through the learner ---------------------------------------------------------------
