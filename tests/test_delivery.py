@@ -235,11 +235,12 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
             procs += [learner, *actors]
             checkpoint = run_dir / "checkpoints" / "latest.json"
             _wait(lambda: stream.accounting()["trained"] >= 12 and checkpoint.exists(), 90, "training", procs)
-            for garbage in (b"\x00not an unroll", b"\xc1"):
-                client.xadd(stream.key, {"data": garbage})
+            _wait(lambda: client.xlen(stream.key) >= 2, 30, "two unrolls in the stream", procs)
             copies = [fields[b"data"] for _, fields in client.xrange(stream.key, count=2)]
             for data in copies:
                 client.xadd(stream.key, {"data": data})
+            for garbage in (b"\x00not an unroll", b"\xc1"):
+                client.xadd(stream.key, {"data": garbage})
             _wait(lambda: stream.accounting()["trained"] >= 24, 60, "more training", procs)
 
             learner.kill()  # kill -9, mid-run
