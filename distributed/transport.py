@@ -191,9 +191,6 @@ class TrajectoryStream:
         self.trained_key = f"{self.key}:trained"
         self.duplicates_key = f"{self.key}:duplicates"
         self.seen_key = f"{self.key}:seen"
-        self._ack_trained = client.register_script(_ACK_TRAINED)
-        self._ack_duplicates = client.register_script(_ACK_DUPLICATES)
-        self._dead_letter = client.register_script(_DEAD_LETTER)
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
@@ -312,8 +309,8 @@ class TrajectoryStream:
         among the last SEEN_IDS trained ones. Returns the trained count after this call."""
         if not entry_ids:
             return int(self.r.get(self.trained_key) or 0)
-        return int(self._ack_trained(keys=[self.key, self.trained_key, self.seen_key],
-                                     args=[GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *unroll_ids]))
+        return int(self.r.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key,
+                               GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *unroll_ids))
 
     def duplicates(self, unroll_ids: list[str]) -> list[bool]:
         """For each id, whether it is a duplicate delivery: an unroll trained on already (among the last
@@ -330,13 +327,13 @@ class TrajectoryStream:
     def skip_duplicates(self, entry_ids: list[bytes]) -> None:
         """Acknowledge and delete duplicate deliveries untrained, counting those acknowledged now."""
         if entry_ids:
-            self._ack_duplicates(keys=[self.key, self.duplicates_key], args=[GROUP, *entry_ids])
+            self.r.eval(_ACK_DUPLICATES, 2, self.key, self.duplicates_key, GROUP, *entry_ids)
 
     def dead_letter(self, entry_id: bytes, data: bytes, reason: str) -> None:
         """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it (all only if
         it was still pending: a script re-sent after a lost reply does nothing the second time)."""
-        self._dead_letter(keys=[self.key, self.deadletter_key, self.deadletter_count_key],
-                          args=[GROUP, entry_id, reason[:1000], data[:1 << 20]])
+        self.r.eval(_DEAD_LETTER, 3, self.key, self.deadletter_key, self.deadletter_count_key,
+                    GROUP, entry_id, reason[:1000], data[:1 << 20])
 
     def dead_lettered(self) -> int:
         return int(self.r.get(self.deadletter_count_key) or 0)
@@ -355,6 +352,8 @@ class TrajectoryStream:
                 "dead_lettered": int(dead or 0), "duplicates": int(duplicates or 0), "backlog": backlog}
 
 
+# Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer
+# NOSCRIPT to the retried command, and the user needs no SCRIPT permission.
 # KEYS: stream, trained counter, seen set; ARGV: group, SEEN_IDS, n, n entry ids, unroll ids.
 _ACK_TRAINED = """
 local n = tonumber(ARGV[3])

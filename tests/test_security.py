@@ -118,7 +118,11 @@ def test_a_password_is_never_logged_nor_written(tmp_path, run_name, caplog):
             while learner.step < 1 and time.monotonic() < deadline:
                 time.sleep(0.02)
             client.client_kill_filter(_type="normal", skipme=True)  # every connection of the learner drops
-            server.restart()  # an outage: logged with the URL
+            server.proc.kill()  # an outage, logged with the URL once the learner meets it
+            deadline = time.monotonic() + 20
+            while "lost Redis at" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.02)
+            server.restart()
             deadline = time.monotonic() + 20
             while learner.step < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
