@@ -27,6 +27,7 @@ MAX_UNROLL_LENGTH = 10_000
 MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
+MAX_BATCH_SIZE = 4096  # a batch is acked in one Lua script, whose argument unpacking has a limit
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
@@ -280,7 +281,7 @@ def validate(cfg: Config) -> None:
          f"actor.weight_delay must be in [0, {MAX_WEIGHT_DELAY}] (Redis keeps that many copies of the weights)"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
-        (cfg.learner.batch_size >= 1, "learner.batch_size must be >= 1"),
+        (1 <= cfg.learner.batch_size <= MAX_BATCH_SIZE, f"learner.batch_size must be in [1, {MAX_BATCH_SIZE}]"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
         (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
         (cfg.learner.algo == "impala" or not cfg.league.enabled,

@@ -134,6 +134,8 @@ class ParameterServer(Learner):
     parts are the workers' own.
     """
 
+    detects_duplicates = False  # gradients carry no unroll ids; a re-sent one is applied again
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.label = "parameter server" if self.player == MAIN else f"parameter server {self.player}"

@@ -356,7 +356,7 @@ class Actor:
             payloads.append(encode_unroll(unroll, unroll_id=f"{self.actor_id}-{self.token}-{self.sent}",
                                           policy_version=self.version, actor_id=self.actor_id, env=self.spec.name))
             self.sent += 1
-        self.trajectories.add(payloads)
+        self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()

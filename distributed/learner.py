@@ -229,6 +229,8 @@ def pick_device(name: str) -> torch.device:
 class Learner:
     """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
 
+    detects_duplicates = True  # skip unrolls delivered twice (by unroll_id; see TrajectoryStream.duplicates)
+
     def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN):
         self.cfg = cfg
         self.player = player
@@ -243,6 +245,11 @@ class Learner:
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
         self.restored_resets: int | None = None  # league resets this learner's checkpoint had applied
+        # `{ns}:traj:trained` as of the last ack; its value in the checkpoint tells, after a crash, how
+        # many acked unrolls' updates the resumed model lacks (`rolled_back`, see docs/architecture.md).
+        self.unrolls_trained = 0
+        self.restored_trained: int | None = None
+        self.rolled_back = 0
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
@@ -280,6 +287,7 @@ class Learner:
             meta = json.loads(metadata["meta"])
             step, frames = int(meta["step"]), int(meta["frames"])
             self.restored_resets = int(meta.get("league_resets", 0))
+            self.restored_trained = int(meta.get("unrolls_trained", 0))
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
                                   f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
@@ -292,7 +300,7 @@ class Learner:
     def checkpoint(self) -> None:
         save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
-                         "league_resets": self.resets_seen,
+                         "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
                          "env": self.spec.name, "time": time.time()})
 
     def stop(self, *_: object) -> None:
@@ -315,7 +323,8 @@ class Learner:
     def next_batch(self) -> tuple[list[bytes], list[dict], list[dict]] | None:
         """Block until B valid unrolls are read (own pending entries first). None when stopping.
 
-        Malformed entries go to the dead-letter stream and do not count towards B.
+        Malformed entries go to the dead-letter stream, and duplicate deliveries (an unroll trained on
+        already, or read twice in this batch) are acknowledged untrained; neither counts towards B.
         """
         B = self.batch_size
         ids, headers, unrolls = [], [], []
@@ -331,16 +340,30 @@ class Learner:
             if self.pending_cursor is not None:
                 # Page through our own unacked entries once (after a restart), then read new ones.
                 self.pending_cursor = entries[-1][0] if entries else None
+            decoded = []
             for entry_id, data in entries:
                 try:
-                    header, arrays = self.decode(data)
+                    header, payload = self.decode(data)
                 except DecodeError as e:
                     self.trajectories.dead_letter(entry_id, data, str(e))
                     log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), e)
                     continue
-                ids.append(entry_id)
-                headers.append(header)
-                unrolls.append(arrays)
+                decoded.append((entry_id, header, payload))
+            duplicate = [False] * len(decoded)
+            if self.detects_duplicates:
+                # Checked together with the batch so far: both copies may be read into one batch.
+                uids = [h["unroll_id"] for h in headers] + [h["unroll_id"] for _, h, _ in decoded]
+                duplicate = self.trajectories.duplicates(uids)[len(headers):]
+                copies = [entry_id for (entry_id, _, _), dup in zip(decoded, duplicate) if dup]
+                if copies:
+                    self.trajectories.skip_duplicates(copies)
+                    log.warning("skipped %d duplicate deliveries of unrolls already trained on or in this batch "
+                                "(an XADD re-sent after a lost reply)", len(copies))
+            for (entry_id, header, payload), dup in zip(decoded, duplicate):
+                if not dup:
+                    ids.append(entry_id)
+                    headers.append(header)
+                    unrolls.append(payload)
         return ids, headers, unrolls
 
     def decode(self, data: bytes) -> tuple[dict, object]:
@@ -360,6 +383,7 @@ class Learner:
         if self.player == MAIN:
             self.redis.delete(run_done_key(cfg.run.name))
         self.trajectories.ensure_group()
+        self.count_rolled_back()
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
@@ -380,7 +404,8 @@ class Learner:
             ids, headers, unrolls = got
             frames = self.frames
             stats = self.train_on(unrolls)
-            self.trajectories.ack(ids)
+            uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
+            self.unrolls_trained = self.trajectories.ack(ids, uids)
             window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
             now = time.monotonic()
             if now - window.start >= cfg.run.log_every_s:
@@ -394,6 +419,16 @@ class Learner:
         if window.stats:  # the last, partial window: a run shorter than run.log_every_s still gets a record
             self.log_metrics(window, time.monotonic())
         self.finish()
+
+    def count_rolled_back(self) -> None:
+        """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
+        died with the old process. They stay counted as trained; this counts and logs them."""
+        self.unrolls_trained = self.trajectories.accounting()["trained"]
+        if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
+            self.rolled_back = self.unrolls_trained - self.restored_trained
+            log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
+                        "the resumed model does not have (the previous learner died before checkpointing them)",
+                        self.rolled_back, self.restored_trained, self.unrolls_trained)
 
     def train_on(self, unrolls: list[dict[str, np.ndarray]]) -> dict[str, float]:
         """One update on B decoded unrolls; publishes the weights on schedule."""
@@ -451,9 +486,12 @@ class Learner:
         self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
+        counts = self.trajectories.accounting()
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
-            "queue_depth": self.trajectories.backlog(), "dead_letters": self.trajectories.dead_lettered(),
+            "queue_depth": counts["backlog"], "dead_letters": counts["dead_lettered"],
+            "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
+            "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes),
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
         })

@@ -5,6 +5,10 @@ Keys (see docs/architecture.md):
   {run}:results     stream of finished episodes (msgpack map), read by the learner/league for metrics
   {run}:deadletter  stream of rejected entries: `reason`, `entry_id`, `data`
   {run}:deadletter:count  counter of rejected entries
+  {run}:traj:produced  hash: actor (`{actor_id}-{token}`) -> unrolls it has added, set with its XADDs
+  {run}:traj:trained   counter of unrolls acked after an update trained on them
+  {run}:traj:duplicates  counter of duplicate deliveries skipped (see `TrajectoryStream.duplicates`)
+  {run}:traj:seen      sorted set of the last SEEN_IDS trained unroll ids (score: the trained count)
   {run}:done        set by the learner when the run is over; actors exit when they see it
 
 Unread and pending unrolls are never trimmed: actors apply backpressure instead (`wait_for_room`), and
@@ -14,6 +18,12 @@ Failures (docs/architecture.md, "Failures and recovery"): every client made by `
 connection with capped exponential backoff for `run.redis_retry_s` (`RetryPolicy`); a group read that
 answers NOGROUP recreates the group and counts the loss (`TrajectoryStream.read`); unrolls pending on a
 dead consumer are claimed by the live learner and the consumer is then removed (`DeadConsumerSweeper`).
+
+Accounting ("Delivery accounting" in docs/architecture.md): every unroll an actor produced is trained
+on, dead-lettered, or still in the stream; a copy that a re-sent XADD added is skipped as a duplicate:
+  sum(produced) + copies == trained + dead-lettered + duplicates + backlog.
+The learner's counters change in the same Lua script as the XACK and count only entries that the XACK
+acknowledged, so a script re-sent after a lost reply counts nothing twice.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ log = logging.getLogger("transport")
 
 GROUP = "learners"
 RESULTS_MAXLEN = 100_000  # episode results are statistics: the oldest may be trimmed
+# Trained unroll ids remembered for duplicate detection. A copy follows its original in the stream (it
+# is re-sent after the original's XADD), so it is trained on within a backlog (actor.high_water_mark) or
+# a dead-consumer claim (a minute) of it: far fewer unrolls than this. About 60 bytes each in Redis.
+SEEN_IDS = 100_000
 
 
 class RedisUnavailable(RuntimeError):
@@ -55,7 +69,8 @@ class RetryPolicy(Retry):
     it ends, however many commands and threads wait on it. A refused password is never retried.
 
     Commands are re-sent after a lost connection, so one whose reply was lost may run twice: an XADD
-    then duplicates an unroll (trained on twice), every other command the processes send is idempotent.
+    then duplicates an unroll (the learner detects and skips the copy, see `TrajectoryStream.duplicates`);
+    every other command the processes send is idempotent or counts only what it changed.
     """
 
     def __init__(self, where: str, limit_s: float, base_s: float = 0.1, cap_s: float = 2.0):
@@ -173,15 +188,26 @@ class TrajectoryStream:
         self.key = f"{run}:{name}"
         self.deadletter_key = f"{run}:deadletter"
         self.deadletter_count_key = f"{run}:deadletter:count"
+        self.produced_key = f"{self.key}:produced"
+        self.trained_key = f"{self.key}:trained"
+        self.duplicates_key = f"{self.key}:duplicates"
+        self.seen_key = f"{self.key}:seen"
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
-    # -- actor side --------------------------------------------------------------------------------
-    def add(self, payloads: list[bytes]) -> None:
-        """XADD encoded unrolls in one round trip (never with MAXLEN: that could drop unread unrolls)."""
-        pipe = self.r.pipeline(transaction=False)
+    # -- actor side ---------------------------------------------------------------------------------
+    def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0) -> None:
+        """XADD encoded unrolls in one transaction (never with MAXLEN: that could drop unread unrolls).
+
+        With `producer` (an actor's `{actor_id}-{token}`), the same transaction sets its field of
+        `{run}:traj:produced` to `produced`, the unrolls it has added so far, this call's included:
+        a transaction re-sent after a lost reply adds copies of the unrolls but counts them once.
+        """
+        pipe = self.r.pipeline(transaction=True)
         for data in payloads:
             pipe.xadd(self.key, {"data": data})
+        if producer is not None:
+            pipe.hset(self.produced_key, producer, produced)
         pipe.execute()
 
     def backlog(self) -> int:
@@ -278,26 +304,88 @@ class TrajectoryStream:
             if start in (b"0-0", "0-0"):
                 return claimed
 
-    def ack(self, entry_ids: list[bytes]) -> None:
-        """Acknowledge and delete entries that an update has consumed (one round trip)."""
+    def ack(self, entry_ids: list[bytes], unroll_ids: list[str] = ()) -> int:
+        """Acknowledge and delete entries that an update has consumed, in one atomic script that also
+        adds the entries acknowledged now to `{run}:traj:trained` and remembers `unroll_ids` (theirs)
+        among the last SEEN_IDS trained ones. Returns the trained count after this call."""
+        if not entry_ids:
+            return int(self.r.get(self.trained_key) or 0)
+        return int(self.r.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key,
+                               GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *unroll_ids))
+
+    def duplicates(self, unroll_ids: list[str]) -> list[bool]:
+        """For each id, whether it is a duplicate delivery: an unroll trained on already (among the last
+        SEEN_IDS), or an id earlier in `unroll_ids` (both copies read together)."""
+        if not unroll_ids:
+            return []
+        scores = self.r.zmscore(self.seen_key, unroll_ids)
+        out, earlier = [], set()
+        for uid, score in zip(unroll_ids, scores):
+            out.append(score is not None or uid in earlier)
+            earlier.add(uid)
+        return out
+
+    def skip_duplicates(self, entry_ids: list[bytes]) -> None:
+        """Acknowledge and delete duplicate deliveries untrained, counting those acknowledged now."""
         if entry_ids:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.xack(self.key, GROUP, *entry_ids)
-            pipe.xdel(self.key, *entry_ids)
-            pipe.execute()
+            self.r.eval(_ACK_DUPLICATES, 2, self.key, self.duplicates_key, GROUP, *entry_ids)
 
     def dead_letter(self, entry_id: bytes, data: bytes, reason: str) -> None:
-        """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.deadletter_key, {"entry_id": entry_id, "reason": reason[:1000], "data": data[:1 << 20]},
-                  maxlen=10_000, approximate=True)
-        pipe.incr(self.deadletter_count_key)
-        pipe.xack(self.key, GROUP, entry_id)
-        pipe.xdel(self.key, entry_id)
-        pipe.execute()
+        """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it (all only if
+        it was still pending: a script re-sent after a lost reply does nothing the second time)."""
+        self.r.eval(_DEAD_LETTER, 3, self.key, self.deadletter_key, self.deadletter_count_key,
+                    GROUP, entry_id, reason[:1000], data[:1 << 20])
 
     def dead_lettered(self) -> int:
         return int(self.r.get(self.deadletter_count_key) or 0)
+
+    def accounting(self) -> dict[str, int]:
+        """Where the unrolls of this stream went (see the module doc): `produced` (by all actors),
+        `trained`, `dead_lettered`, `duplicates` and `backlog` (unread or pending), read atomically."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hvals(self.produced_key)
+        pipe.get(self.trained_key)
+        pipe.get(self.deadletter_count_key)
+        pipe.get(self.duplicates_key)
+        pipe.xlen(self.key)
+        produced, trained, dead, duplicates, backlog = pipe.execute()
+        return {"produced": sum(int(n) for n in produced), "trained": int(trained or 0),
+                "dead_lettered": int(dead or 0), "duplicates": int(duplicates or 0), "backlog": backlog}
+
+
+# Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer
+# NOSCRIPT to the retried command, and the user needs no SCRIPT permission.
+# KEYS: stream, trained counter, seen set; ARGV: group, SEEN_IDS, n, n entry ids, unroll ids.
+_ACK_TRAINED = """
+local n = tonumber(ARGV[3])
+local ids = {unpack(ARGV, 4, 3 + n)}
+local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+redis.call('XDEL', KEYS[1], unpack(ids))
+local trained = redis.call('INCRBY', KEYS[2], acked)
+if acked > 0 then
+  for i = 4 + n, #ARGV do redis.call('ZADD', KEYS[3], trained, ARGV[i]) end
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -1 - tonumber(ARGV[2]))
+end
+return trained
+"""
+
+# KEYS: stream, duplicates counter; ARGV: group, entry ids.
+_ACK_DUPLICATES = """
+local ids = {unpack(ARGV, 2)}
+local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+redis.call('XDEL', KEYS[1], unpack(ids))
+return redis.call('INCRBY', KEYS[2], acked)
+"""
+
+# KEYS: stream, dead-letter stream, its counter; ARGV: group, entry id, reason, data.
+_DEAD_LETTER = """
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 10000, '*', 'entry_id', ARGV[2], 'reason', ARGV[3], 'data', ARGV[4])
+  redis.call('INCR', KEYS[3])
+end
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 0
+"""
 
 
 # XGROUP DELCONSUMER KEYS[1] ARGV[1] ARGV[2] if that consumer has no pending entry; -1 if it has.

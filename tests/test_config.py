@@ -125,7 +125,8 @@ def test_unknown_env_names_valid_envs_and_the_closest():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["learner.batch_size=0"], "learner.batch_size must be >= 1"),
+    (["learner.batch_size=0"], r"learner.batch_size must be in \[1, 4096\]"),
+    (["learner.batch_size=4097", "actor.high_water_mark=5000"], r"learner.batch_size must be in \[1, 4096\]"),
     (["learner.discount=1.5"], r"learner.discount must be in \[0, 1\]"),
     (["learner.discount=-0.1"], r"learner.discount must be in \[0, 1\]"),
     (["actor.high_water_mark=31"], "actor.high_water_mark must be >= learner.batch_size"),

@@ -6,6 +6,7 @@ Every test uses the real redis-server of conftest.py and stays well under 20 sec
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -45,8 +46,14 @@ def valid_unroll(reward: float = 0.0) -> dict[str, np.ndarray]:
     return arrays
 
 
-def encode(arrays: dict[str, np.ndarray], env: str = "tictactoe") -> bytes:
-    return encode_unroll(arrays, unroll_id="t-0-0", policy_version=0, actor_id=0, env=env)
+_unroll_ids = itertools.count()
+
+
+def encode(arrays: dict[str, np.ndarray], env: str = "tictactoe", unroll_id: str | None = None) -> bytes:
+    """An unroll's bytes; each call gets a new unroll id unless one is given (the learner skips a
+    second delivery of an id as a duplicate)."""
+    unroll_id = f"t-0-{next(_unroll_ids)}" if unroll_id is None else unroll_id
+    return encode_unroll(arrays, unroll_id=unroll_id, policy_version=0, actor_id=0, env=env)
 
 
 def tampered(mutate) -> bytes:
