@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
     p.add_argument("--frames", type=int, help="also end each run at this many env frames (default: only the budget)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
+    p.add_argument("--variants", nargs="+", help="run only these variants of the study (e.g. vtrace is1); "
+                   "default: all")
     p.add_argument("--lag", type=int, default=20, help="corrections study: actor.weight_delay, in published "
                    "versions (default 20)")
     p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
@@ -482,7 +484,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     import time
 
-    from analysis.compare import STUDIES, markdown_table, run_study
+    from analysis.compare import STUDIES, markdown_table, plan, run_study
     from config import MAX_WEIGHT_DELAY
     from envs.registry import env_spec
     from evaluation.bots import make_bot
@@ -510,7 +512,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             make_bot(args.eval_opponent, cfg.env.name)
         except ValueError as e:
             raise ConfigError(f"--eval-opponent: {e}") from None
-    summary = run_study(args.config, args.study, out, args.seeds, args.minutes, args.frames, args.lag,
+    try:
+        variants = plan(args.study, args.lag, args.variants)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.frames, args.lag,
                         args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games)
     print(markdown_table(summary))
     print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and the plots; `run.py report {out}` shows them")

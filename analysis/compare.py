@@ -32,15 +32,21 @@ UNLIMITED_FRAMES = 10**15
 FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
 
 
-def plan(study: str, lag: int) -> dict[str, list[str]]:
-    """Variant name -> config overrides (`section.key=value`) for `study`. Raises ValueError."""
+def plan(study: str, lag: int, only: list[str] | None = None) -> dict[str, list[str]]:
+    """Variant name -> config overrides (`section.key=value`) for `study`, limited to the variants in
+    `only` (in the study's order) where given. Raises ValueError for an unknown study or variant."""
     if study == "algos":
-        return {"impala": ["learner.algo=impala", "league.enabled=false"],
-                "a3c": ["learner.algo=a3c", "league.enabled=false"]}
-    if study == "corrections":
-        return {c: ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
-                    f"actor.weight_delay={lag}"] for c in CORRECTIONS}
-    raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+        variants = {"impala": ["learner.algo=impala", "league.enabled=false"],
+                    "a3c": ["learner.algo=a3c", "league.enabled=false"]}
+    elif study == "corrections":
+        variants = {c: ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
+                        f"actor.weight_delay={lag}"] for c in CORRECTIONS}
+    else:
+        raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+    unknown = sorted(set(only or ()) - set(variants))
+    if unknown:
+        raise ValueError(f"--variants {' '.join(unknown)}: the {study} study has {', '.join(variants)}")
+    return {name: o for name, o in variants.items() if not only or name in only}
 
 
 def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, minutes: float,
@@ -200,14 +206,14 @@ def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", m
     return summary
 
 
-def run_study(config: str, study: str, out: Path, seeds: list[int], minutes: float, frames: int | None, lag: int,
-              extra: list[str], redis_url: str | None, metric: str = "auto", eval_opponent: str | None = "tactical",
-              eval_games: int = 100) -> dict:
-    """Train every variant x seed one after another (each `minutes` of wall clock, or `frames`), then
+def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
+              minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
+              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100) -> dict:
+    """Train every variant of `study` (name -> overrides, see `plan`) x seed one after another (each
+    `minutes` of wall clock, or `frames`), then
     evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per
     seat; 0 = no evaluation) and write the outputs. A run that fails is reported and left out; all
     failing is a RuntimeError."""
-    variants = plan(study, lag)
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Run]] = {name: [] for name in variants}
     for seed in seeds:

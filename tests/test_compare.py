@@ -44,6 +44,9 @@ def test_plans_of_both_studies():
         load_config(REPO / "configs/tictactoe.yaml", overrides)  # every variant is a valid config
     with pytest.raises(ValueError, match="unknown study"):
         plan("nope", 1)
+    assert list(plan("corrections", 30, ["none", "vtrace"])) == ["vtrace", "none"]  # the study's order
+    with pytest.raises(ValueError, match="--variants retrace: the corrections study has vtrace, is1"):
+        plan("corrections", 30, ["retrace"])
 
 
 def test_table_values_match_a_hand_computation(tmp_path):
