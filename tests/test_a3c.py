@@ -17,7 +17,7 @@ from distributed.learner import Batch, actor_critic_loss, learn_step, make_optim
 from envs.registry import env_spec
 
 REPO = Path(__file__).resolve().parent.parent
-PICKLED_EMPTY_DICT = b"\x80\x04\x95\x04\x00\x00\x00\x00\x00\x00\x00}\x94."  # what pickle.dumps({}) writes
+PICKLED_EMPTY_DICT = b"\x80\x04\x95\x04\x00\x00\x00\x00\x00\x00\x00}\x94."  # an empty dict in pickle protocol 4
 
 
 def _batch(spec, T=4, B=3, seed=0) -> Batch:
