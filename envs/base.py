@@ -35,12 +35,14 @@ class EpisodeResult:
     """A finished episode.
 
     returns: summed reward per seat (over the seat's agents); length: env steps taken (in a
-    turn-based game, moves); winner: the winning seat by the env's rule, None for a draw.
+    turn-based game, moves); winner: the winning seat by the env's rule, None for a draw;
+    units_left: agents alive per seat at the end, where the outcome is decided by it (a battle).
     """
 
     returns: tuple[float, ...]
     length: int
     winner: int | None
+    units_left: tuple[int, ...] | None = None
 
 
 def leader(scores: Sequence[float]) -> int | None:

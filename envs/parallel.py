@@ -12,6 +12,9 @@ Every living agent acts at every step. Which step a reward belongs to is decided
   recorded and the env is reset with the next seed; play goes on without a gap.
 * *Outcome.* `outcome="return"`: the seat whose agents' summed reward is highest wins;
   `outcome="units_left"`: the seat with the most agents alive at the end wins (a battle); ties draw.
+  Alive means never terminated, unless the env counts its living units itself (`units_left`): MAgent2
+  marks every unit terminated on the step that ends a battle, survivors included, so for it the
+  game's own count is read after the last step.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ class ParallelAdapter:
       agent_seats: the seat (side) of each agent.
       num_actions: A, for the all-legal mask of envs without one.
       outcome: "return" or "units_left", the rule that names the winning seat.
+      units_left: optional, env -> living units per seat, read after the episode's last step; without
+        it a unit is alive until it is terminated.
 
     Use: `step = adapter.advance()`, choose one action per agent in `step.agents`, `adapter.act(actions)`.
     """
 
     def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode],
-                 agent_seats: Sequence[int], num_actions: int, outcome: str = "return"):
+                 agent_seats: Sequence[int], num_actions: int, outcome: str = "return",
+                 units_left: Callable[[Any], Sequence[int]] | None = None):
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         self.env = make()
@@ -52,6 +58,7 @@ class ParallelAdapter:
         self._num_seats = max(self._seats) + 1
         self._all_legal = np.ones(num_actions, np.uint8)
         self._outcome = outcome
+        self._units_left = units_left
         self._seed = seed
         self._pending: list[Settlement] = []
         self._episodes: list[EpisodeResult] = []
@@ -95,16 +102,20 @@ class ParallelAdapter:
             done = bool(terminated.get(name, False) or truncated.get(name, False) or name not in still)
             self._pending.append(Settlement(i, reward, done))
         if not still:
-            self._episodes.append(EpisodeResult(tuple(self._returns), self._length, self._winner()))
+            self._episodes.append(self._result())
             self._reset()
 
-    def _winner(self) -> int | None:
-        if self._outcome == "units_left":
-            left = [0] * self._num_seats
+    def _result(self) -> EpisodeResult:
+        if self._outcome == "return":
+            return EpisodeResult(tuple(self._returns), self._length, leader(self._returns))
+        if self._units_left is not None:
+            left = tuple(int(n) for n in self._units_left(self.env))
+        else:
+            counts = [0] * self._num_seats
             for name in self._alive:
-                left[self._seats[self._index[name]]] += 1
-            return leader(left)
-        return leader(self._returns)
+                counts[self._seats[self._index[name]]] += 1
+            left = tuple(counts)
+        return EpisodeResult(tuple(self._returns), self._length, leader(left), left)
 
 
 class _OneAgent:

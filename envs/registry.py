@@ -79,6 +79,13 @@ class _Game:
     encoders: tuple[Callable[[Any], tuple[np.ndarray, Optional[np.ndarray]]], ...]
     make: Callable[..., object]  # make(render_mode=None) -> the PettingZoo / gymnasium env
     outcome: str = "return"
+    units_left: Optional[Callable[[Any], tuple[int, ...]]] = None  # see envs/parallel.py
+
+
+def _magent_units_left(env: Any) -> tuple[int, ...]:
+    """Living units per team of a MAgent2 env, from the game itself (its handles are in seat order)."""
+    raw = env.unwrapped
+    return tuple(int(raw.env.get_num(handle)) for handle in raw.handles)
 
 
 # Tic-tac-toe's action a marks observation cell (a // 3, a % 3); reflecting columns maps c -> 2 - c.
@@ -147,7 +154,7 @@ def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_se
 
 
 def _probe(name: str, kind: str, make: Callable[..., object], version: str, outcome: str = "return",
-           **spec_extra: Any) -> _Game:
+           units_left: Optional[Callable[[Any], tuple[int, ...]]] = None, **spec_extra: Any) -> _Game:
     """Build the env once and read its agents and spaces into a spec."""
     env = make()
     try:
@@ -174,7 +181,7 @@ def _probe(name: str, kind: str, make: Callable[..., object], version: str, outc
         env.close()
     spec = EnvSpec(name, obs_shape, obs_dtype, actions.pop(), seats, version=version, agents=agents,
                    agent_seats=agent_seats, kind=kind, **spec_extra)
-    return _Game(spec, encoders, make, outcome)
+    return _Game(spec, encoders, make, outcome, units_left)
 
 
 def _module_factory(module: Any, fn: str, kwargs: Mapping[str, Any]) -> Callable[..., object]:
@@ -194,7 +201,7 @@ def _game(name: str, kwargs_json: str) -> _Game:
     if name == "battle":
         module = _import("magent2.environments.battle_v4", name)
         return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4",
-                      outcome="units_left")
+                      outcome="units_left", units_left=_magent_units_left)
     if name.startswith("mpe:"):
         module_name = _mpe_module(name, name[4:])
         module = _import(module_name, name)
@@ -267,7 +274,8 @@ def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, r
         return SC2Adapter(sc2_game(name, kwargs), seed)
     if spec.kind == "gym":
         return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions)
-    return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome)
+    return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome,
+                           game.units_left)
 
 
 def make_raw_env(name: str, render_mode: Optional[str] = None, kwargs: Optional[Mapping[str, Any]] = None):

@@ -27,7 +27,7 @@ import os
 import re
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -388,6 +388,8 @@ def _simulate_steps(replay: Replay, path: str | Path, spec: EnvSpec, render: boo
                           f"{len(replay.actions)} actions are recorded")
     if episode.length != replay.length:
         raise ReplayError(f"{path}: the game lasted {episode.length} steps but 'length' is {replay.length}")
+    if episode.units_left is not None:  # the game's own count at the end (see envs/parallel.py)
+        watch.positions[-1] = replace(watch.positions[-1], units=episode.units_left)
     return watch.positions, episode.returns, episode.winner
 
 

@@ -238,3 +238,30 @@ def test_gym_env_trains_and_reports_returns(tmp_path, redis_url, run_name):
     returns = [r["episode_return"] for r in records if "episode_return" in r]
     assert returns and all(r >= 8 for r in returns)  # CartPole ends no earlier than 8 steps
     assert "greedy policy over 3 episodes: mean return" in proc.stdout
+
+
+def test_a_battle_won_by_elimination_is_a_win_not_a_draw(monkeypatch):
+    # MAgent2 marks every unit terminated on the step that ends a battle, survivors included; the
+    # adapter reads the game's own count of living units, so the team that wiped out the other wins.
+    class Wipeout(Skirmish):
+        def step(self, actions):
+            obs, rewards, terminated, truncated, infos = super().step(actions)
+            if self.t == 2:  # step 1 killed blue's last unit: the game ends, red_0 alive but flagged too
+                terminated = {a: True for a in terminated}
+                self.agents = []
+            return obs, rewards, terminated, truncated, infos
+
+    monkeypatch.setitem(globals(), "DIES_AT", {"red_0": 99, "red_1": 0, "blue_0": 1})
+    encode = observation_encoder(spaces.Box(0, 100, (2,), np.float32)).encode
+    plain = first_episode(ParallelAdapter(Wipeout, 0, [encode] * 3, SPEC.agent_seats, 3, "units_left"))
+    # Counting terminations alone cannot tell the survivor from the dead: why battle reads the game's count.
+    assert plain.units_left == (0, 0) and plain.winner is None
+    counted = first_episode(ParallelAdapter(Wipeout, 0, [encode] * 3, SPEC.agent_seats, 3, "units_left",
+                                            units_left=lambda env: (1, 0)))
+    assert counted.units_left == (1, 0) and counted.winner == 0
+
+
+def test_magent_battle_counts_its_living_units_per_team():
+    env = make_env("battle", 0, {"map_size": 12, "max_cycles": 3})
+    episode = first_episode(env)  # three steps of all-zero actions (stand still): nobody dies
+    assert episode.units_left == (2, 2) and episode.winner is None
