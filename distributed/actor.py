@@ -1,7 +1,8 @@
 """Actor process: steps many envs with batched forward passes and sends fixed-length unrolls.
 
-
-
+Every agent that plays the learner's seat (a seat of a board game, each unit of a battle team) is a
+learning stream whose unrolls go to its learner; agents played by a league opponent (a snapshot,
+another learner, a bot) only act.
 """
 
 from __future__ import annotations
