@@ -108,7 +108,7 @@ class A3CWorker(Actor):
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over."""
-        self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over)
+        self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
         if self.run_over():
             return True
         batch = Batch.stack(unrolls, torch.device("cpu"))
@@ -117,9 +117,9 @@ class A3CWorker(Actor):
         self.model.zero_grad(set_to_none=True)
         loss, parts = actor_critic_loss(self.model, batch, self.loss_cfg)
         loss.backward()
-        self.gradients.add([encode_gradients(self.model, policy_version=self.version, actor_id=self.actor_id,
-                                             frames=self.cfg.actor.unroll_length * len(unrolls),
-                                             stats={k: float(v) for k, v in parts.items()})])
+        self.backlog = self.gradients.add([encode_gradients(
+            self.model, policy_version=self.version, actor_id=self.actor_id,
+            frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})])
         self.sent += len(unrolls)
         self.sync_params()
         self.refresh_opponents()

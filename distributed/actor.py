@@ -8,6 +8,7 @@ another learner, a bot) only act.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -31,6 +32,9 @@ from league.players import MAIN, PLAYER_ID, namespace
 from league.store import LeagueStore
 
 log = logging.getLogger("actor")
+
+RESULTS_EVERY_S = 1.0  # episode results wait at most this long; the league manager reads every 2 s
+RUN_OVER_CHECK_S = 0.5  # the run's done key is looked up at most this often
 
 
 class UnrollBuffer:
@@ -203,13 +207,28 @@ class Actor:
         self.version = -1
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         self.sent = 0
+        self.backlog: int | None = None  # the trajectory stream's backlog after our last add
+        self.pending_results: list[dict] = []
+        self.results_sent_at = time.monotonic()
+        self.over, self.over_checked_at = False, -math.inf
         self.stopping = False
 
     def stop(self, *_: object) -> None:
         self.stopping = True
 
     def run_over(self) -> bool:
-        return self.stopping or bool(self.redis.exists(self.done_key))
+        """Told to stop, or the run's done key is set (looked up at most every RUN_OVER_CHECK_S)."""
+        now = time.monotonic()
+        if not self.over and now - self.over_checked_at >= RUN_OVER_CHECK_S:
+            self.over, self.over_checked_at = bool(self.redis.exists(self.done_key)), now
+        return self.stopping or self.over
+
+    def report(self, episodes: list[dict], flush: bool = False) -> None:
+        """Queue episode results; send them at most every RESULTS_EVERY_S (one round trip for many)."""
+        self.pending_results += episodes
+        if self.pending_results and (flush or time.monotonic() - self.results_sent_at >= RESULTS_EVERY_S):
+            self.results.add_many(self.pending_results)
+            self.pending_results, self.results_sent_at = [], time.monotonic()
 
     def sync_params(self, wait: bool = False) -> None:
         """Load the latest published weights if their version changed (waiting for the first ones)."""
@@ -284,9 +303,9 @@ class Actor:
                         unroll = self.buffers[i][agent].observe(obs, mask)
                         if unroll is not None:
                             unrolls.append(unroll)
-            if episodes:
-                self.results.add_many(episodes)
+            self.report(episodes)
             if unrolls and self.send(unrolls):
+                self.report([], flush=True)
                 return
             actions = self.choose_actions(steps)
             for i, env in enumerate(self.envs):
@@ -349,7 +368,7 @@ class Actor:
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """XADD finished unrolls after waiting for room; sync params on schedule. True = run is over."""
-        self.trajectories.wait_for_room(self.cfg.actor.high_water_mark, self.run_over)
+        self.trajectories.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
         if self.run_over():
             return True
         payloads = []
@@ -357,7 +376,7 @@ class Actor:
             payloads.append(encode_unroll(unroll, unroll_id=f"{self.actor_id}-{self.token}-{self.sent}",
                                           policy_version=self.version, actor_id=self.actor_id, env=self.spec.name))
             self.sent += 1
-        self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent)
+        self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()

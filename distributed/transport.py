@@ -196,19 +196,24 @@ class TrajectoryStream:
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
     # -- actor side ---------------------------------------------------------------------------------
-    def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0) -> None:
+    def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0) -> int:
         """XADD encoded unrolls in one transaction (never with MAXLEN: that could drop unread unrolls).
 
         With `producer` (an actor's `{actor_id}-{token}`), the same transaction sets its field of
         `{run}:traj:produced` to `produced`, the unrolls it has added so far, this call's included:
         a transaction re-sent after a lost reply adds copies of the unrolls but counts them once.
+
+        Returns the backlog after the adds (counted in the same round trip; see `backlog`).
         """
         pipe = self.r.pipeline(transaction=True)
         for data in payloads:
             pipe.xadd(self.key, {"data": data})
         if producer is not None:
             pipe.hset(self.produced_key, producer, produced)
-        pipe.execute()
+        pipe.xlen(self.key)
+        n = int(pipe.execute()[-1])
+        self.last_backlog = (n, time.monotonic())
+        return n
 
     def backlog(self) -> int:
         """Unrolls in the stream: unread plus delivered-but-unacked (acked ones are deleted)."""
@@ -217,9 +222,15 @@ class TrajectoryStream:
         return n
 
     def wait_for_room(self, high_water_mark: int, should_stop: Callable[[], bool] = lambda: False,
-                      poll_s: float = 0.05) -> float:
-        """Block while the backlog is above `high_water_mark`. Returns seconds waited."""
+                      poll_s: float = 0.05, backlog: int | None = None) -> float:
+        """Block while the backlog is above `high_water_mark`. Returns seconds waited.
+
+        `backlog`: a count the caller already has (`add` returns one); at or below the mark it saves
+        the round trip.
+        """
         start = time.monotonic()
+        if backlog is not None and backlog <= high_water_mark:
+            return 0.0
         while self.backlog() > high_water_mark and not should_stop():
             time.sleep(poll_s)
         return time.monotonic() - start

@@ -88,10 +88,18 @@ class AECAdapter:
                 env.step(None)
                 continue
             observation, mask = self._encoders[seat](obs)
-            return Step([seat], [observation], [self._all_legal if mask is None else mask], settlements, episodes)
+            self._mask = self._all_legal if mask is None else mask
+            return Step([seat], [observation], [self._mask], settlements, episodes)
 
     def act(self, actions: Sequence[int]) -> None:
-        """Play `actions[0]` for the agent of the last `advance`."""
+        """Play `actions[0]` for the agent of the last `advance`.
+
+        Raises ValueError if the action is outside the action space or illegal by the last mask.
+        """
+        action = int(actions[0])
+        if not (0 <= action < len(self._mask) and self._mask[action]):
+            raise ValueError(f"illegal action {action} for {self.env.agent_selection}: legal actions are "
+                             f"{np.flatnonzero(self._mask).tolist()}")
         self._acted[self._seat[self.env.agent_selection]] = True
         self._length += 1
-        self.env.step(int(actions[0]))
+        self.env.step(action)

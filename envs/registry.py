@@ -197,7 +197,9 @@ def _game(name: str, kwargs_json: str) -> _Game:
     if name in _BOARD_GAMES:
         module_name, mirror = _BOARD_GAMES[name]
         module = _import(module_name, name)
-        return _probe(name, "aec", _module_factory(module, "env", kwargs), module_name.rsplit(".", 1)[1], **mirror)
+        # raw_env skips PettingZoo's checking wrappers (half the step time); AECAdapter.act refuses
+        # illegal moves itself.
+        return _probe(name, "aec", _module_factory(module, "raw_env", kwargs), module_name.rsplit(".", 1)[1], **mirror)
     if name == "battle":
         module = _import("magent2.environments.battle_v4", name)
         return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4",
