@@ -16,8 +16,11 @@ Board model. The tactical and minimax bots simulate moves on a small board model
   PettingZoo's ``board.squares`` index, since its observation is ``squares.reshape(3, 3)``);
   3 in a row wins.
 
-A board is an int8 ``[H, W]`` array: ``TO_MOVE`` (+1) for pieces of the player to move in the
-observation it came from, ``OPPONENT`` (-1) for the other player's, 0 for empty.
+A board is a list of ``H`` rows of ``W`` ints (``board[row][col]``): ``TO_MOVE`` (+1) for pieces
+of the player to move in the observation it came from, ``OPPONENT`` (-1) for the other player's, 0
+for empty. Plain lists, because the search reads single cells: indexing a Python list is about ten
+times cheaper than indexing a numpy array. Functions that only read a board also take an int8
+``[H, W]`` array.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ class GridGame:
                         lines.append([r * self.cols + c for r, c in cells])
         return np.array(lines, dtype=np.int64)
 
-    def board_from_observation(self, observation: np.ndarray) -> np.ndarray:
-        """Converts an int8 ``[rows, cols, 2]`` observation to an int8 ``[rows, cols]`` board.
+    def board_from_observation(self, observation: np.ndarray) -> list[list[int]]:
+        """Converts an int8 ``[rows, cols, 2]`` observation to a board (``rows`` lists of ``cols`` ints).
 
         Raises:
           ValueError: if the observation shape is not ``(rows, cols, 2)``.
@@ -81,16 +84,16 @@ class GridGame:
                 f"{self.name}: expected observation shape {(self.rows, self.cols, 2)}, "
                 f"got {observation.shape}"
             )
-        return (observation[..., 0] - observation[..., 1]).astype(np.int8)
+        return (observation[..., 0].astype(np.int8) - observation[..., 1]).tolist()
 
-    def legal_moves(self, board: np.ndarray) -> list[int]:
-        """Actions that are legal on ``board`` (int8 ``[rows, cols]``), ascending."""
+    def legal_moves(self, board) -> list[int]:
+        """Actions that are legal on ``board``, ascending."""
         if self.gravity:
             # A column is playable while its top cell (row 0) is empty.
-            return [c for c in range(self.cols) if board[0, c] == 0]
-        return [int(i) for i in np.flatnonzero(board.reshape(-1) == 0)]
+            return [c for c in range(self.cols) if board[0][c] == 0]
+        return [r * self.cols + c for r in range(self.rows) for c in range(self.cols) if board[r][c] == 0]
 
-    def target_cell(self, board: np.ndarray, move: int) -> tuple[int, int]:
+    def target_cell(self, board, move: int) -> tuple[int, int]:
         """The (row, col) a piece played with ``move`` would occupy on ``board``.
 
         Raises:
@@ -99,27 +102,27 @@ class GridGame:
         if not 0 <= move < self.num_actions:
             raise ValueError(f"{self.name}: move {move} out of range [0, {self.num_actions})")
         if self.gravity:
-            empty_rows = np.flatnonzero(board[:, move] == 0)
-            if empty_rows.size == 0:
-                raise ValueError(f"{self.name}: column {move} is full")
-            return int(empty_rows[-1]), move
+            for row in range(self.rows - 1, -1, -1):
+                if board[row][move] == 0:
+                    return row, move
+            raise ValueError(f"{self.name}: column {move} is full")
         row, col = divmod(move, self.cols)
-        if board[row, col] != 0:
+        if board[row][col] != 0:
             raise ValueError(f"{self.name}: cell {move} is occupied")
         return row, col
 
-    def play(self, board: np.ndarray, move: int, player: int) -> np.ndarray:
+    def play(self, board, move: int, player: int) -> list[list[int]]:
         """Returns a copy of ``board`` with ``player`` (TO_MOVE or OPPONENT) having played ``move``.
 
         Raises:
           ValueError: if ``move`` is not legal on ``board``.
         """
         row, col = self.target_cell(board, move)
-        new_board = board.copy()
-        new_board[row, col] = player
+        new_board = [list(cells) for cells in board]
+        new_board[row][col] = player
         return new_board
 
-    def is_win(self, board: np.ndarray, player: int, row: int, col: int) -> bool:
+    def is_win(self, board, player: int, row: int, col: int) -> bool:
         """True if ``player``'s piece at (row, col) lies on a line of ``connect`` of its pieces.
 
         Checking only lines through the last placed piece is enough to detect a game-ending move
@@ -129,14 +132,14 @@ class GridGame:
             count = 1
             for sign in (1, -1):
                 r, c = row + sign * d_row, col + sign * d_col
-                while 0 <= r < self.rows and 0 <= c < self.cols and board[r, c] == player:
+                while 0 <= r < self.rows and 0 <= c < self.cols and board[r][c] == player:
                     count += 1
                     r, c = r + sign * d_row, c + sign * d_col
             if count >= self.connect:
                 return True
         return False
 
-    def winning_moves(self, board: np.ndarray, player: int, moves: list[int]) -> list[int]:
+    def winning_moves(self, board: list[list[int]], player: int, moves: list[int]) -> list[int]:
         """The subset of ``moves`` with which ``player`` would win immediately on ``board``.
 
         ``board`` is modified during the call and restored before it returns.
@@ -148,10 +151,10 @@ class GridGame:
         for move in moves:
             row, col = self.target_cell(board, move)
             # Place, test, undo: avoids a copy per candidate move.
-            board[row, col] = player
+            board[row][col] = player
             if self.is_win(board, player, row, col):
                 winners.append(move)
-            board[row, col] = 0
+            board[row][col] = 0
         return winners
 
 
@@ -299,17 +302,17 @@ class MinimaxBot:
             key = lambda a: abs(a // self.game.cols - centre_row) + abs(a % self.game.cols - centre_col)  # noqa: E731
         self._order = sorted(range(self.game.num_actions), key=key)
 
-    def evaluate(self, board: np.ndarray) -> int:
-        """Heuristic value of ``board`` (int8 ``[rows, cols]``) for ``TO_MOVE``.
+    def evaluate(self, board) -> int:
+        """Heuristic value of ``board`` for ``TO_MOVE``.
 
         Sum over every window (``GridGame.windows``) holding pieces of one player only:
         +5 / +2 if ``TO_MOVE``'s pieces lack one / two cells of a full line, -5 / -2 for
         ``OPPONENT``'s. In connect four these are open threes and open twos.
         """
-        codes = (board.reshape(-1) % 3)[self.game.windows] @ self._powers
+        codes = (np.asarray(board, dtype=np.int64).reshape(-1) % 3)[self.game.windows] @ self._powers
         return int(self._table[codes].sum())
 
-    def scores(self, board: np.ndarray, legal: list[int]) -> dict[int, int]:
+    def scores(self, board: list[list[int]], legal: list[int]) -> dict[int, int]:
         """Negamax value, for ``TO_MOVE``, of each move in ``legal`` that ties or beats the best.
 
         Moves proven worse than the best are left out (alpha-beta cannot give their exact value).
@@ -319,7 +322,7 @@ class MinimaxBot:
         best = -_INF
         for move in self._ordered(legal):
             row, col = self.game.target_cell(board, move)
-            board[row, col] = TO_MOVE
+            board[row][col] = TO_MOVE
             if self.game.is_win(board, TO_MOVE, row, col):
                 value = WIN_SCORE - 1
             else:
@@ -327,7 +330,7 @@ class MinimaxBot:
                 # so every tie is found; worse moves fail low and are dropped.
                 beta = _INF if best == -_INF else -(best - 1)
                 value = -self._negamax(board, OPPONENT, self.depth - 1, -_INF, beta, 2)
-            board[row, col] = 0
+            board[row][col] = 0
             if value >= best:
                 best = value
                 values[move] = value
@@ -342,7 +345,7 @@ class MinimaxBot:
         """
         legal = [int(a) for a in _legal_actions(action_mask)]
         board = self.game.board_from_observation(observation)
-        key = (self.game.name, self.depth, board.tobytes(), tuple(legal))
+        key = (self.game.name, self.depth, observation.tobytes(), tuple(legal))
         best = _best_moves_cache.get(key)
         if best is None:
             best = sorted(self.scores(board, legal))
@@ -355,7 +358,7 @@ class MinimaxBot:
         allowed = set(moves)
         return [m for m in self._order if m in allowed]
 
-    def _negamax(self, board: np.ndarray, player: int, depth: int, alpha: int, beta: int, ply: int) -> int:
+    def _negamax(self, board: list[list[int]], player: int, depth: int, alpha: int, beta: int, ply: int) -> int:
         """Value of ``board`` for ``player`` (to move), searched ``depth`` plies; moves here are ply ``ply``.
 
         Fail-hard alpha-beta: exact when the value lies in (alpha, beta), else a bound on that side.
@@ -368,15 +371,15 @@ class MinimaxBot:
         # A win now beats anything deeper; finding it first saves searching the other moves.
         cells = [self.game.target_cell(board, move) for move in moves]
         for row, col in cells:
-            board[row, col] = player
+            board[row][col] = player
             won = self.game.is_win(board, player, row, col)
-            board[row, col] = 0
+            board[row][col] = 0
             if won:
                 return WIN_SCORE - ply
         for row, col in cells:
-            board[row, col] = player
+            board[row][col] = player
             value = -self._negamax(board, -player, depth - 1, -beta, -alpha, ply + 1)
-            board[row, col] = 0
+            board[row][col] = 0
             if value > alpha:
                 alpha = value
                 if alpha >= beta:

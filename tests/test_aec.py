@@ -112,3 +112,18 @@ def test_tictactoe_draw_has_no_winner_and_zero_rewards():
 def test_unknown_env_names_the_choices():
     with pytest.raises(ValueError, match="connect_four"):
         make_env("conect_four", seed=0)
+
+
+@pytest.mark.parametrize("action", [3, 7, -1])
+def test_an_illegal_or_out_of_range_move_is_refused_and_the_game_goes_on(action):
+    # Board games step PettingZoo's raw env, without its checking wrappers: the adapter refuses
+    # the move itself, names the legal ones, and the position is unchanged.
+    adapter = make_env("connect_four", seed=0)
+    _, turn = play(adapter, [3] * 6)  # column 3 is full
+    assert turn.action_masks[0][3] == 0
+    with pytest.raises(ValueError, match=r"illegal action .*legal actions are \[0, 1, 2, 4, 5, 6\]"):
+        adapter.act([action])
+    adapter.act([0])
+    after = adapter.advance()
+    assert after.agents == [1] and not after.episodes
+    assert after.observations[0][5, 0].tolist() == [0, 1]  # seat 1's view: seat 0's piece in (5, 0)

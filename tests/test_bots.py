@@ -114,8 +114,8 @@ def test_connect_four_does_not_block_a_threat_that_is_not_playable_yet():
     moves = [0, 5, 0, 2, 2, 6, 4, 6, 2, 3, 3, 5, 3]
     _, observation, mask = play("connect_four", moves)
     board = CONNECT_FOUR.board_from_observation(observation)
-    assert board[4, 1] == 0 and board[5, 1] == 0
-    assert board[4, [0, 2, 3]].tolist() == [OPPONENT] * 3
+    assert board[4][1] == 0 and board[5][1] == 0
+    assert [board[4][c] for c in (0, 2, 3)] == [OPPONENT] * 3
     legal = CONNECT_FOUR.legal_moves(board)
     assert legal == list(range(7))
     assert CONNECT_FOUR.winning_moves(board, OPPONENT, legal) == []
