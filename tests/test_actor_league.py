@@ -89,3 +89,24 @@ def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis
     store.publish_opponents("main", {"main-0000100": 1.0})
     _, results = _play(actor, 8)
     assert results and {r["opponent_id"] for r in results} == {"main-0000100"}
+
+
+def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,
+                                                                   monkeypatch):
+    import distributed.actor as actor_module
+
+    actor = _actor(tmp_path, run_name, redis_client, redis_url)
+    calls = []
+    actor.results.add_many = lambda results: calls.append(list(results))
+    monkeypatch.setattr(actor_module, "RESULTS_EVERY_S", 3600.0)
+    actor.report([{"winner": 0}])
+    actor.report([])
+    actor.report([{"winner": 1}])
+    assert calls == []  # within the interval: queued, no round trip
+    actor.report([], flush=True)  # what the loop does when the run ends
+    assert calls == [[{"winner": 0}, {"winner": 1}]]
+    actor.report([], flush=True)
+    assert len(calls) == 1  # nothing pending, nothing sent
+    monkeypatch.setattr(actor_module, "RESULTS_EVERY_S", 0.0)
+    actor.report([{"winner": -1}])
+    assert calls[-1] == [{"winner": -1}]
