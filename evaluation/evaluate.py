@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Union
 import numpy as np
 
 from envs.registry import env_spec, make_env
-from evaluation.bots import Bot, make_bot
+from evaluation.bots import GAMES, Bot, make_bot
+from evaluation.tactics import Tactics, count_tactics
 
 if TYPE_CHECKING:
     from agents.policy import Policy
@@ -84,20 +85,22 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
 
 @dataclass
 class MatchResult:
-    """Outcomes of `games` games with the policy in seat `seat` (0 moves first)."""
+    """Outcomes of `games` games with the policy in seat `seat` (0 moves first); in connect four and
+    tic-tac-toe also its one-move `tactics` (`evaluation/tactics.py`)."""
 
     seat: int
     games: int
     wins: int
     draws: int
     losses: int
+    tactics: Tactics | None = None
 
     @property
     def win_rate(self) -> float:
         return self.wins / self.games
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "win_rate": self.win_rate, "draw_rate": self.draws / self.games,
+        return {**asdict(self), "tactics": self.tactics and self.tactics.as_dict(), "win_rate": self.win_rate, "draw_rate": self.draws / self.games,
                 "loss_rate": self.losses / self.games}
 
 
@@ -127,7 +130,10 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
 
         names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
         save_match(record_dir, spec.name, names, records, policy.config.env.kwargs)
-    return count_outcomes(records, seat)
+    result = count_outcomes(records, seat)
+    if spec.name in GAMES:
+        result.tactics = count_tactics(GAMES[spec.name], (r.actions for r in records), seat)
+    return result
 
 
 def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True,

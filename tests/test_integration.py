@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from config import from_yaml_text
 from distributed.checkpoint import CheckpointError, read_checkpoint
 from distributed.transport import GROUP
 
@@ -73,6 +74,16 @@ def test_resume_continues_from_the_checkpoint(finished_run, redis_server):
     assert after["step"] == after["frames"] // 32  # the update counter continued, not restarted
 
 
+def test_resume_with_another_network_is_refused_before_the_run_config_is_rewritten(finished_run, redis_server):
+    tmp, name, _ = finished_run
+    config = (tmp / name / "config.yaml").read_text()
+    hidden = from_yaml_text(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["config"]).agent.hidden
+    proc = train(tmp, name, redis_server.url, "--resume", "--set", "agent.hidden=17", "--set", "learner.optimizer=rmsprop")
+    assert proc.returncode != 0
+    assert f"agent.hidden: {hidden} -> 17" in proc.stderr and "learner.optimizer: 'adam' -> 'rmsprop'" in proc.stderr
+    assert (tmp / name / "config.yaml").read_text() == config
+
+
 def test_evaluate_prints_per_seat_rates_as_json(finished_run):
     tmp, name, _ = finished_run
     checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
@@ -85,6 +96,8 @@ def test_evaluate_prints_per_seat_rates_as_json(finished_run):
     for seat in result["seats"].values():
         assert seat["games"] == 20 and seat["wins"] + seat["draws"] + seat["losses"] == 20
         assert abs(seat["win_rate"] + seat["draw_rate"] + seat["loss_rate"] - 1) < 1e-9
+        tactics = seat["tactics"]
+        assert 0 <= tactics["wins_taken"] <= tactics["win_chances"] and 0 <= tactics["blocks_made"] <= tactics["block_chances"]
 
 
 def test_load_policy_rejects_a_corrupt_file(tmp_path):
