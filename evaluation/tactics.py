@@ -8,9 +8,7 @@ Outcomes say how often a player lost; these counts say why. At each of the playe
   exactly one cell; the player *blocked* if it played there. (Against two threats nothing
   helps, so those positions are not counted.)
 
-A player that wins against a one-ply bot only most of the time usually misses some of these; a
-policy trained with a discount close to 1 gains almost nothing from winning now rather than a
-few moves later, and can learn to let wins pass.
+A policy that beats a one-ply bot only most of the time usually misses some of these.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import redis
 from distributed.launcher import EmbeddedRedis
 from distributed.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
                                    TrajectoryStream, connect, redis_outages)
+from tests.background import Background
 from tests.test_faults import T, _descendants, encode, small_config, valid_unroll
 
 REPO = Path(__file__).resolve().parent.parent
@@ -245,26 +246,18 @@ def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, vol
     feeder = connect(volatile_redis.url, retry_s=20)
     for reward in (1.0, -1.0):
         feeder.xadd(f"{run_name}:traj", {"data": encode(valid_unroll(reward))})
-    errors = []
-
-    def run():
-        try:
-            learner.run()
-        except Exception as e:  # reported below
-            errors.append(e)
-
     with caplog.at_level(logging.INFO):
-        thread = threading.Thread(target=run)
+        thread = Background(learner.run)
         thread.start()
         deadline = time.monotonic() + 20
         while learner.step < 1 and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert learner.step == 1, errors
+        assert learner.step == 1, thread.error
         volatile_redis.restart()  # everything in Redis is gone: stream, group, params, lease
         for reward in (0.5, 0.0):
             feeder.xadd(f"{run_name}:traj", {"data": encode(valid_unroll(reward))})
         thread.join(30)
-    assert not thread.is_alive() and not errors, errors
+    assert not thread.is_alive() and thread.error is None, thread.error
     assert learner.step == 2 and learner.frames == 2 * 2 * T
     assert learner.trajectories.group_losses == 1
     assert messages(caplog, "stream and group lost")

@@ -18,6 +18,7 @@ import redis
 
 from distributed.launcher import EmbeddedRedis, _free_port, redis_server_binary
 from distributed.transport import RedisUnavailable, TrajectoryStream, connect
+from tests.background import Background
 from tests.test_delivery import run_learner_until
 from tests.test_faults import encode, small_config, valid_unroll
 
@@ -161,22 +162,14 @@ def test_the_documented_acl_user_can_run_an_actor_and_a_learner_and_nothing_else
         cfg = small_config(run_name, tmp_path, "actor.num_envs=2", "learner.checkpoint_every_s=0.5")
         learner = Learner(cfg, url, tmp_path / run_name)
         actor = Actor(cfg, url, 0)
-        errors = []
-
-        def act():
-            try:
-                actor.run()
-            except Exception as e:  # reported below
-                errors.append(e)
-
-        actor_thread = threading.Thread(target=act)
+        actor_thread = Background(actor.run)
         actor_thread.start()
         try:
-            run_learner_until(learner, lambda: learner.step >= 3 or errors, timeout=60)
+            run_learner_until(learner, lambda: learner.step >= 3 or actor_thread.error, timeout=60)
         finally:
             actor.stop()
             actor_thread.join(20)
-        assert not errors and learner.step >= 3
+        assert actor_thread.error is None and learner.step >= 3
         denied = [entry for entry in admin.acl_log() if entry["username"] == "impala"]
         assert denied == []  # nothing the two did was refused
         user = connect(url)
