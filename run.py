@@ -229,11 +229,13 @@ def _check_resumable(cfg: Config, run_dir: Path) -> None:
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
     if not checkpoint.is_file():
         return  # stopped before its first checkpoint: nothing to fit
-    saved = from_yaml_text(read_checkpoint(checkpoint)[1]["config"])
-    fixed = {"env.name": lambda c: c.env.name, "env.kwargs": lambda c: c.env.kwargs,
-             "learner.optimizer": lambda c: c.learner.optimizer,
-             **{f"agent.{f.name}": (lambda c, n=f.name: getattr(c.agent, n)) for f in dataclasses.fields(cfg.agent)}}
-    changed = [f"{key}: {get(saved)!r} -> {get(cfg)!r}" for key, get in fixed.items() if get(saved) != get(cfg)]
+
+    def fixed(c: Config) -> dict:
+        return {"env.name": c.env.name, "env.kwargs": c.env.kwargs, "learner.optimizer": c.learner.optimizer,
+                **{f"agent.{key}": value for key, value in dataclasses.asdict(c.agent).items()}}
+
+    saved, wanted = fixed(from_yaml_text(read_checkpoint(checkpoint)[1]["config"])), fixed(cfg)
+    changed = [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in wanted.items() if saved.get(key) != value]
     if changed:
         raise ConfigError(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
                           f"resume without changing them, or start a new run without --resume. "
@@ -458,7 +460,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _tactics_line(tactics: dict | None) -> str:
-    """'; took 30/40 wins, made 9/12 blocks' (see evaluation/tactics.py); '' for games without a board model."""
+    """'; took 30/40 immediate wins, made 9/12 forced blocks' (evaluation/tactics.py); '' for games without a board model."""
     if tactics is None:
         return ""
     return (f"; took {tactics['wins_taken']}/{tactics['win_chances']} immediate wins, "

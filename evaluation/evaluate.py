@@ -100,8 +100,8 @@ class MatchResult:
         return self.wins / self.games
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "tactics": self.tactics and self.tactics.as_dict(), "win_rate": self.win_rate, "draw_rate": self.draws / self.games,
-                "loss_rate": self.losses / self.games}
+        return {**asdict(self), "tactics": self.tactics and self.tactics.as_dict(), "win_rate": self.win_rate,
+                "draw_rate": self.draws / self.games, "loss_rate": self.losses / self.games}
 
 
 def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:
