@@ -130,10 +130,10 @@ class EmbeddedRedis:
         The new server dies with the calling thread (`_die_with_parent`): call it from one that lives on."""
         with self._lock:
             self._stop_proc()
+            self.restarts += 1  # counted before the new server answers, so a client that sees it sees the count
             err = self._start(self.port)
             if err is not None:
                 raise RedisUnavailable(f"embedded redis-server did not restart on port {self.port}: {err}")
-            self.restarts += 1
 
     def _watch(self) -> None:
         """Restart redis-server when it exits (killed, crashed) until `stop()`, at most MAX_RESTARTS times."""
