@@ -129,6 +129,9 @@ class LeagueConfig:
     self_play: float = _f(0.35, "main agent: share of games against its own latest weights")
     pfsp: float = _f(0.5, "main agent: share of games drawn by PFSP over the whole league")
     forgotten: float = _f(0.15, "main agent: share of games against its own snapshots it no longer beats")
+    bot_share: float = _f(0.0, "main agent: share of games drawn by PFSP over the baseline bots only, on top of "
+                          "what PFSP over the whole league gives them (0: AlphaStar's mix). The four shares "
+                          "(self_play, pfsp, forgotten, bot_share) are weights, divided by their sum")
     forgotten_below: float = _f(0.3, "a snapshot is forgotten when the main agent's win rate against it is below this")
     pfsp_weighting: str = _f("hard", "PFSP weighting: hard (1-x)^p, variance x(1-x), or uniform")
     pfsp_p: float = _f(2.0, "the exponent p of the hard weighting")
@@ -347,8 +350,9 @@ def validate(cfg: Config) -> None:
          f"{league.payoff_decay} (decayed game counts level off at 1 / (1 - decay)); lower min_games or "
          "raise payoff_decay"),
         (league.elo_k > 0, "league.elo_k must be > 0"),
-        (min(league.self_play, league.pfsp, league.forgotten) >= 0 and league.self_play + league.pfsp > 0,
-         "league.self_play, league.pfsp and league.forgotten must be >= 0, with self_play + pfsp > 0"),
+        (min(league.self_play, league.pfsp, league.forgotten, league.bot_share) >= 0
+         and league.self_play + league.pfsp > 0,
+         "league.self_play, league.pfsp, league.forgotten and league.bot_share must be >= 0, with self_play + pfsp > 0"),
         (league.pfsp_weighting in ("hard", "variance", "uniform"),
          "league.pfsp_weighting must be hard, variance or uniform"),
         (league.pfsp_p > 0, "league.pfsp_p must be > 0"),

@@ -76,7 +76,7 @@ class LeagueManager:
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
         self.learners = learner_players(cfg)
         self.matchmaking = MatchmakingConfig(
-            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten,
+            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bots=league.bot_share,
             forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
             exploiter_gives_up_below=league.exploiter_gives_up_below)
         self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)
@@ -218,7 +218,8 @@ class LeagueManager:
     def distribution(self, player: str) -> dict[str, float]:
         kind = role(player)
         if kind == MAIN:
-            return main_agent_opponents(player, self.payoff, self.frozen(), self.snapshots(player), self.matchmaking)
+            return main_agent_opponents(player, self.payoff, self.frozen(), self.snapshots(player), self.matchmaking,
+                                        self.cfg.league.bots)
         if kind == "main_exploiter":
             return main_exploiter_opponents(player, self.payoff, self.snapshots(MAIN), self.matchmaking)
         return league_exploiter_opponents(player, self.payoff, self.frozen(), self.matchmaking)

@@ -58,6 +58,7 @@ class MatchmakingConfig:
     self_play: float = 0.35
     pfsp: float = 0.5
     forgotten: float = 0.15
+    bots: float = 0.0
     forgotten_below: float = 0.3
     weighting: str = "hard"
     p: float = 2.0
@@ -85,19 +86,24 @@ def _pfsp(player: str, candidates: list[str], payoff: PayoffTable, weighting: st
 
 
 def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], own_snapshots: list[str],
-                         cfg: MatchmakingConfig) -> dict[str, float]:
-    """The main agent's mix: self-play, PFSP over the whole league, and its forgotten snapshots.
+                         cfg: MatchmakingConfig, bots: list[str] = ()) -> dict[str, float]:
+    """The main agent's mix: self-play, PFSP over the whole league, its forgotten snapshots, and
+    (beyond AlphaStar) a fixed share of PFSP over the baseline bots.
 
     league: every frozen player (snapshots of all roles, baseline bots); own_snapshots: this
-    player's snapshots. A snapshot is *forgotten* when the player's win rate against it is known
-    and below `forgotten_below`; those get `forgotten` of the mass, by hard PFSP. A part with no
-    candidates passes its share on (self-play first), so a league without snapshots is self-play.
+    player's snapshots; bots: the baseline bots among them. A snapshot is *forgotten* when the
+    player's win rate against it is known and below `forgotten_below`; those get `forgotten` of the
+    mass, by hard PFSP. The bots get `bots` of the mass whatever PFSP over the league gives them,
+    which keeps the positions a weak or erratic player reaches in training once the agent beats
+    them often. A part with no candidates passes its share on (self-play first), so a league
+    without snapshots or bots is self-play.
     """
     forgotten = [s for s in own_snapshots
                  if (w := payoff.win_rate(player, s)) is not None and w < cfg.forgotten_below]
     return _mix([(cfg.self_play, {SELF: 1.0}),
                  (cfg.pfsp, _pfsp(player, league, payoff, cfg.weighting, cfg.p)),
-                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p))])
+                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p)),
+                 (cfg.bots, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p))])
 
 
 def main_exploiter_opponents(player: str, payoff: PayoffTable, main_snapshots: list[str],
