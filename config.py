@@ -352,7 +352,8 @@ def validate(cfg: Config) -> None:
         (league.elo_k > 0, "league.elo_k must be > 0"),
         (min(league.self_play, league.pfsp, league.forgotten, league.bot_share) >= 0
          and league.self_play + league.pfsp > 0,
-         "league.self_play, league.pfsp, league.forgotten and league.bot_share must be >= 0, with self_play + pfsp > 0"),
+         "league.self_play, league.pfsp, league.forgotten and league.bot_share must be >= 0, "
+         "with self_play + pfsp > 0"),
         (league.pfsp_weighting in ("hard", "variance", "uniform"),
          "league.pfsp_weighting must be hard, variance or uniform"),
         (league.pfsp_p > 0, "league.pfsp_p must be > 0"),

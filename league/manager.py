@@ -76,7 +76,7 @@ class LeagueManager:
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
         self.learners = learner_players(cfg)
         self.matchmaking = MatchmakingConfig(
-            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bots=league.bot_share,
+            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bot_share=league.bot_share,
             forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
             exploiter_gives_up_below=league.exploiter_gives_up_below)
         self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)

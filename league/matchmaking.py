@@ -58,7 +58,7 @@ class MatchmakingConfig:
     self_play: float = 0.35
     pfsp: float = 0.5
     forgotten: float = 0.15
-    bots: float = 0.0
+    bot_share: float = 0.0
     forgotten_below: float = 0.3
     weighting: str = "hard"
     p: float = 2.0
@@ -93,7 +93,7 @@ def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], ow
     league: every frozen player (snapshots of all roles, baseline bots); own_snapshots: this
     player's snapshots; bots: the baseline bots among them. A snapshot is *forgotten* when the
     player's win rate against it is known and below `forgotten_below`; those get `forgotten` of the
-    mass, by hard PFSP. The bots get `bots` of the mass whatever PFSP over the league gives them,
+    mass, by hard PFSP. The bots get `bot_share` of the mass whatever PFSP over the league gives them,
     which keeps the positions a weak or erratic player reaches in training once the agent beats
     them often. A part with no candidates passes its share on (self-play first), so a league
     without snapshots or bots is self-play.
@@ -103,7 +103,7 @@ def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], ow
     return _mix([(cfg.self_play, {SELF: 1.0}),
                  (cfg.pfsp, _pfsp(player, league, payoff, cfg.weighting, cfg.p)),
                  (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p)),
-                 (cfg.bots, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p))])
+                 (cfg.bot_share, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p))])
 
 
 def main_exploiter_opponents(player: str, payoff: PayoffTable, main_snapshots: list[str],

@@ -168,7 +168,7 @@ def test_main_agent_without_a_league_is_self_play_and_unforgotten_share_goes_to_
 def test_main_agent_bot_share_is_pfsp_over_the_bots_on_top_of_the_league_share():
     # main vs s1 1-1 (0.5, not forgotten), vs random 9-1 (0.9), vs tactical 3-1 (0.75).
     payoff = _payoff({("main", "s1"): (1, 1), ("main", "random"): (9, 1), ("main", "tactical"): (3, 1)})
-    dist = main_agent_opponents("main", payoff, ["s1", "random", "tactical"], ["s1"], MatchmakingConfig(bots=0.25),
+    dist = main_agent_opponents("main", payoff, ["s1", "random", "tactical"], ["s1"], MatchmakingConfig(bot_share=0.25),
                                 bots=["random", "tactical"])
     # Weights 0.35 + 0.15 (nothing forgotten: to self-play), 0.5 league, 0.25 bots; total 1.25.
     # Hard PFSP over the league: 0.25, 0.01, 0.0625 (total 0.3225); over the bots: 0.01, 0.0625 (0.0725).
