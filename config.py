@@ -100,6 +100,8 @@ class LearnerConfig:
     batch_size: int = _f(32, "B: unrolls per update")
     optimizer: str = _f("adam", "adam or rmsprop")
     learning_rate: float = _f(6e-4, "optimizer learning rate")
+    lr_schedule: str = _f("constant", "constant, or linear: anneal the learning rate linearly to 0 at the end of "
+                          "the run (IMPALA), whichever of run.total_frames and run.max_minutes comes first")
     rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)")
     rmsprop_eps: float = _f(0.01, "RMSProp epsilon (IMPALA: 0.01)")
     discount: float = _f(0.99, "gamma")
@@ -286,6 +288,7 @@ def validate(cfg: Config) -> None:
          "actor.high_water_mark must be >= learner.batch_size, or the learner could starve"),
         (1 <= cfg.learner.batch_size <= MAX_BATCH_SIZE, f"learner.batch_size must be in [1, {MAX_BATCH_SIZE}]"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
+        (cfg.learner.lr_schedule in ("constant", "linear"), "learner.lr_schedule must be constant or linear"),
         (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
         (cfg.learner.algo == "impala" or not cfg.league.enabled,
          "learner.algo=a3c trains without a league: set league.enabled=false"),

@@ -210,6 +210,20 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Op
     return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
 
 
+def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float:
+    """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
+    (IMPALA, Espeholt et al. 2018, Sec. 5) over the run's budget: progress is the larger of
+    frames / run.total_frames and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
+    `elapsed_s` counts from this learner's start, as run.max_minutes does."""
+    lr = cfg.learner.learning_rate
+    if cfg.learner.lr_schedule == "constant":
+        return lr
+    progress = frames / cfg.run.total_frames
+    if cfg.run.max_minutes:
+        progress = max(progress, elapsed_s / (60 * cfg.run.max_minutes))
+    return lr * max(0.0, 1.0 - progress)
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -403,6 +417,8 @@ class Learner:
                 break
             ids, headers, unrolls = got
             frames = self.frames
+            for group in self.optimizer.param_groups:
+                group["lr"] = scheduled_learning_rate(cfg, frames, time.monotonic() - start)
             stats = self.train_on(unrolls)
             uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
             self.unrolls_trained = self.trajectories.ack(ids, uids)
@@ -492,7 +508,7 @@ class Learner:
             "queue_depth": counts["backlog"], "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
-            "episodes": len(episodes),
+            "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
         })
         if episodes:

@@ -1,16 +1,18 @@
-"""The learner's update: loss values against a hand computation, finiteness, mirror augmentation."""
+"""The learner's update: loss values against a hand computation, finiteness, mirror augmentation,
+the learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from agents.network import MASKED_LOGIT, ActorCritic, mask_logits
-from config import AgentConfig, LearnerConfig
-from distributed.learner import Batch, learn_step, make_optimizer
+from config import AgentConfig, Config, LearnerConfig, RunConfig
+from distributed.learner import Batch, learn_step, make_optimizer, scheduled_learning_rate
 from envs.registry import env_spec
 
 
@@ -161,3 +163,17 @@ def test_a_batch_whose_loss_overflows_skips_the_update_instead_of_poisoning_the_
     ok = Batch(batch.obs, batch.action_mask, batch.action, torch.ones(T, B), batch.done, batch.behaviour_logits)
     assert learn_step(model, optimizer, ok, cfg)["skipped_update"] == 0.0
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_linear_schedule_anneals_to_zero_over_whichever_budget_ends_first():
+    cfg = Config(run=RunConfig(total_frames=1_000_000, max_minutes=10.0),
+                 learner=LearnerConfig(learning_rate=4e-4, lr_schedule="linear"))
+    # frames 25% through, time 10% through (60 of 600 s): 4e-4 * 0.75
+    assert scheduled_learning_rate(cfg, 250_000, 60.0) == pytest.approx(3e-4)
+    # time 50% through (300 s), frames 10%: 4e-4 * 0.5
+    assert scheduled_learning_rate(cfg, 100_000, 300.0) == pytest.approx(2e-4)
+    assert scheduled_learning_rate(cfg, 0, 700.0) == 0.0  # past the budget: never negative
+    cfg.run.max_minutes = 0.0  # no time limit: frames alone
+    assert scheduled_learning_rate(cfg, 100_000, 1e6) == pytest.approx(3.6e-4)
+    cfg.learner.lr_schedule = "constant"
+    assert scheduled_learning_rate(cfg, 900_000, 1e6) == 4e-4
