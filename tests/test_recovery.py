@@ -39,6 +39,22 @@ def own_redis():
     server.stop()
 
 
+def kill_once_written(server: EmbeddedRedis) -> int:
+    """SIGKILL `server` once its append-only file holds every write it has acknowledged; returns its pid.
+
+    With appendfsync everysec, Redis postpones writing its AOF (for up to 2 s) while the previous
+    background fsync still runs, and replies anyway; a kill then loses those writes. That is the
+    documented everysec trade-off, and on a busy machine it made these tests flaky."""
+    client = redis.Redis.from_url(server.url)
+    deadline = time.monotonic() + 5
+    while client.info("persistence")["aof_buffer_length"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.close()
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 @pytest.fixture
 def volatile_redis():
     """A redis-server for this test alone that keeps nothing across a restart (no persistence)."""
@@ -108,7 +124,7 @@ def test_a_client_rides_out_a_redis_restart_and_logs_the_outage_once(own_redis, 
     stream.ensure_group()
     stream.add(payloads(3))
     taken = stream.read("learner-0", count=2, block_ms=10)
-    own_redis.proc.kill()  # no wait for an fsync: Redis writes its AOF before it replies
+    kill_once_written(own_redis)
     start = time.monotonic()
     results = {}
 
@@ -171,8 +187,7 @@ def test_the_embedded_redis_watchdog_restarts_a_killed_server_with_its_data(capl
     try:
         client = connect(server.url, retry_s=10)
         client.set("kept", "yes")
-        pid = server.proc.pid
-        os.kill(pid, signal.SIGKILL)
+        pid = kill_once_written(server)
         with caplog.at_level(logging.WARNING, logger="launcher"):
             assert client.get("kept") == b"yes"  # waits through the restart
         assert server.proc.pid != pid and server.restarts == 1
