@@ -67,7 +67,9 @@ class EmbeddedRedis:
     given (emptied first; the launcher uses `<run dir>/redis`), else a temporary one. So a restarted
     server (`restart()`, or the watchdog that `restart_on_exit=True` starts) comes back on the same port
     and password with its streams, groups and pending entries, and actors and learner carry on (they
-    retry a lost connection, see transport.RetryPolicy). `stop()` removes the folder.
+    retry a lost connection, see transport.RetryPolicy). A killed server loses what it acknowledged in
+    its last second or two: everysec postpones a write while the previous fsync runs. `stop()` removes
+    the folder.
 
     On Linux it also dies with the thread that created it (see `_die_with_parent`): create it from a
     thread that outlives it, such as the main thread."""

@@ -212,7 +212,7 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Op
 
 def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float:
     """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
-    (IMPALA, Espeholt et al. 2018, Sec. 5) over the run's budget: progress is the larger of
+    (as in the IMPALA experiments, Espeholt et al. 2018) over the run's budget: progress is the larger of
     frames / run.total_frames and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
     `elapsed_s` counts from this learner's start, as run.max_minutes does."""
     lr = cfg.learner.learning_rate
