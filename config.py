@@ -150,6 +150,8 @@ class LeagueConfig:
                                          "plays its snapshots instead")
     manager_every_s: float = _f(2.0, "seconds between league manager passes (results, snapshots, matchmaking)")
     opponent_cache: int = _f(16, "snapshots an actor keeps in memory, least recently used dropped first")
+    opponent_temperature: float = _f(1.0, "league opponents that are networks (snapshots, other learners) play "
+                                     "softmax(logits / T): 1 samples their policy (AlphaStar), 0 plays its argmax")
 
 
 @dataclass
@@ -366,6 +368,7 @@ def validate(cfg: Config) -> None:
         (league.manager_every_s > 0, "league.manager_every_s must be > 0"),
         (0 <= league.exploiter_nice <= 19, "league.exploiter_nice must be in [0, 19]"),
         (league.opponent_cache >= 1, "league.opponent_cache must be >= 1"),
+        (0 <= league.opponent_temperature <= 100, "league.opponent_temperature must be in [0, 100]"),
         (league.enabled or not (league.main_exploiters or league.league_exploiters),
          "exploiters need league.enabled=true"),
     ]

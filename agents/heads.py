@@ -31,6 +31,10 @@ class DiscreteHead:
             logits = explore(logits, masks, epsilon)
         return sample_actions(logits, generator), logits
 
+    def play(self, logits: torch.Tensor, generator: torch.Generator, temperature: float) -> torch.Tensor:
+        """An opponent's actions int64 [N] from softmax(logits / temperature); 0 = argmax. Nothing recorded."""
+        return sample_actions(logits, generator, temperature)
+
     def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """log pi(a|x): logits [T, B, A], actions int64 [T, B] -> [T, B]."""
         return action_log_probs(logits, actions)
@@ -65,6 +69,10 @@ class FunctionCallHead:
         heads = self.split(logits)
         actions = self.codec.sample(heads, generator)
         return actions, self.codec.head_log_probs(heads, actions)
+
+    def play(self, logits: torch.Tensor, generator: torch.Generator, temperature: float) -> torch.Tensor:
+        """An opponent's actions int64 [N, H], every head at `temperature` (0 = argmax). Nothing recorded."""
+        return self.codec.sample(self.split(logits), generator, temperature)
 
     def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """log pi(a|x) = sum over the heads the function uses: [T, B, sum], [T, B, H] -> [T, B]."""

@@ -34,7 +34,7 @@ class Policy:
         """Actions [N] int64 for observations [N, *obs_shape] and action_masks [N, A]."""
         with torch.no_grad():
             logits, _ = self.model(torch.as_tensor(observations), torch.as_tensor(action_masks))
-        actions = logits.argmax(-1) if greedy else sample_actions(logits, self.generator)
+        actions = sample_actions(logits, self.generator, temperature=0.0 if greedy else 1.0)
         return actions.numpy()
 
 

@@ -341,8 +341,8 @@ class Actor:
                 policy = self.model
             if isinstance(policy, torch.nn.Module):
                 obs, masks = self.stack(steps, pairs)
-                chosen = self.head.sample(self.forward(policy, obs, masks), masks, torch.zeros(len(pairs)),
-                                          self.rng)[0].numpy()
+                chosen = self.head.play(self.forward(policy, obs, masks), self.rng,
+                                        self.cfg.league.opponent_temperature).numpy()
             else:  # a bot
                 chosen = [int(policy.act(steps[i].observations[k], steps[i].action_masks[k])) for i, k in pairs]
             for (i, k), action in zip(pairs, chosen):

@@ -91,6 +91,28 @@ def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis
     assert results and {r["opponent_id"] for r in results} == {"main-0000100"}
 
 
+def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redis_client, redis_url, run_name):
+    from distributed.codec import encode_weights
+
+    spec = env_spec("tictactoe")
+    torch.manual_seed(5)
+    frozen = ActorCritic(spec.obs_shape, spec.num_actions, load_config(None, ["agent.torso=mlp", "agent.hidden=16"]).agent)
+    LeagueStore(redis_client, run_name).put_snapshot("main-0000100", encode_weights(frozen.state_dict()))
+    first_moves = {}
+    for temperature in (0.0, 1.0):
+        actor = _actor(tmp_path, run_name, redis_client, redis_url, f"league.opponent_temperature={temperature}",
+                       "actor.num_envs=64")
+        steps = [env.advance() for env in actor.envs]
+        actor.opponent = ["main-0000100"] * len(actor.envs)
+        actor.learner_seat = [1] * len(actor.envs)  # the snapshot has the first move in every env
+        first_moves[temperature] = [a for [a] in actor.choose_actions(steps)]
+        obs, masks = actor.stack(steps, [(0, 0)])
+    with torch.no_grad():
+        argmax = int(frozen(obs, masks)[0].argmax())
+    assert first_moves[0.0] == [argmax] * 64
+    assert len(set(first_moves[1.0])) > 1  # sampled: near-uniform logits of a fresh network
+
+
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,
                                                                    monkeypatch):
     import distributed.actor as actor_module

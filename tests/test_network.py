@@ -16,6 +16,15 @@ def test_masked_actions_are_never_sampled_and_frequencies_follow_softmax():
     assert abs(counts[2].item() - 0.75) < 0.015  # softmax([0, log 3]) = [0.25, 0.75]
 
 
+def test_a_temperature_sharpens_sampling_and_zero_is_the_argmax():
+    logits = torch.tensor([[0.0, MASKED_LOGIT, torch.log(torch.tensor(3.0)).item(), MASKED_LOGIT]]).repeat(20000, 1)
+    actions = sample_actions(logits, torch.Generator().manual_seed(0), temperature=0.5)
+    counts = torch.bincount(actions, minlength=4).float() / len(actions)
+    assert counts[1] == 0 and counts[3] == 0
+    assert abs(counts[2].item() - 0.9) < 0.01  # softmax([0, log 3] / 0.5) = softmax([0, log 9]) = [0.1, 0.9]
+    assert (sample_actions(logits, torch.Generator().manual_seed(0), temperature=0.0) == 2).all()
+
+
 def test_policy_masks_illegal_actions_with_finite_log_probs_and_entropy():
     torch.manual_seed(0)
     for cfg in (AgentConfig(torso="mlp", hidden=32), AgentConfig(torso="conv", channels=4, kernel_size=4,

@@ -73,13 +73,15 @@ class FunctionCallCodec:
         """functions int64 [...] -> bool [..., num_heads]: the heads each function's action uses."""
         return self.uses.to(functions.device)[functions]
 
-    def sample(self, logits: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
-        """Draw one action per row. logits: per head, float [N, size] (function logits already masked).
+    def sample(self, logits: list[torch.Tensor], generator: torch.Generator | None = None,
+               temperature: float = 1.0) -> torch.Tensor:
+        """Draw one action per row from every head's softmax(logits / temperature) (0 = argmax).
+        logits: per head, float [N, size] (function logits already masked).
 
         Returns int64 [N, num_heads]; heads the drawn function does not use hold 0. Masked function ids
         (agents.network.MASKED_LOGIT) are never drawn.
         """
-        drawn = torch.stack([sample_actions(lg, generator) for lg in logits], -1)
+        drawn = torch.stack([sample_actions(lg, generator, temperature) for lg in logits], -1)
         return torch.where(self.used_heads(drawn[:, 0]), drawn, torch.zeros_like(drawn))
 
     def head_log_probs(self, logits: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
