@@ -85,6 +85,7 @@ class ActorConfig:
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
     unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
+    send_batch: int = _f(1, "send finished unrolls once this many are ready, in one transaction (one round trip)")
     weight_delay: int = _f(0, "act with the weights K publishes behind the learner's latest (policy lag on "
                            "purpose, for the off-policy correction study); 0 = the latest")
     epsilon: float = _f(0.0, "exploration: env i plays uniformly random legal moves with probability "
@@ -284,6 +285,7 @@ def validate(cfg: Config) -> None:
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
         (0.0 <= cfg.actor.epsilon <= 1.0, "actor.epsilon must be in [0, 1]"),
         (cfg.actor.param_sync_every >= 1, "actor.param_sync_every must be >= 1"),
+        (1 <= cfg.actor.send_batch <= cfg.actor.high_water_mark, "actor.send_batch must be in [1, actor.high_water_mark]"),
         (0 <= cfg.actor.weight_delay <= MAX_WEIGHT_DELAY,
          f"actor.weight_delay must be in [0, {MAX_WEIGHT_DELAY}] (Redis keeps that many copies of the weights)"),
         (cfg.actor.high_water_mark >= cfg.learner.batch_size,

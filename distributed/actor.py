@@ -289,8 +289,9 @@ class Actor:
         steps = [env.advance() for env in self.envs]
         for i in range(len(self.envs)):
             self.start_episode(i)
+        unrolls: list[dict[str, np.ndarray]] = []  # finished, not sent yet
         while not self.stopping:
-            unrolls, episodes = [], []
+            episodes = []
             for i, step in enumerate(steps):
                 for s in step.settlements:  # they all belong to the episode the opponent was drawn for
                     if self.learns(i, s.agent):
@@ -304,9 +305,11 @@ class Actor:
                         if unroll is not None:
                             unrolls.append(unroll)
             self.report(episodes)
-            if unrolls and self.send(unrolls):
-                self.report([], flush=True)
-                return
+            if len(unrolls) >= self.cfg.actor.send_batch:
+                if self.send(unrolls):
+                    self.report([], flush=True)
+                    return
+                unrolls = []
             actions = self.choose_actions(steps)
             for i, env in enumerate(self.envs):
                 env.act(actions[i])

@@ -1,5 +1,6 @@
 """An actor in a league: opponents drawn per episode, learning only in its own seat, and a fallback to
-self-play (with a message naming the id) for opponents that cannot be loaded. Real Redis, real envs."""
+self-play (with a message naming the id) for opponents that cannot be loaded; how it batches what it
+sends. Real Redis, real envs."""
 
 from __future__ import annotations
 
@@ -111,6 +112,15 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
         argmax = int(frozen(obs, masks)[0].argmax())
     assert first_moves[0.0] == [argmax] * 64
     assert len(set(first_moves[1.0])) > 1  # sampled: near-uniform logits of a fresh network
+
+
+def test_finished_unrolls_go_out_send_batch_at_a_time(tmp_path, redis_client, redis_url, run_name):
+    actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=5")
+    batches = []
+    actor.send = lambda batch: batches.append(len(batch)) or sum(batches) >= 40
+    actor.run()
+    # 8 envs x 2 seats finish their unrolls a move or two apart: one at a time unless batched.
+    assert min(batches) >= 5
 
 
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,
