@@ -137,6 +137,9 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["learner.optimizer=sgd"], "learner.optimizer must be adam or rmsprop"),
     (["learner.lambda_=1.01"], r"learner.lambda_ must be in \[0, 1\]"),
     (["actor.unroll_length=0"], "actor.unroll_length must be >= 1"),
+    (["actor.send_batch=0"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
+    (["actor.send_batch=257"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
+    (["league.opponent_temperature=-0.5"], r"league.opponent_temperature must be in \[0, 100\]"),
     (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
 ])
 def test_range_checks(overrides, message):
