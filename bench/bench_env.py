@@ -4,7 +4,9 @@ Side by side in one process, random legal moves, the same number of moves each:
 * reference: PettingZoo's `env()` (its checking wrappers included) stepped through `last()`/`step()`;
 * ours: `make_env(name)`, the AEC adapter the actors use (`raw_env` plus our own legality check);
 * the league bots' cost per move (`tactical`, `minimax:2`), over positions from random games, as a
-  multiple of one adapter step.
+  multiple of one adapter step: asked one position at a time and, as the actors ask them, for a
+  batch of positions at once; and `minimax:2` by alpha-beta (the search deeper bots use), one position
+  at a time, as the reference for its batched full-width search.
 
     python bench/bench_env.py [--env connect_four] [--moves 20000]
 """
@@ -59,12 +61,24 @@ def adapter_rate(name: str, moves: int, seed: int) -> float:
     return moves / (time.perf_counter() - start)
 
 
-def bot_seconds_per_move(spec: str, name: str, positions: list) -> float:
+def bot_seconds_per_move(spec: str, name: str, positions: list, batch: int) -> float:
+    """Seconds per position of `act_batch` on `batch` positions at a time."""
     bot = bots.make_bot(spec, name, seed=0)
-    bots._best_moves_cache.clear()  # every position searched, none answered from the cache
+    observations = np.stack([o for o, _ in positions])
+    masks = np.stack([m for _, m in positions])
+    start = time.perf_counter()
+    for first in range(0, len(positions), batch):
+        bot.act_batch(observations[first:first + batch], masks[first:first + batch])
+    return (time.perf_counter() - start) / len(positions)
+
+
+def alpha_beta_seconds_per_move(name: str, depth: int, positions: list) -> float:
+    """Seconds per position of the alpha-beta search, every position searched (none from the cache)."""
+    bot = bots.MinimaxBot(name, depth, seed=0)
+    game = bots.GAMES[name]
     start = time.perf_counter()
     for observation, mask in positions:
-        bot.act(observation, mask)
+        bot.scores(game.board_from_observation(observation), np.flatnonzero(mask).tolist())
     return (time.perf_counter() - start) / len(positions)
 
 
@@ -73,14 +87,20 @@ def main() -> None:
     parser.add_argument("--env", default="connect_four", choices=sorted(MODULES))
     parser.add_argument("--moves", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=32, help="positions per act_batch call, as an actor's envs")
     args = parser.parse_args()
     reference, positions = pettingzoo_rate(MODULES[args.env], args.moves, args.seed)
     ours = adapter_rate(args.env, args.moves, args.seed)
     print(f"{args.env}: PettingZoo env() {reference:,.0f} moves/s, our adapter {ours:,.0f} moves/s, "
           f"ratio {ours / reference:.2f}")
+    sample = positions[:3000]
     for spec in ("tactical", "minimax:2"):
-        cost = bot_seconds_per_move(spec, args.env, positions[:3000])
-        print(f"{spec}: {cost * 1e6:,.0f} us per move = {cost * ours:.1f} adapter steps")
+        single, batched = (bot_seconds_per_move(spec, args.env, sample, n) for n in (1, args.batch))
+        print(f"{spec}: {single * 1e6:,.0f} us per move one at a time = {single * ours:.1f} adapter steps; "
+              f"{batched * 1e6:,.0f} us in batches of {args.batch} = {batched * ours:.1f} adapter steps")
+    alpha_beta = alpha_beta_seconds_per_move(args.env, 2, sample)
+    print(f"minimax:2 by alpha-beta, one at a time: {alpha_beta * 1e6:,.0f} us per move; the batched search "
+          f"is {alpha_beta / batched:.1f}x faster")
 
 
 if __name__ == "__main__":

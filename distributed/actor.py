@@ -346,8 +346,9 @@ class Actor:
                 obs, masks = self.stack(steps, pairs)
                 chosen = self.head.play(self.forward(policy, obs, masks), self.rng,
                                         self.cfg.league.opponent_temperature).numpy()
-            else:  # a bot
-                chosen = [int(policy.act(steps[i].observations[k], steps[i].action_masks[k])) for i, k in pairs]
+            else:  # a bot, for all its envs at once
+                chosen = policy.act_batch(np.stack([steps[i].observations[k] for i, k in pairs]),
+                                          np.stack([steps[i].action_masks[k] for i, k in pairs])).tolist()
             for (i, k), action in zip(pairs, chosen):
                 actions[i][k] = action
         return actions

@@ -21,6 +21,10 @@ of the player to move in the observation it came from, ``OPPONENT`` (-1) for the
 for empty. Plain lists, because the search reads single cells: indexing a Python list is about ten
 times cheaper than indexing a numpy array. Functions that only read a board also take an int8
 ``[H, W]`` array.
+
+Every bot also answers a batch of positions at once (``act_batch``), as the actors ask it for all
+envs it plays in. Shallow minimax (``FULL_WIDTH_MAX_DEPTH``) and the tactical bot search a batch with
+numpy, on counts of each player's pieces per line (``GridGame.window_matrix``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,44 @@ class GridGame:
                     if all(0 <= r < self.rows and 0 <= c < self.cols for r, c in cells):
                         lines.append([r * self.cols + c for r, c in cells])
         return np.array(lines, dtype=np.int64)
+
+    @cached_property
+    def window_matrix(self) -> np.ndarray:
+        """int8 ``[rows * cols, num_windows]``: 1 where the flat cell lies on the window. A board's
+        pieces ``[N, rows * cols]`` times this matrix count each player's pieces per window."""
+        matrix = np.zeros((self.rows * self.cols, len(self.windows)), dtype=np.int8)
+        for w, cells in enumerate(self.windows):
+            matrix[cells, w] = 1
+        return matrix
+
+    def boards_from_observations(self, observations: np.ndarray) -> np.ndarray:
+        """int8 ``[N, rows * cols]`` flat boards (``TO_MOVE`` +1, ``OPPONENT`` -1) of observations
+        ``[N, rows, cols, 2]``.
+
+        Raises:
+          ValueError: if the observations are not ``[N, rows, cols, 2]``.
+        """
+        if observations.ndim != 4 or observations.shape[1:] != (self.rows, self.cols, 2):
+            raise ValueError(f"{self.name}: expected observations of shape [N, {self.rows}, {self.cols}, 2], "
+                             f"got {observations.shape}")
+        boards = observations[..., 0].astype(np.int8) - observations[..., 1]
+        return boards.reshape(len(boards), -1)
+
+    def line_counts(self, boards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pieces of ``TO_MOVE`` and of ``OPPONENT`` per window: two int8 ``[N, num_windows]`` for flat
+        boards int8 ``[N, rows * cols]``."""
+        return ((boards == TO_MOVE).astype(np.int8) @ self.window_matrix,
+                (boards == OPPONENT).astype(np.int8) @ self.window_matrix)
+
+    def target_cells(self, filled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For occupancy ``filled`` bool ``[N, rows * cols]``: which moves are legal, bool
+        ``[N, num_actions]``, and the flat cell each would fill, int64 ``[N, num_actions]`` (a cell
+        of the move's column where it is not legal)."""
+        if not self.gravity:
+            return ~filled, np.broadcast_to(np.arange(self.num_actions), filled.shape)
+        heights = filled.reshape(len(filled), self.rows, self.cols).sum(1)
+        rows = self.rows - 1 - np.minimum(heights, self.rows - 1)
+        return heights < self.rows, rows * self.cols + np.arange(self.cols)
 
     def board_from_observation(self, observation: np.ndarray) -> list[list[int]]:
         """Converts an int8 ``[rows, cols, 2]`` observation to a board (``rows`` lists of ``cols`` ints).
@@ -185,12 +227,26 @@ class Bot(Protocol):
         """
         ...
 
+    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
+        """``act`` for N positions: observations int8 ``[N, H, W, 2]``, action_masks int8
+        ``[N, num_actions]`` -> actions int64 ``[N]``. A seeded bot given the same calls makes the same
+        choices."""
+        ...
 
-def _legal_actions(action_mask: np.ndarray) -> np.ndarray:
-    legal = np.flatnonzero(action_mask)
-    if legal.size == 0:
-        raise ValueError("action_mask has no legal move")
+
+def _legal_mask(action_masks: np.ndarray) -> np.ndarray:
+    legal = np.asarray(action_masks) != 0
+    if legal.ndim != 2:
+        raise ValueError(f"action_masks must be [N, num_actions], got shape {legal.shape}")
+    if not legal.any(1).all():
+        raise ValueError(f"action_mask has no legal move (position {int(np.flatnonzero(~legal.any(1))[0])})")
     return legal
+
+
+def _choose(rng: np.random.Generator, candidates: np.ndarray) -> np.ndarray:
+    """One candidate per row, uniformly at random: int64 [N] for candidates bool [N, A] (each row with
+    at least one). One draw per batch: the candidate with the largest uniform key."""
+    return np.where(candidates, rng.random(candidates.shape), -1.0).argmax(1)
 
 
 class RandomBot:
@@ -201,7 +257,11 @@ class RandomBot:
 
     def act(self, observation: np.ndarray, action_mask: np.ndarray) -> int:
         """See ``Bot.act``. Raises ValueError if ``action_mask`` has no legal move."""
-        return int(self._rng.choice(_legal_actions(action_mask)))
+        return int(self.act_batch(observation[None], action_mask[None])[0])
+
+    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
+        """See ``Bot.act_batch``. Raises ValueError if a position has no legal move."""
+        return _choose(self._rng, _legal_mask(action_masks))
 
 
 class TacticalBot:
@@ -224,15 +284,19 @@ class TacticalBot:
           ValueError: if ``action_mask`` has no legal move or the observation shape does not
             match the game.
         """
-        legal = [int(a) for a in _legal_actions(action_mask)]
-        board = self.game.board_from_observation(observation)
-        candidates = self.game.winning_moves(board, TO_MOVE, legal)
-        if not candidates:
-            # A cell where the opponent would complete a line must be taken now.
-            candidates = self.game.winning_moves(board, OPPONENT, legal)
-        if not candidates:
-            candidates = legal
-        return int(self._rng.choice(candidates))
+        return int(self.act_batch(observation[None], action_mask[None])[0])
+
+    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
+        """See ``Bot.act_batch``. Raises ValueError as ``act`` does, for any of the positions."""
+        legal = _legal_mask(action_masks)
+        boards = self.game.boards_from_observations(observations)
+        mine, theirs = self.game.line_counts(boards)
+        _, cells = self.game.target_cells(boards != 0)
+        # A line the mover would complete with the move, or one the opponent would complete there.
+        wins = (mine[:, None, :] + self.game.window_matrix[cells] == self.game.connect).any(-1) & legal
+        blocks = (theirs[:, None, :] + self.game.window_matrix[cells] == self.game.connect).any(-1) & legal
+        candidates = np.where(wins.any(1, keepdims=True), wins, np.where(blocks.any(1, keepdims=True), blocks, legal))
+        return _choose(self._rng, candidates)
 
 
 WIN_SCORE = 1_000_000
@@ -248,38 +312,39 @@ _best_moves_cache: dict[tuple, list[int]] = {}
 _BEST_MOVES_CACHE_SIZE = 100_000
 
 
-def _window_table(connect: int) -> np.ndarray:
-    """int64 ``[3**connect]``: leaf value of a window for ``TO_MOVE``, by its base-3 code.
-
-    A window's code is ``sum_i (cell_i mod 3) * 3**i`` over its cells, so a cell counts 0 when
-    empty, 1 for a ``TO_MOVE`` piece and 2 for an ``OPPONENT`` piece.
-    """
-    table = np.zeros(3**connect, dtype=np.int64)
+def _line_values(connect: int) -> np.ndarray:
+    """int64 ``[(connect + 1) ** 2]``: leaf value of a window for ``TO_MOVE``, indexed by
+    ``mine * (connect + 1) + theirs`` where mine / theirs count ``TO_MOVE`` / ``OPPONENT`` pieces on it."""
+    table = np.zeros((connect + 1) ** 2, dtype=np.int64)
     weight = {connect - 1: _LACKS_ONE, connect - 2: _LACKS_TWO}
-    for code in range(3**connect):
-        digits = [(code // 3**i) % 3 for i in range(connect)]
-        mine, theirs = digits.count(1), digits.count(2)
-        if theirs == 0:
-            table[code] = weight.get(mine, 0)
-        elif mine == 0:
-            table[code] = -weight.get(theirs, 0)
+    for pieces in range(connect + 1):
+        table[pieces * (connect + 1)] = weight.get(pieces, 0)  # only TO_MOVE's pieces
+        table[pieces] = -weight.get(pieces, 0)  # only OPPONENT's
     return table
 
 
+FULL_WIDTH_MAX_DEPTH = 3
+"""``minimax:D`` up to this depth searches every move (no pruning) for a batch of positions at once
+with numpy: connect four at depth 2 takes about 30 us per position in batches of 32, 20 times less
+than alpha-beta. Deeper searches use alpha-beta, one position at a time."""
+
+
 class MinimaxBot:
-    """Depth-limited negamax with alpha-beta pruning over a ``GridGame`` board.
+    """Depth-limited negamax over a ``GridGame`` board.
 
     Values are from the point of view of the player to move: ``WIN_SCORE - p`` for a win on ply p
     (sooner wins score higher, later losses less low), 0 for a full board, and at the depth limit
     the heuristic ``evaluate``. Among root moves of equal value one is drawn at random (seeded).
-    Children are searched centre-first, which prunes more; it cannot change the chosen value.
 
-    Root values are cached per position (the search is deterministic; only the tie-break is
-    random), so positions met again, such as openings and every tic-tac-toe position, cost nothing.
+    Up to ``FULL_WIDTH_MAX_DEPTH`` plies, a batch of positions is searched at once, every move
+    (``move_values``). Deeper, each position is searched with alpha-beta pruning (``scores``),
+    children centre-first, which prunes more and cannot change the chosen value; its best moves are
+    cached per position (the search is deterministic; only the tie-break is random), so positions met
+    again, such as openings and every tic-tac-toe position, cost nothing.
 
-    Cost on one core, connect four, per move: ``minimax:2`` about 0.2 ms over positions of random
-    games (``bench/bench_env.py``; ``tactical`` 0.03 ms); measured with numpy boards, before boards
-    became lists (which cut ``minimax:2`` by a third): mean / worst over a minimax-vs-minimax game
+    Cost on one core, connect four, per move: ``minimax:2`` about 0.2 ms by alpha-beta over positions of
+    random games (``bench/bench_env.py`` times both searches; ``tactical`` 0.03 ms); measured with numpy
+    boards, before boards became lists (which cut ``minimax:2`` by a third): mean / worst over a minimax-vs-minimax game
     ``minimax:4`` 3 / 8 ms, ``minimax:6`` 22 / 70 ms, ``minimax:8`` 0.1 / 0.5 s. Tic-tac-toe
     ``minimax:9`` from the empty board: 0.12 s.
     """
@@ -294,8 +359,7 @@ class MinimaxBot:
         self.game = GAMES[game]
         self.depth = depth
         self._rng = np.random.default_rng(seed)
-        self._table = _window_table(self.game.connect)
-        self._powers = 3 ** np.arange(self.game.connect, dtype=np.int64)
+        self._line_values = _line_values(self.game.connect)
         # Centre-first order of moves, by distance of the move's column (or cell) from the centre.
         centre_row, centre_col = (self.game.rows - 1) / 2, (self.game.cols - 1) / 2
         if self.game.gravity:
@@ -311,8 +375,45 @@ class MinimaxBot:
         +5 / +2 if ``TO_MOVE``'s pieces lack one / two cells of a full line, -5 / -2 for
         ``OPPONENT``'s. In connect four these are open threes and open twos.
         """
-        codes = (np.asarray(board, dtype=np.int64).reshape(-1) % 3)[self.game.windows] @ self._powers
-        return int(self._table[codes].sum())
+        mine, theirs = self.game.line_counts(np.asarray(board, dtype=np.int8).reshape(1, -1))
+        return int(self._value_of_lines(mine, theirs).sum())
+
+    def _value_of_lines(self, mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+        """Leaf value per window for the player whose pieces per window are ``mine``, against ``theirs``
+        (int8 [..., num_windows], broadcast together)."""
+        return self._line_values[mine * (self.game.connect + 1) + theirs]  # int8 indices: 7x faster than intp
+
+    def move_values(self, boards: np.ndarray) -> np.ndarray:
+        """Negamax values for ``TO_MOVE`` of every move on flat boards int8 ``[N, rows * cols]``:
+        int64 ``[N, num_actions]``, ``-_INF`` where a move is illegal. Full width to ``self.depth``
+        plies, so each value is exact: where ``scores`` gives a value, the two agree."""
+        mine, theirs = self.game.line_counts(boards)
+        return self._move_values(mine, theirs, boards != 0, self.depth, 1)
+
+    def _move_values(self, mine: np.ndarray, theirs: np.ndarray, filled: np.ndarray, depth: int,
+                     ply: int) -> np.ndarray:
+        """Values [M, A] of the moves (ply ``ply``) of the player to move, with pieces per window
+        ``mine`` [M, W] against the opponent's ``theirs`` [M, W] and occupied cells ``filled`` [M, K],
+        searched ``depth`` plies. The same rules as ``_negamax``: a win on ply p scores
+        ``WIN_SCORE - p``; a full board 0; at the depth limit ``evaluate``."""
+        legal, cells = self.game.target_cells(filled)
+        moves = legal.shape[1]
+        child_mine = mine[:, None, :] + self.game.window_matrix[cells]  # [M, A, W]
+        wins = (child_mine == self.game.connect).any(-1)
+        child_filled = np.repeat(filled[:, None, :], moves, 1)
+        m, a = np.nonzero(legal)
+        child_filled[m, a, cells[m, a]] = True
+        if depth == 1:  # the opponent, to move on the child, values it by its lines
+            child = self._value_of_lines(theirs[:, None, :], child_mine).sum(-1)
+        else:
+            replies = self._move_values(np.repeat(theirs, moves, 0), child_mine.reshape(-1, child_mine.shape[-1]),
+                                        child_filled.reshape(-1, filled.shape[-1]), depth - 1, ply + 1)
+            child = replies.max(1).reshape(legal.shape)
+        child[child_filled.all(-1)] = 0
+        values = -child
+        values[wins] = WIN_SCORE - ply
+        values[~legal] = -_INF
+        return values
 
     def scores(self, board: list[list[int]], legal: list[int]) -> dict[int, int]:
         """Negamax value, for ``TO_MOVE``, of each move in ``legal`` that ties or beats the best.
@@ -345,16 +446,31 @@ class MinimaxBot:
           ValueError: if ``action_mask`` has no legal move or the observation shape does not
             match the game.
         """
-        legal = [int(a) for a in _legal_actions(action_mask)]
-        board = self.game.board_from_observation(observation)
-        key = (self.game.name, self.depth, observation.tobytes(), tuple(legal))
+        return int(self.act_batch(observation[None], action_mask[None])[0])
+
+    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
+        """See ``Bot.act_batch``. Raises ValueError as ``act`` does, for any of the positions."""
+        legal = _legal_mask(action_masks)
+        boards = self.game.boards_from_observations(observations)
+        if self.depth <= FULL_WIDTH_MAX_DEPTH:
+            values = np.where(legal, self.move_values(boards), -_INF)
+            return _choose(self._rng, values == values.max(1, keepdims=True))
+        best = np.zeros_like(legal)
+        for n, (observation, board, moves) in enumerate(zip(observations, boards, legal)):
+            best[n, self._best_moves(observation, board, moves)] = True
+        return _choose(self._rng, best)
+
+    def _best_moves(self, observation: np.ndarray, board: np.ndarray, legal: np.ndarray) -> list[int]:
+        """The best moves by alpha-beta (``scores``), ascending, cached per position."""
+        moves = np.flatnonzero(legal).tolist()
+        key = (self.game.name, self.depth, observation.tobytes(), tuple(moves))
         best = _best_moves_cache.get(key)
         if best is None:
-            best = sorted(self.scores(board, legal))
+            best = sorted(self.scores(board.reshape(self.game.rows, self.game.cols).tolist(), moves))
             if len(_best_moves_cache) >= _BEST_MOVES_CACHE_SIZE:
                 _best_moves_cache.clear()  # bounds memory; refilling is cheap
             _best_moves_cache[key] = best
-        return int(self._rng.choice(best))
+        return best
 
     def _ordered(self, moves: list[int]) -> list[int]:
         allowed = set(moves)

@@ -1,7 +1,7 @@
 """Games between two players (policy vs bot, policy vs policy, bot vs bot), many at once.
 
-A *side* is either a trained `Policy` (anything with `act_batch`: every game where it is that side's
-turn is one batched forward pass) or a `Bot` (`act` per game). `play_games` is the one game loop;
+A *side* is either a trained `Policy` or a `Bot`; either is asked once per step for every game where
+it is that side's turn (`act_batch`: one forward pass, or one batched search). `play_games` is the one game loop;
 `play_match` / `evaluate` are the policy-vs-baseline-bot summaries that `run.py evaluate
 --checkpoint` and the end of training print, and `evaluation/tournament.py` builds round-robins on it.
 """
@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import Any, Mapping, Union
 
 import numpy as np
 
+from agents.policy import Policy
 from envs.registry import env_spec, make_env
 from evaluation.bots import GAMES, Bot, make_bot
 from evaluation.tactics import Tactics, count_tactics
 
-if TYPE_CHECKING:
-    from agents.policy import Policy
-
-Side = Union["Policy", Bot]
+Side = Union[Policy, Bot]
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
 
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
     every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
-    its generator); a bot side is asked agent by agent, in game order, so results are reproducible.
+    its generator); a bot side is asked for all of them in one call, so results are reproducible.
 
     Returns the records of the games in order k = 0 .. games-1.
     """
@@ -65,15 +63,15 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
         chosen: dict[tuple[int, int], int] = {}
         for seat, side in enumerate(sides):
             mine = [(k, j) for k in active for j, agent in enumerate(steps[k].agents) if spec.agent_seats[agent] == seat]
-            if mine and hasattr(side, "act_batch"):
-                batch = side.act_batch(np.stack([steps[k].observations[j] for k, j in mine]),
-                                       np.stack([steps[k].action_masks[j] for k, j in mine]), greedy)
-                chosen.update(zip(mine, batch.tolist()))
+            if not mine:
+                continue
+            observations = np.stack([steps[k].observations[j] for k, j in mine])
+            masks = np.stack([steps[k].action_masks[j] for k, j in mine])
+            batch = side.act_batch(observations, masks, greedy) if isinstance(side, Policy) else \
+                side.act_batch(observations, masks)
+            chosen.update(zip(mine, batch.tolist()))
         for k in active:
-            step = steps[k]
-            acts = [int(chosen[(k, j)]) if (k, j) in chosen else
-                    int(sides[spec.agent_seats[agent]].act(step.observations[j], step.action_masks[j]))
-                    for j, agent in enumerate(step.agents)]
+            acts = [chosen[(k, j)] for j in range(len(steps[k].agents))]
             actions[k] += acts
             envs[k].act(acts)
             steps[k] = envs[k].advance()

@@ -124,6 +124,39 @@ def test_connect_four_does_not_block_a_threat_that_is_not_playable_yet():
     assert picks == set(range(7))
 
 
+def random_positions(game: str, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Observations [count, H, W, 2] and action masks [count, A] met in random games of the real env."""
+    env = ENVS[game].env()
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    observations, masks = [], []
+    while len(observations) < count:
+        obs, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.reset()
+            continue
+        observations.append(obs["observation"])
+        masks.append(obs["action_mask"])
+        env.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+    return np.stack(observations), np.stack(masks)
+
+
+@pytest.mark.parametrize("game", ["connect_four", "tictactoe"])
+def test_tactical_batch_plays_the_one_ply_tactics_of_each_position(game):
+    observations, masks = random_positions(game, 400)
+    picks = TacticalBot(game, 0).act_batch(observations, masks)
+    g = bots.GAMES[game]
+    kinds = set()
+    for observation, mask, pick in zip(observations, masks, picks):
+        board = g.board_from_observation(observation)
+        legal = np.flatnonzero(mask).tolist()
+        wins, threats = g.winning_moves(board, TO_MOVE, legal), g.winning_moves(board, OPPONENT, legal)
+        expected = wins or threats or legal
+        kinds.add("win" if wins else "block" if threats else "free")
+        assert pick in expected
+    assert kinds == {"win", "block", "free"}  # the positions exercise every rule
+
+
 def test_tictactoe_action_numbering_matches_observation_grid():
     # Action a lands on observation cell (a // 3, a % 3).
     for action in range(9):
@@ -300,6 +333,34 @@ def test_minimax_breaks_ties_at_random_and_is_deterministic_given_seed():
     a, b = MinimaxBot("connect_four", 3, 5), MinimaxBot("connect_four", 3, 5)
     _, observation, mask = play("connect_four", [3, 3])
     assert [a.act(observation, mask) for _ in range(20)] == [b.act(observation, mask) for _ in range(20)]
+
+
+@pytest.mark.parametrize("game", ["connect_four", "tictactoe"])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_batched_full_width_search_finds_the_alpha_beta_best_moves_and_values(game, depth):
+    observations, masks = random_positions(game, 300, seed=depth)
+    bot, g = MinimaxBot(game, depth, 0), bots.GAMES[game]
+    values = bot.move_values(g.boards_from_observations(observations))
+    assert depth <= bots.FULL_WIDTH_MAX_DEPTH  # act_batch searches these depths this way
+    decided = 0
+    for observation, mask, row in zip(observations, masks, values):
+        alpha_beta = bot.scores(g.board_from_observation(observation), np.flatnonzero(mask).tolist())
+        best = row.max()
+        assert np.flatnonzero(row == best).tolist() == sorted(alpha_beta)
+        assert set(alpha_beta.values()) == {best}
+        decided += abs(best) >= WIN_SCORE - depth
+    assert decided > 0  # some positions hold a forced win or loss within the horizon
+
+
+def test_minimax_batch_answers_every_position_with_a_legal_best_move():
+    observations, masks = random_positions("connect_four", 64)
+    bot = MinimaxBot("connect_four", 2, 0)
+    picks = bot.act_batch(observations, masks)
+    values = bot.move_values(CONNECT_FOUR.boards_from_observations(observations))
+    assert picks.shape == (64,) and all(masks[n, a] == 1 for n, a in enumerate(picks))
+    assert all(values[n, a] == values[n].max() for n, a in enumerate(picks))
+    with pytest.raises(ValueError, match="no legal move"):
+        bot.act_batch(observations[:2], np.zeros_like(masks[:2]))
 
 
 def test_tictactoe_minimax_9_is_perfect_play():
