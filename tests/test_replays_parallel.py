@@ -38,6 +38,9 @@ class Aggressor:
             return int(self.rng.integers(MOVES, 21))
         return int(self.rng.integers(0, MOVES))
 
+    def act_batch(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        return np.array([self.act(o, m) for o, m in zip(observations, masks)])
+
 
 @pytest.fixture(scope="module")
 def battles(tmp_path_factory) -> list[Path]:
