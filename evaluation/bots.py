@@ -342,9 +342,9 @@ class MinimaxBot:
     cached per position (the search is deterministic; only the tie-break is random), so positions met
     again, such as openings and every tic-tac-toe position, cost nothing.
 
-    Cost on one core, connect four, per move: ``minimax:2`` about 0.2 ms by alpha-beta over positions of
-    random games (``bench/bench_env.py`` times both searches; ``tactical`` 0.03 ms); measured with numpy
-    boards, before boards became lists (which cut ``minimax:2`` by a third): mean / worst over a minimax-vs-minimax game
+    Cost on one core, connect four, per move by alpha-beta: ``minimax:2`` about 0.2 ms over positions
+    of random games (``bench/bench_env.py`` times both searches); measured with numpy boards, before
+    boards became lists (which cut ``minimax:2`` by a third): mean / worst over a minimax-vs-minimax game
     ``minimax:4`` 3 / 8 ms, ``minimax:6`` 22 / 70 ms, ``minimax:8`` 0.1 / 0.5 s. Tic-tac-toe
     ``minimax:9`` from the empty board: 0.12 s.
     """

@@ -1,8 +1,8 @@
 """Games between two players (policy vs bot, policy vs policy, bot vs bot), many at once.
 
 A *side* is either a trained `Policy` or a `Bot`; either is asked once per step for every game where
-it is that side's turn (`act_batch`: one forward pass, or one batched search). `play_games` is the one game loop;
-`play_match` / `evaluate` are the policy-vs-baseline-bot summaries that `run.py evaluate
+it is that side's turn (`act_batch`: one forward pass, or one batched search). `play_games` is the one
+game loop; `play_match` / `evaluate` are the policy-vs-baseline-bot summaries that `run.py evaluate
 --checkpoint` and the end of training print, and `evaluation/tournament.py` builds round-robins on it.
 """
 
