@@ -38,6 +38,7 @@ from typing import Any, Callable
 import msgpack
 import redis
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 log = logging.getLogger("transport")
@@ -152,8 +153,11 @@ def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.R
     # timeout would surface as a TimeoutError (and, retried, would never return). `read` checks it.
     policy = RetryPolicy(_safe(url), retry_s)
     try:
+        # No CLIENT command on connect (redis-py's SETINFO and maintenance-notification handshakes):
+        # the least-privilege ACL user of README.md may not run CLIENT, and Redis logs every refusal.
         client = redis.Redis.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5,
-                                      health_check_interval=30, retry=policy)
+                                      health_check_interval=30, retry=policy, driver_info=None,
+                                      maint_notifications_config=MaintNotificationsConfig(enabled=False))
     except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
         raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
     try:
