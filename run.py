@@ -224,7 +224,7 @@ def _new_run_dir(cfg: Config, resume: bool) -> Path:
 def _check_resumable(cfg: Config, run_dir: Path) -> None:
     """Refuse `--resume` with settings its checkpoint cannot continue under (the network's shape, the env, the
     optimizer), before anything in the run directory is rewritten. Raises ConfigError naming each change."""
-    from distributed.checkpoint import read_checkpoint
+    from agents.checkpoint import read_checkpoint
 
     checkpoint = run_dir / "checkpoints" / "latest.safetensors"
     if not checkpoint.is_file():
@@ -572,7 +572,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
-    from distributed.checkpoint import CheckpointError
+    from agents.checkpoint import CheckpointError
     from distributed.transport import LeaseHeld, RedisUnavailable
     from evaluation.replays import ReplayError
     from evaluation.tournament import PlayerError, TournamentError

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agents.checkpoint import CheckpointError, model_state, read_checkpoint
 from agents.network import ActorCritic, sample_actions
 from config import Config, ConfigError, from_yaml_text
-from distributed.checkpoint import CheckpointError, model_state, read_checkpoint
 from envs.registry import EnvSpec, env_spec
 
 

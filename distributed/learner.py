@@ -21,11 +21,11 @@ import numpy as np
 import redis
 import torch
 
+from agents.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
+                               save_checkpoint)
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
-                                   save_checkpoint)
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
 from distributed.params import ParamStore
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,

@@ -90,7 +90,7 @@ def checkpoint_player(path: Path, source: str, name: str | None = None) -> Playe
     came from) and the file if it is missing, corrupt or not a policy of this project.
     """
     from agents.policy import load_policy
-    from distributed.checkpoint import CheckpointError, read_checkpoint
+    from agents.checkpoint import CheckpointError, read_checkpoint
 
     try:
         _, metadata = read_checkpoint(path)

@@ -28,9 +28,9 @@ import redis
 import torch
 from safetensors import SafetensorError
 
+from agents.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from agents.heads import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
-from distributed.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from distributed.codec import decode_weights, encode_weights
 from distributed.params import ParamStore
 from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key

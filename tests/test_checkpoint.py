@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from distributed.checkpoint import (DIGEST_KEY, CheckpointError, read_checkpoint, save_checkpoint,
-                                    tensors_digest)
+from agents.checkpoint import (DIGEST_KEY, CheckpointError, read_checkpoint, save_checkpoint,
+                              tensors_digest)
 
 
 def small_model_and_optimizer():

@@ -15,7 +15,7 @@ from agents.network import ActorCritic
 from analysis.compare import plan, summarize, write_outputs
 from analysis.runs import load_run
 from config import load_config, to_yaml
-from distributed.checkpoint import model_state, read_checkpoint
+from agents.checkpoint import model_state, read_checkpoint
 from envs.registry import env_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from config import load_config
-from distributed.checkpoint import CheckpointError, read_checkpoint
+from agents.checkpoint import CheckpointError, read_checkpoint
 from distributed.codec import UnrollSpec, encode_unroll
 from envs.registry import env_spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from config import from_yaml_text
-from distributed.checkpoint import CheckpointError, read_checkpoint
+from agents.checkpoint import CheckpointError, read_checkpoint
 from distributed.transport import GROUP
 
 REPO = Path(__file__).resolve().parent.parent

@@ -323,7 +323,7 @@ def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(t
 
 
 def test_manager_refuses_an_unreadable_state_on_resume(tmp_path, redis_url, run_name):
-    from distributed.checkpoint import CheckpointError
+    from agents.checkpoint import CheckpointError
     from league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
@@ -384,7 +384,7 @@ def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume
 @pytest.mark.parametrize("members", [{"x": {}}, {"main-0000100": {"kind": "snapshot"}},
                                      {"../../checkpoints/latest": {"kind": "snapshot", "player": "main"}}])
 def test_malformed_members_in_the_saved_state_are_refused(tmp_path, redis_url, run_name, members):
-    from distributed.checkpoint import CheckpointError
+    from agents.checkpoint import CheckpointError
     from league.manager import STATE_VERSION, LeagueManager
 
     cfg = _config(tmp_path, run_name)

@@ -15,7 +15,7 @@ import evaluation.replays as replays
 import run
 from agents.network import ActorCritic
 from config import load_config, to_yaml
-from distributed.checkpoint import save_checkpoint
+from agents.checkpoint import save_checkpoint
 from envs.registry import env_spec
 from evaluation.evaluate import play_games
 from evaluation.replays import ReplayError, load_replay, save_match, simulate

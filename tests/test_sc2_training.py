@@ -18,7 +18,7 @@ import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
 from agents.heads import make_model, policy_head
 from config import LearnerConfig, load_config
 from distributed.actor import UnrollBuffer
-from distributed.checkpoint import read_checkpoint
+from agents.checkpoint import read_checkpoint
 from distributed.codec import UnrollSpec, decode_unroll, encode_unroll
 from distributed.learner import Batch, learn_step
 from distributed.transport import GROUP

@@ -12,7 +12,7 @@ import torch
 import run
 from agents.network import ActorCritic
 from config import load_config, to_yaml
-from distributed.checkpoint import save_checkpoint
+from agents.checkpoint import save_checkpoint
 from envs.registry import env_spec
 from evaluation.elo import ELO_PER_NAT, fit_elo
 from evaluation.tournament import PlayerError, resolve_players, round_robin
