@@ -14,8 +14,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agents.network import explore, sample_actions
+from agents.network import explore
 from distributed.vtrace import action_log_probs
+
+
+def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Draw one action per row from softmax(logits / temperature) [N, A] (Gumbel-max: argmax of the
+    scaled logits + Gumbel noise); temperature 0 is the argmax itself.
+
+    Masked actions (agents.network.MASKED_LOGIT) are never drawn: Gumbel noise is bounded far below 1e9 in float32,
+    so temperature must stay below about 1e6.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    u = torch.rand(logits.shape, generator=generator).clamp_(min=1e-20)
+    scaled = logits if temperature == 1 else logits / temperature
+    return (scaled - torch.log(-torch.log(u))).argmax(-1)
 
 
 class DiscreteHead:
@@ -67,12 +82,23 @@ class FunctionCallHead:
         """Actions int64 [N, H] drawn from pi, and log pi_h(a_h|x) [N, H] for the unroll (mu = pi:
         StarCraft II runs have no epsilon exploration; the config refuses actor.epsilon > 0)."""
         heads = self.split(logits)
-        actions = self.codec.sample(heads, generator)
+        actions = self.draw(heads, generator)
         return actions, self.codec.head_log_probs(heads, actions)
 
     def play(self, logits: torch.Tensor, generator: torch.Generator, temperature: float) -> torch.Tensor:
         """An opponent's actions int64 [N, H], every head at `temperature` (0 = argmax). Nothing recorded."""
-        return self.codec.sample(self.split(logits), generator, temperature)
+        return self.draw(self.split(logits), generator, temperature)
+
+    def draw(self, heads: list[torch.Tensor], generator: torch.Generator | None = None,
+             temperature: float = 1.0) -> torch.Tensor:
+        """One action per row from every head's softmax(logits / temperature) (0 = argmax).
+        heads: per head, float [N, size] (function logits already masked).
+
+        Returns int64 [N, num_heads]; heads the drawn function does not use hold 0. Masked function ids
+        (agents.network.MASKED_LOGIT) are never drawn.
+        """
+        drawn = torch.stack([sample_actions(lg, generator, temperature) for lg in heads], -1)
+        return self.codec.zero_unused(drawn)
 
     def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """log pi(a|x) = sum over the heads the function uses: [T, B, sum], [T, B, H] -> [T, B]."""

@@ -67,21 +67,6 @@ class ActorCritic(nn.Module):
         return mask_logits(self.policy(x), action_mask), self.baseline(x).squeeze(-1)
 
 
-def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """Draw one action per row from softmax(logits / temperature) [N, A] (Gumbel-max: argmax of the
-    scaled logits + Gumbel noise); temperature 0 is the argmax itself.
-
-    Masked actions (MASKED_LOGIT) are never drawn: Gumbel noise is bounded far below 1e9 in float32,
-    so temperature must stay below about 1e6.
-    """
-    if temperature == 0:
-        return logits.argmax(-1)
-    u = torch.rand(logits.shape, generator=generator).clamp_(min=1e-20)
-    scaled = logits if temperature == 1 else logits / temperature
-    return (scaled - torch.log(-torch.log(u))).argmax(-1)
-
-
 def explore(logits: torch.Tensor, action_mask: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
     """Behaviour logits of mu = (1 - epsilon) * pi + epsilon * uniform(legal actions).
 

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint
-from agents.network import ActorCritic, sample_actions
+from agents.heads import sample_actions
+from agents.network import ActorCritic
 from config import Config, ConfigError, from_yaml_text
 from envs.registry import EnvSpec, env_spec
 

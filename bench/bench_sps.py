@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.network import ActorCritic, sample_actions  # noqa: E402
+from agents.heads import sample_actions  # noqa: E402
+from agents.network import ActorCritic  # noqa: E402
 from config import load_config  # noqa: E402
 from envs.registry import env_spec, make_env  # noqa: E402
 

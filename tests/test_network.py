@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from agents.network import MASKED_LOGIT, ActorCritic, sample_actions
+from agents.heads import sample_actions
+from agents.network import MASKED_LOGIT, ActorCritic
 from config import AgentConfig
 
 

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from agents.heads import FunctionCallHead
 from agents.network import mask_logits
 from envs.sc2_wrappers.actions import NUM_FUNCTIONS, FunctionCallCodec
 from pysc2.lib import actions as sc2_actions
 
 CODEC = FunctionCallCodec(screen_size=4, minimap_size=3)
+HEAD = FunctionCallHead(CODEC)
 COLUMN = {h.name: i for i, h in enumerate(CODEC.heads)}
 
 
@@ -37,7 +39,7 @@ def test_heads_follow_pysc2_argument_types():
 def test_masked_function_ids_are_never_sampled_and_unused_heads_hold_zero():
     generator = torch.Generator().manual_seed(0)
     available = [0, 1, 2, 3, 7, 12, 451, 452]
-    drawn = CODEC.sample(_logits(5000, available, generator), generator)
+    drawn = HEAD.draw(_logits(5000, available, generator), generator)
     assert set(drawn[:, 0].tolist()) == set(available)  # every available id is drawn, nothing else
     used = CODEC.used_heads(drawn[:, 0])
     assert (drawn[~used] == 0).all()
@@ -46,7 +48,7 @@ def test_masked_function_ids_are_never_sampled_and_unused_heads_hold_zero():
 
 def test_round_trip_sampled_action_to_function_call_and_back():
     generator = torch.Generator().manual_seed(1)
-    drawn = CODEC.sample(_logits(300, [0, 1, 2, 3, 7, 12, 452], generator), generator).numpy()
+    drawn = HEAD.draw(_logits(300, [0, 1, 2, 3, 7, 12, 452], generator), generator).numpy()
     for action in drawn:
         call = CODEC.to_function_call(action)
         assert np.array_equal(CODEC.from_function_call(call), action)

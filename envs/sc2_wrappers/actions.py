@@ -26,8 +26,6 @@ import numpy as np
 import torch
 from pysc2.lib import actions as sc2_actions
 
-from agents.network import sample_actions
-
 FUNCTION = "function"
 NUM_FUNCTIONS = len(sc2_actions.FUNCTIONS)
 SPATIAL = ("screen", "minimap", "screen2")
@@ -73,16 +71,10 @@ class FunctionCallCodec:
         """functions int64 [...] -> bool [..., num_heads]: the heads each function's action uses."""
         return self.uses.to(functions.device)[functions]
 
-    def sample(self, logits: list[torch.Tensor], generator: torch.Generator | None = None,
-               temperature: float = 1.0) -> torch.Tensor:
-        """Draw one action per row from every head's softmax(logits / temperature) (0 = argmax).
-        logits: per head, float [N, size] (function logits already masked).
-
-        Returns int64 [N, num_heads]; heads the drawn function does not use hold 0. Masked function ids
-        (agents.network.MASKED_LOGIT) are never drawn.
-        """
-        drawn = torch.stack([sample_actions(lg, generator, temperature) for lg in logits], -1)
-        return torch.where(self.used_heads(drawn[:, 0]), drawn, torch.zeros_like(drawn))
+    def zero_unused(self, actions: torch.Tensor) -> torch.Tensor:
+        """actions int64 [N, num_heads] -> the same with 0 in the heads each row's function does not use
+        (an encoded action's canonical form; agents.heads.FunctionCallHead draws every head, then this)."""
+        return torch.where(self.used_heads(actions[:, 0]), actions, torch.zeros_like(actions))
 
     def head_log_probs(self, logits: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """log pi_h(a_h|s) per head, 0 for heads the action's function does not use.
