@@ -26,49 +26,9 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from envs.aec import AECAdapter
+from envs.base import EnvSpec
 from envs.parallel import ParallelAdapter, single_agent_adapter
 from envs.spaces import ObsEncoder, UnsupportedSpace, num_actions, observation_encoder
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the actor, learner, codec and agents need to know about a game.
-
-    obs_shape / obs_dtype: one agent's observation (channels last for boards and local views).
-    num_actions: size of the Discrete action space; `action_mask` is uint8 [num_actions].
-    seats: the sides of the game in order (seat 0 moves first in turn-based games): the unit of
-      outcomes, evaluation and the league.
-    agents: every agent (PettingZoo `possible_agents`); agent_seats[i] is the seat of agent i. In the
-      board games each agent is its own seat; in a battle every unit of a team shares its seat.
-    kind: "aec" (turn-based), "parallel" (simultaneous moves), "gym" (one agent) or "sc2".
-    obs_arrays: for envs whose observation is several named arrays (StarCraft II), (name, shape,
-      dtype) of each; None = one array of obs_shape / obs_dtype.
-    action_heads: for multi-head actions (StarCraft II FunctionCalls), the number of choices of each
-      head, head 0 being masked by `action_mask` [num_actions]; None = one Discrete(num_actions).
-    mirror_actions: for a game symmetric under reflecting observation axis `mirror_axis`, the action
-      that each action becomes under the reflection; None where the game has no such symmetry.
-    version: the versioned env module the game comes from (e.g. `connect_four_v3`); replays record it
-      and refuse to re-simulate under another.
-    """
-
-    name: str
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
-    num_actions: int
-    seats: tuple[str, ...]
-    mirror_axis: Optional[int] = None
-    mirror_actions: Optional[tuple[int, ...]] = None
-    version: Optional[str] = None
-    agents: tuple[str, ...] = ()
-    agent_seats: tuple[int, ...] = ()
-    kind: str = "aec"
-    obs_arrays: Optional[tuple[tuple[str, tuple[int, ...], np.dtype], ...]] = None
-    action_heads: Optional[tuple[int, ...]] = None
-
-    def __post_init__(self) -> None:
-        if not self.agents:  # turn-based board games: one agent per seat
-            object.__setattr__(self, "agents", self.seats)
-            object.__setattr__(self, "agent_seats", tuple(range(len(self.seats))))
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ import numpy as np
 from pysc2 import maps
 from pysc2.env import mock_sc2_env, sc2_env
 
-from envs.base import EpisodeResult, Settlement, Step, leader
-from envs.registry import EnvSpec
+from envs.base import EnvSpec, EpisodeResult, Settlement, Step, leader
 from envs.sc2_wrappers.actions import NUM_FUNCTIONS, FunctionCallCodec
 from envs.sc2_wrappers.compat import SC2NotInstalledError, require_game
 from envs.sc2_wrappers.observation import AVAILABLE_ACTIONS, SC2ObservationSpec, encode_observation
