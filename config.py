@@ -272,13 +272,11 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
 
 
 def validate(cfg: Config) -> None:
-    """Range checks that the type system cannot express. Raises ConfigError."""
-    from envs.registry import env_spec
+    """Range checks that the type system cannot express. Raises ConfigError.
 
-    try:
-        spec = env_spec(cfg.env.name, cfg.env.kwargs)
-    except ValueError as e:
-        raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
+    Checks that need the env registry or the baseline bots (does env.name exist, do league.bots play
+    it, does the network fit the board) are `experiment.check`'s: this module imports nothing of ours.
+    """
     checks = [
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
@@ -305,8 +303,6 @@ def validate(cfg: Config) -> None:
         ((cfg.agent.torso == "fullyconv") == cfg.env.name.startswith("sc2:"),
          "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
-        (spec.kind != "sc2" or cfg.env.kwargs.get("screen_size", 32) == cfg.env.kwargs.get("minimap_size", 32),
-         "agent.torso=fullyconv needs env.kwargs.minimap_size equal to env.kwargs.screen_size (default 32)"),
         (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
          "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
@@ -391,23 +387,9 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    from evaluation.bots import make_bot
-
     if cfg.env.name.startswith("sc2:") and league.enabled and league.bots:
         raise ConfigError("league.bots: the baseline bots play Discrete actions, not StarCraft II; set league.bots: [] "
                           "(env.kwargs.bot plays against the game's built-in bot)")
-    for bot in league.bots if league.enabled else ():
-        try:
-            make_bot(bot, cfg.env.name)
-        except ValueError as e:
-            raise ConfigError(f"league.bots: {e}") from None
-    if cfg.agent.torso == "conv" and cfg.agent.padding == "valid":
-        h, w = spec.obs_shape[:2]
-        shrink = cfg.agent.conv_layers * (cfg.agent.kernel_size - 1)
-        if shrink >= min(h, w):
-            raise ConfigError(f"agent: {cfg.agent.conv_layers} valid-padded conv layers of kernel "
-                              f"{cfg.agent.kernel_size} do not fit the {h}x{w} board of {cfg.env.name}; "
-                              "use a smaller agent.kernel_size or agent.conv_layers, or agent.padding=same")
 
 
 def to_yaml(cfg: Config) -> str:

@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-from config import Config, ConfigError, describe, from_yaml_text, load_config, to_yaml, without_secrets
+from config import Config, ConfigError, describe, from_yaml_text, to_yaml, without_secrets
 
 log = logging.getLogger("run")
 
@@ -183,6 +183,8 @@ def _load(args: argparse.Namespace) -> Config:
     if args.help_config:
         print(describe())
         sys.exit(0)
+    from experiment import load_config
+
     return load_config(args.config, args.overrides)
 
 

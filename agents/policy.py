@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint
-from agents.heads import sample_actions
+from agents.heads import checked_spec, sample_actions
 from agents.network import ActorCritic
 from config import Config, ConfigError, from_yaml_text
-from envs.registry import EnvSpec, env_spec
+from envs.registry import EnvSpec
 
 
 class Policy:
@@ -47,9 +47,9 @@ def load_policy(path: str | Path, seed: int | None = None) -> Policy:
     tensors, metadata = read_checkpoint(path)
     try:
         config = from_yaml_text(metadata["config"])
+        spec = checked_spec(config)
     except ConfigError as e:
         raise CheckpointError(f"{path}: the run config in its metadata is not usable: {e}") from None
-    spec = env_spec(config.env.name, config.env.kwargs)
     model = ActorCritic(spec.obs_shape, spec.num_actions, config.agent)
     try:
         model.load_state_dict(model_state(tensors))

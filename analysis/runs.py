@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import Config, ConfigError, from_yaml_text
+from config import Config, ConfigError
+from experiment import from_yaml_text
 
 # The learning-progress metric, in order of preference: score against league members and bots,
 # then the return of the learning seat (the score of single-agent envs).

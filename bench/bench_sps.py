@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from agents.heads import sample_actions  # noqa: E402
 from agents.network import ActorCritic  # noqa: E402
-from config import load_config  # noqa: E402
+from experiment import load_config  # noqa: E402
 from envs.registry import env_spec, make_env  # noqa: E402
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import SECTIONS, Config, ConfigError, describe, from_yaml_text, load_config, to_yaml
+from config import SECTIONS, Config, ConfigError, describe, to_yaml
+from experiment import from_yaml_text, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))

@@ -10,7 +10,8 @@ import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
 from agents.fullyconv import FullyConv
 from agents.heads import FunctionCallHead, make_model, policy_head
 from agents.network import MASKED_LOGIT
-from config import ConfigError, load_config
+from config import ConfigError
+from experiment import load_config
 from envs.registry import env_spec, make_env
 from envs.sc2_wrappers.compat import SC2NotInstalledError
 from envs.sc2_wrappers.env import check_game_installed, sc2_game

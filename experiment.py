@@ -1,0 +1,42 @@
+"""A config checked against what it names: the env registry, the network's fit to the game, the bots.
+
+`config.py` is plain data: it checks types and ranges and imports nothing of ours. Whether `env.name`
+exists, whether the network fits its board and whether `league.bots` can play the game need the env
+registry and the baseline bots, which sit above the config; `check` asks them. Every command loads its
+config through `load_config` here (run.py), and so do readers of run directories (analysis/runs.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import config
+from agents.heads import checked_spec
+from config import Config, ConfigError
+from evaluation.bots import make_bot
+
+
+def check(cfg: Config) -> Config:
+    """Check `cfg` against the env registry, its network and the baseline bots; returns `cfg`.
+
+    Raises ConfigError: an unknown env (naming the valid ones and the closest), kwargs the env does not
+    take, a network that does not fit the board (see agents.heads.checked_spec), or a league bot that
+    cannot play the game.
+    """
+    checked_spec(cfg)
+    for bot in cfg.league.bots if cfg.league.enabled else ():
+        try:
+            make_bot(bot, cfg.env.name)
+        except ValueError as e:
+            raise ConfigError(f"league.bots: {e}") from None
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """`config.load_config` (YAML file, then `--set` overrides, types and ranges), then `check`."""
+    return check(config.load_config(path, overrides))
+
+
+def from_yaml_text(text: str) -> Config:
+    """`config.from_yaml_text` (a resolved config as `config.to_yaml` writes it), then `check`."""
+    return check(config.from_yaml_text(text))
