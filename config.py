@@ -53,6 +53,8 @@ class RunConfig:
     redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")
     wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")
     wandb_project: str = _f("impala-league", "wandb project name")
+    tensorboard: bool = _f(False, "also write the metrics wandb gets as TensorBoard event files to "
+                           "<run dir>/tensorboard (tensorboard --logdir <run dir>/tensorboard)")
     log_every_s: float = _f(10.0, "seconds between progress lines and metrics records")
     redis_retry_s: float = _f(60.0, "seconds a process retries a lost Redis connection (backoff up to 2 s) "
                               "before it exits")

@@ -335,12 +335,15 @@ def cmd_learner(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
+    from analysis.report import log_report  # the end-of-run figures; the learner imports no report code
+
     if cfg.learner.algo == "a3c":
         from distributed.a3c import ParameterServer
 
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer)
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
+                    report=log_report)
     else:
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player)
+        run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report)
     return 0
 
 

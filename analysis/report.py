@@ -261,21 +261,35 @@ def run_sections(run: Run, k: int) -> list[str]:
     return out
 
 
-def log_to_wandb(run: Run, wandb_run) -> None:
-    """Log the report's figures to a wandb run as images under `report/<section>/<n>`, and the
-    league's payoff as a table (`report/payoff`) where a league ran."""
-    import wandb
-
-    images = {}
+def log_figures(run: Run, tracker) -> None:
+    """Log the report's figures to `tracker` (a tracking.Tracker or one of its sinks) under
+    `report/<section>/<n>`, and the league's payoff as a table (`report/payoff`) where a league ran."""
+    figures = {}
     for name, figs in run_figures(run).items():
         for n, fig in enumerate(f for f in figs if f is not None):
-            images[f"report/{name}/{n}"] = wandb.Image(fig)
+            figures[f"report/{name}/{n}"] = fig
+    try:
+        tracker.log_figures(figures)
+    finally:
+        for fig in figures.values():
             _pyplot().close(fig)
     state_file = run.path / "league" / "state.json"
     if state_file.is_file():
         rows = json.loads(state_file.read_text()).get("payoff", [])
-        images["report/payoff"] = wandb.Table(columns=["player", "opponent", "wins", "draws", "losses"], data=rows)
-    wandb_run.log(images)
+        tracker.log_table("report/payoff", ["player", "opponent", "wins", "draws", "losses"], rows)
+
+
+def log_to_wandb(run: Run, wandb_run) -> None:
+    """`log_figures` to one wandb run (from `wandb.init`)."""
+    from tracking import WandbSink
+
+    log_figures(run, WandbSink(wandb_run))
+
+
+def log_report(run_dir: str | Path, tracker) -> None:
+    """The figures of `run.py report` for the run in `run_dir`, to `tracker`: what the learner logs at
+    the end of a run (run.py passes this function to it)."""
+    log_figures(load_run(run_dir), tracker)
 
 
 def compare_section(folder: Path, k: int) -> str:

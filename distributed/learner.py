@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import redis
@@ -35,6 +35,7 @@ from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
 from league.store import LeagueStore
 from envs.registry import EnvSpec, env_spec
+from tracking import Tracker, start_tracking
 
 log = logging.getLogger("learner")
 
@@ -285,7 +286,9 @@ class Learner:
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.batch_size = cfg.learner.batch_size  # stream entries per update
         self.metrics_file = metrics_path(self.run_dir, player).open("a")
-        self.wandb = None
+        self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
+        # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
+        self.report: Callable[[Path, Tracker], None] | None = None
 
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
@@ -403,7 +406,7 @@ class Learner:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
         self.results.skip_to_end()
         self.params.publish(self.model.state_dict(), self.step, self.frames)
-        self.start_wandb()
+        self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
         log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
         start = last_ckpt = time.monotonic()
@@ -470,32 +473,24 @@ class Learner:
         self.lease.release()
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
-        if self.wandb is not None:
-            if self.player == MAIN:
+        if self.tracker:
+            if self.player == MAIN and self.report is not None:
                 self.log_report_figures()
-            self.wandb.finish()
+            self.tracker.finish()
 
     def log_report_figures(self) -> None:
         """The figures of `run.py report` for this run, logged to wandb at the end (a plotting error
         is logged and does not fail a run whose checkpoint is written)."""
-        from analysis.report import log_to_wandb
-        from analysis.runs import load_run
-
         try:
-            log_to_wandb(load_run(self.run_dir), self.wandb)
+            self.report(self.run_dir, self.tracker)
         except (ValueError, OSError, KeyError, TypeError) as e:
-            log.warning("could not log the report figures to wandb: %s: %s", type(e).__name__, e)
+            log.warning("could not log the report figures: %s: %s", type(e).__name__, e)
 
     # -- metrics -----------------------------------------------------------------------------------
-    def start_wandb(self) -> None:
-        if self.cfg.run.wandb_mode == "disabled":
-            return
-        import wandb
-
-        name = self.cfg.run.name if self.player == MAIN else f"{self.cfg.run.name}-{self.player}"
-        self.wandb = wandb.init(project=self.cfg.run.wandb_project, name=name, group=self.cfg.run.name,
-                                dir=str(self.run_dir), mode=self.cfg.run.wandb_mode, resume="allow", id=name,
-                                config=json.loads(json.dumps(_plain(without_secrets(self.cfg)))))
+    @property
+    def tracking_name(self) -> str:
+        """This learner's wandb id and TensorBoard folder: the run name, with the player for exploiters."""
+        return self.cfg.run.name if self.player == MAIN else f"{self.cfg.run.name}-{self.player}"
 
     def log_metrics(self, window: "MetricsWindow", now: float) -> None:
         episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
@@ -522,13 +517,7 @@ class Learner:
             record["league_score"] = float(np.mean([episode_score(e) for e in league]))
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
-        if self.wandb is not None:
-            import wandb
-
-            counts = np.array(record["policy_lag_counts"])
-            self.wandb.log({**{k: v for k, v in record.items() if not isinstance(v, list)},
-                            "policy_lag_histogram": wandb.Histogram(np_histogram=(counts, np.arange(len(counts) + 1)))},
-                           step=self.step)
+        self.tracker.log(record, self.step)
         games = []
         if episodes and self.spec.kind != "aec":
             games.append(f"return {record['episode_return']:.1f}")
@@ -569,12 +558,6 @@ class MetricsWindow:
         return record
 
 
-def _plain(cfg: Config) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
-
-
 def _learner_return(episode: dict) -> float:
     """The learner's return in a reported episode: its seat's, or the mean over seats in self-play."""
     returns = episode.get("returns") or [0.0]
@@ -583,11 +566,13 @@ def _learner_return(episode: dict) -> float:
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
-                learner_class: type = Learner) -> None:
+                learner_class: type = Learner, report: Callable[[Path, Tracker], None] | None = None) -> None:
     """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
-    cleanly (final checkpoint) on SIGTERM/SIGINT."""
+    cleanly (final checkpoint) on SIGTERM/SIGINT. `report(run_dir, tracker)`, if given, logs the
+    report's figures to the trackers at the end of the run."""
     torch.set_num_threads(1)
     learner = learner_class(cfg, redis_url, run_dir, resume, player)
+    learner.report = report
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
     try:
