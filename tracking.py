@@ -76,7 +76,7 @@ class WandbSink:
                 counts = np.asarray(record[key])
                 row[key.removesuffix("_counts") + "_histogram"] = wandb.Histogram(
                     np_histogram=(counts, np.arange(len(counts) + 1)))
-        self.run.log(row, step=step)
+        self.run.log(row, step=step, commit=True)  # the step is complete: write it now, not at the next step
 
     def log_figures(self, figures: Mapping[str, Figure], step: int | None = None) -> None:
         import wandb
@@ -190,14 +190,15 @@ def start_tracking(cfg: Config, run_dir: str | Path, name: str, step: int = 0) -
     """The trackers `cfg.run` selects for the learner `name` (the wandb id and the TensorBoard folder).
 
     step: the learner's update step at the start, > 0 when it resumed from a checkpoint: TensorBoard
-    drops what an earlier process logged after it, wandb continues the run with that id.
+    drops what an earlier process logged after that step, wandb continues the run with that id.
     """
     run_dir = Path(run_dir)
     sinks: list = []
     if cfg.run.wandb_mode != "disabled":
         sinks.append(WandbSink(_wandb_init(cfg, run_dir, name, step)))
     if cfg.run.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR / name, purge_step=step or None))
+        # Events an earlier process logged after the checkpoint it resumed from describe lost training.
+        sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR / name, purge_step=step + 1 if step else None))
         log.info("tensorboard: %s (tensorboard --logdir %s)", run_dir / TENSORBOARD_DIR / name,
                  run_dir / TENSORBOARD_DIR)
     return Tracker(sinks)
@@ -206,7 +207,8 @@ def start_tracking(cfg: Config, run_dir: str | Path, name: str, step: int = 0) -
 def offline_segments(run_dir: str | Path, name: str) -> list[Path]:
     """The offline wandb directories of run id `name` under `run_dir`, oldest first: one per process
     that logged to it (a resumed run adds one)."""
-    return sorted((Path(run_dir) / "wandb").glob(f"offline-run-*-{name}"))
+    # wandb names them offline-run-<time>-<id>[-<n>]; the id is that of the transaction log inside.
+    return sorted(p.parent for p in (Path(run_dir) / "wandb").glob(f"offline-run-*/run-{name}.wandb"))
 
 
 def _wandb_init(cfg: Config, run_dir: Path, name: str, step: int) -> Any:
