@@ -479,8 +479,8 @@ class Learner:
             self.tracker.finish()
 
     def log_report_figures(self) -> None:
-        """The figures of `run.py report` for this run, logged to wandb at the end (a plotting error
-        is logged and does not fail a run whose checkpoint is written)."""
+        """The figures of `run.py report` for this run, logged to the trackers at the end (a plotting
+        error is logged and does not fail a run whose checkpoint is written)."""
         try:
             self.report(self.run_dir, self.tracker)
         except (ValueError, OSError, KeyError, TypeError) as e:
