@@ -79,11 +79,13 @@ class WandbSink:
         self.run.log(row, step=step, commit=True)  # the step is complete: write it now, not at the next step
 
     def log_figures(self, figures: Mapping[str, Figure], step: int | None = None) -> None:
+        """matplotlib figures as images under their keys, at `step` (None: wandb's next step)."""
         import wandb
 
         self.run.log({key: wandb.Image(fig) for key, fig in figures.items()}, step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
+        """Rows under `columns` as a wandb.Table."""
         import wandb
 
         self.run.log({key: wandb.Table(columns=columns, data=rows)})
@@ -96,6 +98,7 @@ class WandbSink:
         self.run.summary.update(numbers)
 
     def finish(self) -> None:
+        """Write the run's last records and close it."""
         self.run.finish()
 
 
@@ -127,11 +130,13 @@ class TensorBoardSink:
             return
         used = np.flatnonzero(counts)
         self.writer.add_histogram_raw(tag, min=float(used[0]), max=float(used[-1]), num=total,
-                                      sum=float((values * counts).sum()), sum_squares=float((values ** 2 * counts).sum()),
+                                      sum=float((values * counts).sum()),
+                                      sum_squares=float((values ** 2 * counts).sum()),
                                       bucket_limits=(values + 0.5).tolist(), bucket_counts=counts.tolist(),
                                       global_step=step)
 
     def log_figures(self, figures: Mapping[str, Figure], step: int | None = None) -> None:
+        """matplotlib figures as images, at `step` (None: the last step logged)."""
         for key, fig in figures.items():
             self.writer.add_figure(key, fig, global_step=self.last_step if step is None else step, close=False)
         self.writer.flush()
@@ -144,11 +149,13 @@ class TensorBoardSink:
         self.writer.flush()
 
     def log_summary(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """The numbers of `metrics` as scalars, at `step` (None: the last step logged)."""
         for key, value in _numbers(metrics).items():
             self.writer.add_scalar(key, value, global_step=self.last_step if step is None else step)
         self.writer.flush()
 
     def finish(self) -> None:
+        """Flush and close the event file."""
         self.writer.close()
 
 
@@ -172,6 +179,7 @@ class Tracker:
             sink.log_figures(figures, step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
+        """A small table (the league's payoff): a wandb.Table, markdown text in TensorBoard."""
         for sink in self.sinks:
             sink.log_table(key, columns, rows)
 
@@ -181,6 +189,7 @@ class Tracker:
             sink.log_summary(metrics, step)
 
     def finish(self) -> None:
+        """Close every tracker; later calls do nothing."""
         for sink in self.sinks:
             sink.finish()
         self.sinks = []
@@ -222,9 +231,9 @@ def _wandb_init(cfg: Config, run_dir: Path, name: str, step: int) -> Any:
     if cfg.run.wandb_mode == "offline":
         segments = offline_segments(run_dir, name)
         if len(segments) > 1:
-            log.info("wandb: offline run %s continues at update %d in %s (segment %d; `wandb sync --id %s %s` "
-                     "uploads the segments in order as one run)", name, step, Path(run.dir).parent, len(segments),
-                     name, " ".join(str(s) for s in segments))
+            log.info("wandb: offline run %s continues in %s (segment %d; `wandb sync --id %s %s` uploads the "
+                     "segments in order as one run)", name, Path(run.dir).parent, len(segments), name,
+                     " ".join(str(s) for s in segments))
         else:
             log.info("wandb: offline run %s in %s (`wandb sync %s` uploads it)", name, Path(run.dir).parent,
                      Path(run.dir).parent)
@@ -242,9 +251,10 @@ def _plain(cfg: Config) -> dict:
 def log_final_evaluation(cfg: Config, run_dir: str | Path, metrics: Mapping[str, float],
                          step: int | None = None) -> None:
     """Log a flat dict of final-evaluation numbers (e.g. `{"vs_random/player_1/win_rate": 0.9}`) to the
-    trackers of the run in `run_dir`, under `final_evaluation/<key>`: the main learner's wandb run
-    (summary, and history at `step`) and its TensorBoard folder (scalars at `step`, default the last
-    logged step). Non-numbers are left out. One call after `run.py train`'s evaluation."""
+    trackers `cfg` selects for the run in `run_dir`, under `final_evaluation/<key>`: the main learner's
+    wandb run (its summary, and its history at `step` if given) and its TensorBoard folder (scalars at
+    `step`, else at 0). Non-numbers are left out. One call after `run.py train`'s evaluation, e.g.
+    `log_final_evaluation(cfg, run_dir, flat_results, step=checkpoint_step)`."""
     tracker = start_tracking(cfg, run_dir, cfg.run.name, step=0) if _any(cfg) else Tracker([])
     try:
         tracker.log_summary({FINAL_EVALUATION_PREFIX + k: v for k, v in metrics.items()}, step)

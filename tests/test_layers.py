@@ -64,7 +64,8 @@ def _imports(module: str) -> set[str]:
             continue
         for name in names:
             owner = _owner(name)
-            if owner and owner != module and not (module.startswith(owner + ".") and MODULES[owner].name == "__init__.py"):
+            parent_package = module.startswith(owner + ".") and MODULES[owner].name == "__init__.py" if owner else False
+            if owner and owner != module and not parent_package:
                 out.add(owner)
     return out
 

@@ -135,7 +135,7 @@ def test_a_resumed_run_continues_its_tensorboard_and_wandb_run(tmp_path, quiet_e
     assert len(segments) == 2 and all((s / "run-again.wandb").is_file() for s in segments)
     assert sorted((tmp_path / "wandb").glob("offline-run-*")) == segments  # no run under another id
     message = next(r.getMessage() for r in caplog.records if r.name == "tracking" and "continues" in r.getMessage())
-    assert "continues at update 2" in message and "segment 2" in message
+    assert f"continues in {segments[1]} (segment 2;" in message
     assert f"wandb sync --id again {segments[0]} {segments[1]}" in message
 
 
