@@ -204,7 +204,7 @@ def start_tracking(cfg: Config, run_dir: str | Path, name: str, step: int = 0) -
     run_dir = Path(run_dir)
     sinks: list = []
     if cfg.run.wandb_mode != "disabled":
-        sinks.append(WandbSink(_wandb_init(cfg, run_dir, name, step)))
+        sinks.append(WandbSink(_wandb_init(cfg, run_dir, name)))
     if cfg.run.tensorboard:
         # Events an earlier process logged after the checkpoint it resumed from describe lost training.
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR / name, purge_step=step + 1 if step else None))
@@ -220,7 +220,7 @@ def offline_segments(run_dir: str | Path, name: str) -> list[Path]:
     return sorted(p.parent for p in (Path(run_dir) / "wandb").glob(f"offline-run-*/run-{name}.wandb"))
 
 
-def _wandb_init(cfg: Config, run_dir: Path, name: str, step: int) -> Any:
+def _wandb_init(cfg: Config, run_dir: Path, name: str) -> Any:
     quiet_wandb_environment()
     import wandb
 
