@@ -64,6 +64,9 @@ class EnvConfig:
                    "mpe:<scenario>, gym:<id>, pettingzoo:<module>, sc2:<map>")
     kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
+    empty_mask: str = _f("error", "an acting agent whose action mask is all zeros: error (stop, naming the env, "
+                         "agent and step) or skip (the game uses an empty mask for 'not acting now': that agent "
+                         "does not act this step; simultaneous games only)")
 
 
 @dataclass
@@ -280,6 +283,7 @@ def validate(cfg: Config) -> None:
     except ValueError as e:
         raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
     checks = [
+        (cfg.env.empty_mask in ("error", "skip"), "env.empty_mask must be error or skip"),
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),

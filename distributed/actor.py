@@ -44,14 +44,18 @@ class UnrollBuffer:
     closed by `settle` (its reward and done flag, known once the seat observes again or the game ends).
     When step T is observed, steps 0..T-1 are complete and step T's observation is the bootstrap
     observation: `observe` returns the finished unroll and step T becomes step 0 of the next one.
+    A step settled as truncated keeps its final observation; the unroll carries them as `final_obs`
+    (see UnrollSpec), since the step's successor in `obs` is then the next episode's first observation.
     """
 
     def __init__(self, spec: UnrollSpec):
         self.T = spec.unroll_length
         self.arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
+        self.final_spec = spec.final_arrays
         self.stepped = [name for name in self.arrays if name.startswith("obs") or name == "action_mask"]  # T+1 long
         self.behaviour = "behaviour_logits" if "behaviour_logits" in self.arrays else "behaviour_log_probs"
         self.n = 0  # observed steps in the current unroll
+        self.finals: dict[int, np.ndarray | dict[str, np.ndarray]] = {}  # step -> final observation
 
     def observe(self, obs: np.ndarray | dict[str, np.ndarray], action_mask: np.ndarray) -> dict[str, np.ndarray] | None:
         """obs: one array, or a dict of named arrays (stored as `obs.<name>`, see UnrollSpec)."""
@@ -63,10 +67,24 @@ class UnrollBuffer:
         if self.n <= self.T:
             return None
         unroll = {name: array.copy() for name, array in a.items()}
+        unroll.update(self._final_arrays())
         for name in self.stepped:
             a[name][0] = a[name][self.T]
         self.n = 1
+        self.finals = {}
         return unroll
+
+    def _final_arrays(self) -> dict[str, np.ndarray]:
+        """`final_obs` ([N, ...] per name) of this unroll's truncated steps, in step order; none when N = 0."""
+        steps = sorted(self.finals)
+        out: dict[str, np.ndarray] = {}
+        if not steps:
+            return out
+        for name, (dtype, shape) in self.final_spec.items():
+            key = name[len("final_obs."):] if "." in name else None
+            rows = [self.finals[t][key] if key else self.finals[t] for t in steps]
+            out[name] = np.stack(rows).astype(dtype, copy=False)
+        return out
 
     def record_action(self, action: int | np.ndarray, behaviour: np.ndarray) -> None:
         """The action taken at the open step and mu's record of it (logits, or per-head log-probs)."""
@@ -75,11 +93,23 @@ class UnrollBuffer:
         self.arrays[self.behaviour][t] = behaviour
         self.arrays["reward"][t] = 0.0
         self.arrays["done"][t] = 0
+        self.arrays["truncated"][t] = 0
+        self.finals.pop(t, None)
 
-    def settle(self, reward: float, done: bool) -> None:
+    def settle(self, reward: float, done: bool, truncated: bool = False,
+               final_observation: np.ndarray | dict[str, np.ndarray] | None = None) -> None:
+        """Add `reward` to the open step and set its end flags; a truncated step needs its final
+        observation (raises ValueError without one)."""
         t = self.n - 1
         self.arrays["reward"][t] += reward
-        self.arrays["done"][t] = done
+        self.arrays["done"][t] = done or truncated
+        self.arrays["truncated"][t] = truncated
+        if truncated:
+            if final_observation is None:
+                raise ValueError("a truncated step needs the final observation its value is bootstrapped from")
+            self.finals[t] = final_observation
+        else:
+            self.finals.pop(t, None)
 
 
 class Opponents:
@@ -185,7 +215,7 @@ class Actor:
         seed = cfg.run.seed + 1000 * (actor_id + 1)
         self.rng = torch.Generator().manual_seed(seed)
         self.np_rng = np.random.default_rng(seed)
-        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs)
+        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs, empty_mask=cfg.env.empty_mask)
                      for i in range(cfg.actor.num_envs)]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
@@ -295,7 +325,7 @@ class Actor:
             for i, step in enumerate(steps):
                 for s in step.settlements:  # they all belong to the episode the opponent was drawn for
                     if self.learns(i, s.agent):
-                        self.buffers[i][s.agent].settle(s.reward, s.done)
+                        self.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
                 if step.episodes:
                     episodes += [self.result(i, e) for e in step.episodes]
                     self.start_episode(i)
