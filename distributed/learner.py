@@ -198,7 +198,8 @@ def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
     V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
     With correction `none` on on-policy unrolls this is A3C's n-step advantage actor-critic loss
     (Mnih et al. 2016, Algorithm S3). The diagnostics mean_rho, rho_clipped_fraction and
-    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used.
+    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used;
+    truncated_fraction is the share of steps a time limit ended (bootstrapped, not terminal).
     """
     head = head or DiscreteHead()
     T, B = batch.reward.shape
@@ -212,7 +213,9 @@ def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
     parts = {"loss": loss, "policy_gradient_loss": policy_gradient_loss, "baseline_loss": baseline_loss,
              "entropy": entropy, "mean_rho": rhos.mean(),
              "rho_clipped_fraction": (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
-             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()}
+             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean(),
+             "truncated_fraction": (batch.truncated.float().mean() if batch.truncated is not None
+                                    else torch.zeros((), device=loss.device))}
     return loss, {k: v.detach() for k, v in parts.items()}
 
 
