@@ -226,3 +226,84 @@ def test_decoder_refuses_truncations_that_do_not_match_their_final_observations(
     missing = {k: v for k, v in unroll.items() if k != "final_obs"}
     with pytest.raises(DecodeError, match="1 steps are truncated but the unroll has no 'final_obs'"):
         decode_unroll(_encoded(missing), uspec)
+
+
+# -- real runs ---------------------------------------------------------------------------------------
+SHORT_RUNS = {
+    # MPE episodes end only by max_cycles: cut every 15 steps, unrolls of 20 carry the cut inside.
+    "mpe:simple_tag": ("configs/mpe_simple_tag.yaml", ["env.kwargs.max_cycles=15"]),
+    # A 15-step TimeLimit on CartPole: most episodes are cut (none falls before step 8).
+    "gym:CartPole-v1": ("configs/cartpole.yaml", ["env.kwargs.max_episode_steps=15"]),
+}
+SMALL = ["actor.unroll_length=20", "run.total_frames=3000", "actor.num_envs=2", "learner.batch_size=4",
+         "agent.hidden=32", "actor.epsilon=0.5"]
+
+
+def collect(actor, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` unrolls from a real Actor's envs, buffers and batched action choice (its `run` loop,
+    minus Redis)."""
+    unrolls = []
+    steps = [env.advance() for env in actor.envs]
+    while len(unrolls) < count:
+        for i, step in enumerate(steps):
+            for s in step.settlements:
+                actor.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
+            for agent, obs, mask in zip(step.agents, step.observations, step.action_masks):
+                unroll = actor.buffers[i][agent].observe(obs, mask)
+                if unroll is not None:
+                    unrolls.append(unroll)
+        actions = actor.choose_actions(steps)
+        for i, env in enumerate(actor.envs):
+            env.act(actions[i])
+            steps[i] = env.advance()
+    return unrolls
+
+
+@pytest.mark.parametrize("env_name", list(SHORT_RUNS))
+def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_computation(
+        env_name, tmp_path, redis_url, run_name):
+    from config import load_config
+    from distributed.actor import Actor
+    from tests.test_parallel import _train
+
+    config, extra = SHORT_RUNS[env_name]
+    overrides = [*extra, *SMALL]
+    _, records = _train(tmp_path, redis_url, config, run_name, *overrides)
+    assert records[-1]["frames"] >= 3000
+    assert any(r["truncated_fraction"] > 0 for r in records)  # the learner trained on truncated steps
+    # The run's final weights play 8 more unrolls; the learner's code computes their targets.
+    repo = Path(__file__).resolve().parent.parent
+    cfg = load_config(repo / config, [*overrides, f"run.name={run_name}", f"run.dir={tmp_path}"])
+    actor = Actor(cfg, redis_url, 0)
+    actor.sync_params()
+    assert actor.version > 0
+    unrolls = collect(actor, 8)
+    spec, T, gamma = actor.spec, cfg.actor.unroll_length, cfg.learner.discount
+    decoded = [decode_unroll(encode_unroll(u, unroll_id=str(k), policy_version=actor.version, actor_id=0,
+                                           env=spec.name), UnrollSpec(spec, T))[1] for k, u in enumerate(unrolls)]
+    inside = [(b, t) for b, u in enumerate(decoded) for t in np.flatnonzero(u["truncated"]) if t < T - 1]
+    assert inside, "no unroll carries a truncation inside it"
+    batch = Batch.stack(decoded, torch.device("cpu"))
+    with torch.no_grad():
+        logits, values, final_values = forward_batch(actor.model, batch)
+        out = off_policy_targets(logits, values, batch, cfg.learner, DiscreteHead(), final_values)
+    # By hand, in float64: the network on each unroll alone (the network computes in float32), rho
+    # from the softmaxes, V-trace by its definition.
+    for b, u in enumerate(decoded):
+        with torch.no_grad():
+            lg, v = actor.model(torch.tensor(u["obs"]), torch.tensor(u["action_mask"]))
+            _, v_final = actor.model(torch.tensor(u["final_obs"]), torch.ones(len(u["final_obs"]), spec.num_actions))
+        lg, v, v_final = lg.double(), v.double(), v_final.double()
+        log_pi = torch.log_softmax(lg[:-1], -1).numpy()[np.arange(T), u["action"]]
+        log_mu = torch.log_softmax(torch.tensor(u["behaviour_logits"]).double(), -1).numpy()[
+            np.arange(T), u["action"]]
+        final_values_b = np.zeros(T)
+        final_values_b[np.flatnonzero(u["truncated"])] = v_final.numpy()
+        hand_vs, hand_adv = hand_vtrace(u["reward"].astype(np.float64), v[:-1].numpy(), float(v[-1]), u["done"],
+                                        u["truncated"], final_values_b, gamma, rhos=np.exp(log_pi - log_mu),
+                                        rho_bar=cfg.learner.clip_rho_threshold, c_bar=cfg.learner.clip_c_threshold,
+                                        pg_rho_bar=cfg.learner.clip_pg_rho_threshold)
+        np.testing.assert_allclose(out.vs[:, b].numpy(), hand_vs, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out.pg_advantages[:, b].numpy(), hand_adv, rtol=1e-4, atol=1e-4)
+    # The cut steps inside unrolls bootstrapped from V(final observation) (a trained value, not 0).
+    assert all(final_values[t, b] != 0 for b, t in inside)
