@@ -8,6 +8,7 @@ shape allocates nothing), that floats are finite, and that actions, masks and do
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +193,27 @@ def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str]
     """Weights as safetensors bytes (no pickle). Tensors are copied to CPU and made contiguous."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     return st_save(tensors, metadata=metadata)
+
+
+class WeightsCorrupt(ValueError):
+    """Weight bytes whose SHA-256 is not the one published with them (or none was): never loaded."""
+
+
+def weights_digest(data: bytes) -> str:
+    """SHA-256 (hex) of a weight blob, published beside it so readers can verify what they load."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def verify_weights(data: bytes, digest: bytes | str | None, what: str) -> bytes:
+    """`data` if its SHA-256 is `digest` (as published, hex; bytes or str). Raises WeightsCorrupt
+    naming `what` otherwise, also when no digest was published with it."""
+    expected = digest.decode() if isinstance(digest, bytes) else digest
+    if expected is None:
+        raise WeightsCorrupt(f"{what}: no SHA-256 was published with the weights")
+    actual = weights_digest(data)
+    if actual != expected:
+        raise WeightsCorrupt(f"{what}: SHA-256 {actual[:16]}... does not match the published {expected[:16]}...")
+    return data
 
 
 def decode_weights(data: bytes) -> dict[str, torch.Tensor]:

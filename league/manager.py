@@ -2,7 +2,7 @@
 
 One pass every `league.manager_every_s` seconds:
   1. read new episode results (consumer group `league` on `{run}:results`) into the payoff table and
-     the Elo ratings;
+     the Elo ratings (only games one opponent version played throughout, see `single_opponent`);
   2. freeze snapshots of learners that are due (see `due_snapshot`), reset exploiters that earned it;
   3. publish each learner's opponent distribution (league/matchmaking.py) for its actors;
   4. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line.
@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from agents.heads import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
-from distributed.codec import decode_weights, encode_weights
+from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
 from distributed.params import ParamStore
 from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
 from envs.registry import env_spec
@@ -46,6 +46,16 @@ log = logging.getLogger("league")
 GROUP = "league"
 STATE_VERSION = 1
 SNAPSHOT_ID = re.compile(r"(main|(main_exploiter|league_exploiter)_\d+)-\d{7,}")  # also a safe file name
+
+
+def single_opponent(result: dict) -> bool:
+    """Was the result's game played by one opponent version throughout? Actors pin the opponent's
+    weights for a whole game and name them in `opponent_version`: the snapshot id or bot spec itself,
+    or `<learner>@<version>`. A result without it (or naming another opponent) is not scored."""
+    opponent, version = result.get("opponent_id"), result.get("opponent_version")
+    if not isinstance(opponent, str) or not isinstance(version, str):
+        return False
+    return version == opponent or re.fullmatch(rf"{re.escape(opponent)}@\d+", version) is not None
 
 
 def _check_members(members: dict[str, dict]) -> None:
@@ -124,7 +134,8 @@ class LeagueManager:
             player, opponent = r.get("player", MAIN), r.get("opponent_id", SELF)
             if opponent == SELF:
                 continue  # self-play says nothing about who is stronger
-            if player not in self.learners or opponent not in self.members or player == opponent:
+            if (player not in self.learners or opponent not in self.members or player == opponent
+                    or not single_opponent(r)):
                 self.skipped += 1
                 continue
             score = episode_score(r)
@@ -168,7 +179,11 @@ class LeagueManager:
 
     def take_snapshot(self, player: str, reason: str) -> str | None:
         """Freeze `player`'s latest published weights: a file, Redis weights, a member. Returns its id."""
-        fetched = self.params[player].fetch_raw()
+        try:
+            fetched = self.params[player].fetch_raw()
+        except WeightsCorrupt as e:  # counted by the store; the next pass tries the next publish
+            log.error("no snapshot of %s this pass: %s", player, e)
+            return None
         if fetched is None:
             return None
         step, data, frames = fetched
