@@ -55,7 +55,9 @@ def single_opponent(result: dict) -> bool:
     opponent, version = result.get("opponent_id"), result.get("opponent_version")
     if not isinstance(opponent, str) or not isinstance(version, str):
         return False
-    return version == opponent or re.fullmatch(rf"{re.escape(opponent)}@\d+", version) is not None
+    if PLAYER_ID.fullmatch(opponent):  # a learner: its weights change, so the version is required
+        return re.fullmatch(rf"{re.escape(opponent)}@\d+", version) is not None
+    return version == opponent
 
 
 def _check_members(members: dict[str, dict]) -> None:
