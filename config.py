@@ -141,6 +141,8 @@ class LeagueConfig:
     forgotten_below: float = _f(0.3, "a snapshot is forgotten when the main agent's win rate against it is below this")
     pfsp_weighting: str = _f("hard", "PFSP weighting: hard (1-x)^p, variance x(1-x), or uniform")
     pfsp_p: float = _f(2.0, "the exponent p of the hard weighting")
+    pfsp_seat: str = _f("pooled", "the win rate PFSP weighs by: pooled (over both seats) or weaker (the learner's "
+                        "lower per-seat win rate, for games with a first-move advantage)")
     bots: List[str] = _f_list(["random", "tactical"], "baseline bots that are league members (random, tactical, minimax:D)")
     main_exploiters: int = _f(0, "main exploiter learners: train against the main agent, reset when they beat it")
     league_exploiters: int = _f(0, "league exploiter learners: PFSP against the whole league")
@@ -368,6 +370,7 @@ def validate(cfg: Config) -> None:
         (league.pfsp_weighting in ("hard", "variance", "uniform"),
          "league.pfsp_weighting must be hard, variance or uniform"),
         (league.pfsp_p > 0, "league.pfsp_p must be > 0"),
+        (league.pfsp_seat in ("pooled", "weaker"), "league.pfsp_seat must be pooled or weaker"),
         (0 <= league.main_exploiters <= 8 and 0 <= league.league_exploiters <= 8,
          "league.main_exploiters and league.league_exploiters must be in [0, 8]"),
         (1 <= league.exploiter_actors <= MAX_ACTORS, f"league.exploiter_actors must be in [1, {MAX_ACTORS}]"),

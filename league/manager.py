@@ -90,6 +90,7 @@ class LeagueManager:
         self.matchmaking = MatchmakingConfig(
             self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bot_share=league.bot_share,
             forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
+            seat=league.pfsp_seat,
             exploiter_gives_up_below=league.exploiter_gives_up_below)
         self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)
         self.elo = EloRatings(k=league.elo_k)
@@ -141,7 +142,9 @@ class LeagueManager:
                 self.skipped += 1
                 continue
             score = episode_score(r)
-            self.payoff.add(player, opponent, score)
+            seat = r.get("learner_seat", -1)
+            self.payoff.add(player, opponent, score, seat if isinstance(seat, int) and 0 <= seat < len(self.spec.seats)
+                            else None)
             self.elo.update(player, opponent, score)
             counted += 1
         self.skipped += len(ids) - len(results)
@@ -250,7 +253,7 @@ class LeagueManager:
     # -- persistence -------------------------------------------------------------------------------
     def state(self) -> dict:
         return {"version": STATE_VERSION, "env": self.spec.name, "members": self.members,
-                "payoff": self.payoff.to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
+                "payoff": self.payoff.to_json(), "payoff_by_seat": self.payoff.seats_to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
                 "lineage": self.lineage, "games": self.games, "skipped_results": self.skipped,
                 "distributions": {p: self.distribution(p) for p in self.learners}, "time": time.time()}
 
@@ -303,10 +306,13 @@ class LeagueManager:
                 raise ValueError(f"it is version {state.get('version')} of env {state.get('env')!r}")
             members = {str(k): dict(v) for k, v in state["members"].items()}
             _check_members(members)
-            payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games)
+            payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games,
+                                           state.get("payoff_by_seat", []))
             elo = EloRatings.from_json(state["elo"], self.elo.k)
-            numbers = [x for row in state["payoff"] for x in row[2:]] + [x for v in state["elo"].values() for x in v]
-            if not all(math.isfinite(x) for x in numbers) or any(x < 0 for row in state["payoff"] for x in row[2:]):
+            counts = [x for row in state["payoff"] for x in row[2:]] + [
+                x for row in state.get("payoff_by_seat", []) for x in row[3:]]
+            numbers = counts + [x for v in state["elo"].values() for x in v]
+            if not all(math.isfinite(x) for x in numbers) or any(x < 0 for x in counts):
                 raise ValueError("its payoff or ratings hold negative or non-finite numbers")
             last = {p: int(state.get("last_snapshot", {}).get(p, 0)) for p in self.learners}
             lineage = {p: state.get("lineage", {}).get(p) for p in self.learners}
