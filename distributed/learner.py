@@ -579,6 +579,7 @@ class Learner:
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
+            "corrupt_weight_loads": self.params.corrupt_count(),
         })
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
