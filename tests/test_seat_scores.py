@@ -68,3 +68,22 @@ def test_pfsp_can_weigh_by_the_weaker_seat():
     weaker = league_exploiter_opponents("league_exploiter_0", table, ["A", "B"], MatchmakingConfig(p=2.0, seat="weaker"))
     # hard PFSP f(x) = (1 - x)^2: pooled A 0.09, B 0.25; weaker seat A 0.49, B 0.25.
     assert pooled["A"] == pytest.approx(0.09 / 0.34) and weaker["A"] == pytest.approx(0.49 / 0.74)
+
+
+def test_the_report_plots_the_league_score_per_seat(tmp_path):
+    import json
+
+    from analysis.report import run_figures
+    from analysis.runs import load_run
+    from tests.test_report import _run_dir
+
+    run_dir = _run_dir(tmp_path, "pooled", ["league.enabled=true"])
+    assert run_figures(load_run(run_dir))["learning"][3] is None  # no per-seat records: no figure
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({**last, "time": 1100.0, "step": 30, "frames": 7000, "league_score": 0.49,
+                            "league_score_seat_1": 0.282, "league_score_seat_0": 0.553}) + "\n")
+    fig = run_figures(load_run(run_dir))["learning"][3]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["league_score_seat_0", "league_score_seat_1"]
+    assert fig.axes[0].lines[1].get_ydata().tolist() == [0.282]
