@@ -7,9 +7,6 @@ batch to the learner's targets, checked against float64 hand computations; and r
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium
