@@ -304,3 +304,43 @@ def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_
         np.testing.assert_allclose(out.pg_advantages[:, b].numpy(), hand_adv, rtol=1e-4, atol=1e-4)
     # The cut steps inside unrolls bootstrapped from V(final observation) (a trained value, not 0).
     assert all(final_values[t, b] != 0 for b, t in inside)
+
+
+def test_starcraft_step_limit_is_truncated_and_its_final_observations_reach_the_learner():
+    # pysc2 ends an episode at its step limit with discount 1 (the game's own end has discount 0);
+    # the mock env always says 0, so this test hands the adapter the step limit's discount.
+    import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+    from agents.heads import make_model
+    from config import load_config
+    from envs.registry import env_spec
+
+    name, kwargs = "sc2:MoveToBeacon", {"mock": True, "screen_size": 8, "minimap_size": 8}
+    spec = env_spec(name, kwargs)
+    adapter = make_env(name, 0, kwargs)
+    step_env = adapter.env.step
+    adapter.env.step = lambda actions: [ts._replace(discount=1.0) if ts.last() else ts for ts in step_env(actions)]
+    uspec = UnrollSpec(spec, 12)
+    buffer = UnrollBuffer(uspec)
+    step, unroll, truncations = adapter.advance(), None, []
+    while unroll is None:
+        for s in step.settlements:
+            buffer.settle(s.reward, s.done, s.truncated, s.final_observation)
+            truncations += [s] if s.truncated else []
+        unroll = buffer.observe(step.observations[0], step.action_masks[0])
+        buffer.record_action(np.zeros(len(spec.action_heads), np.int64), np.zeros(len(spec.action_heads), np.float32))
+        adapter.act([np.zeros(len(spec.action_heads), np.int64)])
+        step = adapter.advance()
+    assert truncations and set(truncations[0].final_observation) == {n for n, _, _ in spec.obs_arrays}
+    n = int(unroll["truncated"].sum())
+    assert n >= 1 and all(unroll[f"final_obs.{k}"].shape[0] == n for k, _, _ in spec.obs_arrays)
+    _, decoded = decode_unroll(encode_unroll(unroll, unroll_id="u", policy_version=0, actor_id=0, env=name), uspec)
+    cfg = load_config(None, [f"env.name={name}", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8}",
+                             "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16"])
+    model = make_model(spec, cfg.agent)
+    batch = Batch.stack([decoded], torch.device("cpu"))
+    with torch.no_grad():
+        _, _, final_values = forward_batch(model, batch)
+        final_obs = {k: torch.tensor(decoded[f"final_obs.{k}"]) for k, _, _ in spec.obs_arrays}
+        _, expected = model(final_obs, torch.ones(n, spec.num_actions))
+    t = np.flatnonzero(decoded["truncated"])
+    np.testing.assert_allclose(final_values[t, 0].numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
