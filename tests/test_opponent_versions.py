@@ -179,3 +179,23 @@ def test_a_corrupt_snapshot_is_refused_and_counted_by_actors_and_the_league(tmp_
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
     assert manager.take_snapshot("main", "test") is None
     assert main.corrupt_count() == 1
+
+
+def test_snapshot_files_are_fsynced_before_the_rename_and_their_directory_after(tmp_path, monkeypatch):
+    import os
+
+    from distributed import checkpoint
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or fsync(fd))
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: events.append(("replace", str(b))) or replace(a, b))
+    cfg = _config(tmp_path, "fsync")
+    model = ActorCritic(SPEC.obs_shape, SPEC.num_actions, cfg.agent)
+    path = tmp_path / "snapshots" / "main-0000100.safetensors"
+    checkpoint.save_checkpoint(path, model, None, "", {"id": "main-0000100"})
+    folder = str(path.parent)
+    assert events == [("fsync", str(path) + ".tmp"), ("replace", str(path)), ("fsync", folder),
+                      ("fsync", str(path.with_suffix(".json.tmp"))), ("replace", str(path.with_suffix(".json"))),
+                      ("fsync", folder)]
