@@ -66,6 +66,9 @@ class EnvConfig:
                    "mpe:<scenario>, gym:<id>, pettingzoo:<module>, sc2:<map>")
     kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
+    empty_mask: str = _f("error", "an acting agent whose action mask is all zeros: error (stop, naming the env, "
+                         "agent and step) or skip (the game uses an empty mask for 'not acting now': that agent "
+                         "does not act this step; simultaneous games only)")
 
 
 @dataclass
@@ -140,6 +143,8 @@ class LeagueConfig:
     forgotten_below: float = _f(0.3, "a snapshot is forgotten when the main agent's win rate against it is below this")
     pfsp_weighting: str = _f("hard", "PFSP weighting: hard (1-x)^p, variance x(1-x), or uniform")
     pfsp_p: float = _f(2.0, "the exponent p of the hard weighting")
+    pfsp_seat: str = _f("pooled", "the win rate PFSP weighs by: pooled (over both seats) or weaker (the learner's "
+                        "lower per-seat win rate, for games with a first-move advantage)")
     bots: List[str] = _f_list(["random", "tactical"], "baseline bots that are league members (random, tactical, minimax:D)")
     main_exploiters: int = _f(0, "main exploiter learners: train against the main agent, reset when they beat it")
     league_exploiters: int = _f(0, "league exploiter learners: PFSP against the whole league")
@@ -280,6 +285,7 @@ def validate(cfg: Config) -> None:
     it, does the network fit the board) are `experiment.check`'s: this module imports nothing of ours.
     """
     checks = [
+        (cfg.env.empty_mask in ("error", "skip"), "env.empty_mask must be error or skip"),
         (cfg.actor.num_actors >= 1, "actor.num_actors must be >= 1"),
         (cfg.actor.num_envs >= 1, "actor.num_envs must be >= 1"),
         (cfg.actor.unroll_length >= 1, "actor.unroll_length must be >= 1"),
@@ -362,6 +368,7 @@ def validate(cfg: Config) -> None:
         (league.pfsp_weighting in ("hard", "variance", "uniform"),
          "league.pfsp_weighting must be hard, variance or uniform"),
         (league.pfsp_p > 0, "league.pfsp_p must be > 0"),
+        (league.pfsp_seat in ("pooled", "weaker"), "league.pfsp_seat must be pooled or weaker"),
         (0 <= league.main_exploiters <= 8 and 0 <= league.league_exploiters <= 8,
          "league.main_exploiters and league.league_exploiters must be in [0, 8]"),
         (1 <= league.exploiter_actors <= MAX_ACTORS, f"league.exploiter_actors must be in [1, {MAX_ACTORS}]"),

@@ -61,11 +61,24 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
                 DIGEST_KEY: tensors_digest(tensors)}
     tmp = path.with_suffix(path.suffix + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    durable_replace(tmp, path)
     sidecar = path.with_suffix(".json")
     tmp = sidecar.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, sidecar)
+    durable_replace(tmp, sidecar)
+
+
+def durable_replace(tmp: Path, path: Path) -> None:
+    """Rename the written file `tmp` to `path` so that a power loss leaves the old file or the whole
+    new one: fsync the file's bytes before the rename, and the directory after it (the rename itself)."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _UNVERIFIED: set[str] = set()  # files already reported as carrying no digest

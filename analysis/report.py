@@ -226,6 +226,12 @@ def _section(anchor: str, title: str, body: list[str | None]) -> str:
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
 
 
+def _seat_keys(run: Run) -> tuple[str, ...]:
+    """The per-seat league score keys (`league_score_seat_<s>`) the run's records have, by seat."""
+    keys = {k for r in run.records for k in r if k.startswith("league_score_seat_")}
+    return tuple(sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1])))
+
+
 def run_figures(run: Run) -> dict[str, list]:
     """The figures about one run by section: architecture, learning, throughput, lag, vtrace, and
     league where a league ran. Each list holds matplotlib Figures (or None where nothing was recorded)."""
@@ -233,7 +239,8 @@ def run_figures(run: Run) -> dict[str, list]:
         "architecture": [architecture(run)],
         "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
                      _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
-                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps")],
+                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps"),
+                     _lines(run, _seat_keys(run), "frames", "league score per learner seat (seat 0 moves first)")],
         "throughput": [throughput(run)],
         "lag": [lag_histogram(run)],
         "vtrace": [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")],

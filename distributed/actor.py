@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 
 from agents.heads import make_model, policy_head
 from config import Config, ConfigError
-from distributed.codec import UnrollSpec, decode_weights, encode_unroll
+from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, ResultsStream, TrajectoryStream, connect, run_done_key
 from envs.registry import env_spec, make_env
@@ -44,14 +44,18 @@ class UnrollBuffer:
     closed by `settle` (its reward and done flag, known once the seat observes again or the game ends).
     When step T is observed, steps 0..T-1 are complete and step T's observation is the bootstrap
     observation: `observe` returns the finished unroll and step T becomes step 0 of the next one.
+    A step settled as truncated keeps its final observation; the unroll carries them as `final_obs`
+    (see UnrollSpec), since the step's successor in `obs` is then the next episode's first observation.
     """
 
     def __init__(self, spec: UnrollSpec):
         self.T = spec.unroll_length
         self.arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
+        self.final_spec = spec.final_arrays
         self.stepped = [name for name in self.arrays if name.startswith("obs") or name == "action_mask"]  # T+1 long
         self.behaviour = "behaviour_logits" if "behaviour_logits" in self.arrays else "behaviour_log_probs"
         self.n = 0  # observed steps in the current unroll
+        self.finals: dict[int, np.ndarray | dict[str, np.ndarray]] = {}  # step -> final observation
 
     def observe(self, obs: np.ndarray | dict[str, np.ndarray], action_mask: np.ndarray) -> dict[str, np.ndarray] | None:
         """obs: one array, or a dict of named arrays (stored as `obs.<name>`, see UnrollSpec)."""
@@ -63,10 +67,24 @@ class UnrollBuffer:
         if self.n <= self.T:
             return None
         unroll = {name: array.copy() for name, array in a.items()}
+        unroll.update(self._final_arrays())
         for name in self.stepped:
             a[name][0] = a[name][self.T]
         self.n = 1
+        self.finals = {}
         return unroll
+
+    def _final_arrays(self) -> dict[str, np.ndarray]:
+        """`final_obs` ([N, ...] per name) of this unroll's truncated steps, in step order; none when N = 0."""
+        steps = sorted(self.finals)
+        out: dict[str, np.ndarray] = {}
+        if not steps:
+            return out
+        for name, (dtype, shape) in self.final_spec.items():
+            key = name[len("final_obs."):] if "." in name else None
+            rows = [self.finals[t][key] if key else self.finals[t] for t in steps]
+            out[name] = np.stack(rows).astype(dtype, copy=False)
+        return out
 
     def record_action(self, action: int | np.ndarray, behaviour: np.ndarray) -> None:
         """The action taken at the open step and mu's record of it (logits, or per-head log-probs)."""
@@ -75,22 +93,35 @@ class UnrollBuffer:
         self.arrays[self.behaviour][t] = behaviour
         self.arrays["reward"][t] = 0.0
         self.arrays["done"][t] = 0
+        self.arrays["truncated"][t] = 0
+        self.finals.pop(t, None)
 
-    def settle(self, reward: float, done: bool) -> None:
+    def settle(self, reward: float, done: bool, truncated: bool = False,
+               final_observation: np.ndarray | dict[str, np.ndarray] | None = None) -> None:
+        """Add `reward` to the open step and set its end flags; a truncated step needs its final
+        observation (raises ValueError without one)."""
         t = self.n - 1
         self.arrays["reward"][t] += reward
-        self.arrays["done"][t] = done
+        self.arrays["done"][t] = done or truncated
+        self.arrays["truncated"][t] = truncated
+        if truncated:
+            if final_observation is None:
+                raise ValueError("a truncated step needs the final observation its value is bootstrapped from")
+            self.finals[t] = final_observation
+        else:
+            self.finals.pop(t, None)
 
 
 class Opponents:
     """The policies that play a learner's opponents, by id, loaded on first use and cached.
 
-    Ids: a learner id (`main`, ...) = that learner's latest published weights, refreshed by `refresh`;
-    a snapshot id = frozen weights from the league store (beyond `league.opponent_cache` of them, the
-    least recently used one that no episode is playing is dropped); a bot spec (`random`,
-    `tactical`, `minimax:D`) = that bot.
+    Ids: a learner id (`main`, ...) = that learner's latest published weights, re-read by `refresh`
+    into a new model (the one a running game holds is never changed under it); a snapshot id = frozen
+    weights from the league store (beyond `league.opponent_cache` of them, the least recently used
+    one is dropped from the cache); a bot spec (`random`, `tactical`, `minimax:D`) = that bot.
     `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
-    and logs why once; the actor then plays that episode as self-play.
+    and logs why once; the actor then plays that episode as self-play. `version` names the exact
+    weights `get` returns: the snapshot id or bot spec itself, or `<learner>@<version>`.
     """
 
     def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int):
@@ -103,6 +134,7 @@ class Opponents:
         self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
+        self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
 
     def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = make_model(self.spec, self.cfg.agent)
@@ -115,9 +147,16 @@ class Opponents:
                         opponent_id, why)
             self.failed.add(opponent_id)
 
+    def version(self, opponent_id: str) -> str:
+        """The exact weights `get(opponent_id)` returns now: `<learner>@<version>` for a learner, the
+        id itself for a snapshot (frozen) or a bot."""
+        if opponent_id in self.learners:
+            return f"{opponent_id}@{self.learners[opponent_id][1]}"
+        return opponent_id
+
     def get(self, opponent_id: str, in_use: set[str] = frozenset()):
         """A network or a bot for `opponent_id`, or None (see the class doc). Snapshots in
-        `in_use` (the opponents of running episodes) are never dropped from the cache."""
+        `in_use` are kept in the cache (a running game holds its own reference either way)."""
         if opponent_id in self.snapshots:
             self.snapshots.move_to_end(opponent_id)
             return self.snapshots[opponent_id]
@@ -133,12 +172,21 @@ class Opponents:
                 return self.bots[opponent_id]
             if PLAYER_ID.fullmatch(opponent_id):
                 store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id))
-                fetched = store.fetch()
+                try:
+                    fetched = store.fetch()
+                except WeightsCorrupt as e:
+                    self.corrupt += 1
+                    log.warning("opponent %r not loaded: %s", opponent_id, e)
+                    return None  # tried again at its next draw
                 if fetched is None:
                     return None  # that learner has not published yet: not a failure
                 self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
                 return self.learners[opponent_id][2]
-            data = self.store.snapshot(opponent_id)
+            try:
+                data = self.store.snapshot(opponent_id)
+            except WeightsCorrupt:
+                self.corrupt += 1
+                raise
             if data is None:
                 self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
                 return None
@@ -152,13 +200,20 @@ class Opponents:
         return self.snapshots[opponent_id]
 
     def refresh(self) -> None:
-        """Reload the latest weights of the learners played against, where their version changed."""
-        for opponent_id, (store, version, model) in list(self.learners.items()):
+        """Load the latest weights of the learners played against, where their version changed, into
+        new models: games in progress keep the model they started with (one opponent per game).
+        Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
+        for opponent_id, (store, version, _) in list(self.learners.items()):
             if store.version() != version:
-                fetched = store.fetch()
+                try:
+                    fetched = store.fetch()
+                except WeightsCorrupt as e:
+                    self.corrupt += 1
+                    log.warning("opponent %r keeps version %d: %s", opponent_id, version, e)
+                    continue
                 if fetched is not None:
                     try:
-                        model.load_state_dict(fetched[1])
+                        model = self._model(fetched[1])
                     except RuntimeError as e:
                         self._fail(opponent_id, f"weights do not fit: {str(e).splitlines()[0]}")
                         del self.learners[opponent_id]
@@ -185,7 +240,7 @@ class Actor:
         seed = cfg.run.seed + 1000 * (actor_id + 1)
         self.rng = torch.Generator().manual_seed(seed)
         self.np_rng = np.random.default_rng(seed)
-        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs)
+        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs, empty_mask=cfg.env.empty_mask)
                      for i in range(cfg.actor.num_envs)]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
@@ -202,9 +257,14 @@ class Actor:
         self.opponents = Opponents(self.redis, cfg, self.spec, seed)
         self.distribution: dict[str, float] | None = None
         self.opponent = [SELF] * len(self.envs)  # per env: who plays the other seat this episode
+        # Per env: the policy object (network or bot) that plays every opponent move of this episode,
+        # and the exact version it is (see `Opponents.version`); None / "self" in self-play.
+        self.opponent_policy: list[object | None] = [None] * len(self.envs)
+        self.opponent_version = [SELF] * len(self.envs)
         self.learner_seat = [-1] * len(self.envs)  # per env: the learning seat, -1 = every seat (self-play)
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
+        self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         self.sent = 0
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
@@ -231,7 +291,9 @@ class Actor:
             self.pending_results, self.results_sent_at = [], time.monotonic()
 
     def sync_params(self, wait: bool = False) -> None:
-        """Load the latest published weights if their version changed (waiting for the first ones)."""
+        """Load the latest published weights if their version changed (waiting for the first ones).
+        Weights that fail their SHA-256 are logged, counted (`self.corrupt_weights`, and in Redis by
+        ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
             if self.params.version() != self.version:
@@ -239,6 +301,10 @@ class Actor:
                     fetched = self.params.fetch()
                     if fetched is not None:
                         self.model.load_state_dict(fetched[1])
+                except WeightsCorrupt as e:
+                    self.corrupt_weights += 1
+                    log.warning("actor %d keeps policy version %d: %s", self.actor_id, self.version, e)
+                    fetched = None
                 except (RuntimeError, ValueError, SafetensorError) as e:
                     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
                     detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
@@ -268,13 +334,17 @@ class Actor:
 
     def start_episode(self, i: int) -> None:
         """Draw env i's opponent for the episode that starts now (self-play when there is no league yet)."""
-        opponent, seat = SELF, -1
+        opponent, seat, policy, version = SELF, -1, None, SELF
         if self.distribution:
             ids = list(self.distribution)
             drawn = ids[self.np_rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
-            if drawn not in (SELF, self.player) and self.opponents.get(drawn, set(self.opponent)) is not None:
-                opponent, seat = drawn, int(self.np_rng.integers(len(self.spec.seats)))
+            if drawn not in (SELF, self.player):
+                policy = self.opponents.get(drawn, set(self.opponent))
+                if policy is not None:  # pinned for the whole episode: a weight swap waits for its end
+                    opponent, seat, version = drawn, int(self.np_rng.integers(len(self.spec.seats))), \
+                        self.opponents.version(drawn)
         self.opponent[i], self.learner_seat[i] = opponent, seat
+        self.opponent_policy[i], self.opponent_version[i] = policy, version
 
     def learns(self, i: int, agent: int) -> bool:
         """Is agent `agent` of env i a learning stream (it plays the learner's seat this episode)?"""
@@ -295,7 +365,7 @@ class Actor:
             for i, step in enumerate(steps):
                 for s in step.settlements:  # they all belong to the episode the opponent was drawn for
                     if self.learns(i, s.agent):
-                        self.buffers[i][s.agent].settle(s.reward, s.done)
+                        self.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
                 if step.episodes:
                     episodes += [self.result(i, e) for e in step.episodes]
                     self.start_episode(i)
@@ -320,13 +390,13 @@ class Actor:
         opponent's. Each policy moves all its agents of all envs in one forward pass."""
         actions = [[0] * len(step.agents) for step in steps]
         learning: list[tuple[int, int]] = []  # (env, index into the env's acting agents)
-        by_opponent: dict[str, list[tuple[int, int]]] = {}
+        by_opponent: dict[int, list[tuple[int, int]]] = {}  # by the policy object: one forward pass each
         for i, step in enumerate(steps):
             for k, agent in enumerate(step.agents):
                 if self.learns(i, agent):
                     learning.append((i, k))
                 else:
-                    by_opponent.setdefault(self.opponent[i], []).append((i, k))
+                    by_opponent.setdefault(id(self.opponent_policy[i]), []).append((i, k))
         if learning:
             obs, masks = self.stack(steps, learning)
             logits = self.forward(self.model, obs, masks)
@@ -335,13 +405,8 @@ class Actor:
             for n, (i, k) in enumerate(learning):
                 self.buffers[i][steps[i].agents[k]].record_action(chosen[n], behaviour_np[n])
                 actions[i][k] = chosen[n]
-        in_use = set(self.opponent)
-        for opponent_id, pairs in by_opponent.items():
-            # None: the opponent vanished mid-episode (e.g. Redis lost its weights); the latest
-            # weights finish the episode for it, without learning.
-            policy = self.opponents.get(opponent_id, in_use)
-            if policy is None:
-                policy = self.model
+        for pairs in by_opponent.values():
+            policy = self.opponent_policy[pairs[0][0]]
             if isinstance(policy, torch.nn.Module):
                 obs, masks = self.stack(steps, pairs)
                 chosen = self.head.play(self.forward(policy, obs, masks), self.rng,
@@ -389,7 +454,8 @@ class Actor:
     def result(self, i: int, episode) -> dict:
         """The report of a finished episode of env i, for the learner's metrics and the league's payoff."""
         return {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
-                "opponent_id": self.opponent[i], "learner_seat": self.learner_seat[i],
+                "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
+                "learner_seat": self.learner_seat[i],
                 "winner": -1 if episode.winner is None else episode.winner, "length": episode.length,
                 "returns": list(episode.returns)}
 

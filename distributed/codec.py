@@ -8,6 +8,7 @@ shape allocates nothing), that floats are finite, and that actions, masks and do
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from safetensors.torch import save as st_save
 
 from envs.registry import EnvSpec
 
-SCHEMA = "impala-unroll/1"
+SCHEMA = "impala-unroll/2"  # 2: `truncated` and `final_obs` (time limits bootstrap)
 MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it
 
 
@@ -36,12 +37,22 @@ class UnrollSpec:
     action_mask     [T+1, A]           uint8      (1 = legal)
     action          [T]                int64
     reward          [T]                float32    (reward settled on that step, see envs/aec.py)
-    done            [T]                uint8      (1 = the episode ended with this step)
+    done            [T]                uint8      (1 = the episode ended with this step, either way)
+    truncated       [T]                uint8      (1 = it ended by a time limit, not the game: done is 1
+                                                   too; the step bootstraps from V(final observation))
+    final_obs       [N, *obs_shape]    env dtype  (N = sum(truncated): the final observation of each
+                                                   truncated step, in step order; kept before the reset,
+                                                   since obs[t+1] is then the next episode's first one;
+                                                   left out when N = 0, decoded as [0, *obs_shape])
     behaviour_logits [T, A]            float32    (mu's masked logits, MASKED_LOGIT on illegal actions)
+
+    Termination is `done & ~truncated` (discount 0). `truncated` costs 1 byte per step; `final_obs`
+    one observation per time-limited episode (see docs/architecture.md for the numbers).
 
     Envs with several observation arrays and multi-head actions (`env.obs_arrays`, `env.action_heads`:
     StarCraft II) carry instead, with H heads:
     obs.<name>      [T+1, *shape]      its dtype  (one per observation array)
+    final_obs.<name> [N, *shape]       its dtype  (one per observation array)
     action          [T, H]             int64      (head 0 is checked against action_mask)
     behaviour_log_probs [T, H]         float32    (log mu_h(a_h|x) per head, 0 for heads the action
                                                    does not use: log mu(a|x) is their sum)
@@ -65,8 +76,17 @@ class UnrollSpec:
             "action": (np.dtype(np.int64), (T,) if heads is None else (T, len(heads))),
             "reward": (np.dtype(np.float32), (T,)),
             "done": (np.dtype(np.uint8), (T,)),
+            "truncated": (np.dtype(np.uint8), (T,)),
             **behaviour,
         }
+
+    @property
+    def final_arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """The final observations of truncated steps: name -> (dtype, shape of one); each array of an
+        unroll is [N, *shape] with N = sum(truncated)."""
+        if self.env.obs_arrays is None:
+            return {"final_obs": (self.env.obs_dtype, tuple(self.env.obs_shape))}
+        return {f"final_obs.{name}": (dtype, tuple(shape)) for name, shape, dtype in self.env.obs_arrays}
 
 
 HEADER_FIELDS = {"schema": str, "unroll_id": str, "policy_version": int, "actor_id": int,
@@ -105,10 +125,19 @@ def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
     msg = unpack_message(data, ("header", "arrays"))
     header, body = msg["header"], msg["arrays"]
     _check_header(header, spec)
-    if not isinstance(body, dict) or set(body) != set(spec.arrays):
+    if not isinstance(body, dict) or not set(spec.arrays) <= set(body) <= set(spec.arrays) | set(spec.final_arrays):
         got = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__  # keys: str or bytes
-        raise DecodeError(f"arrays must be exactly {sorted(spec.arrays)}, got {got}")
+        raise DecodeError(f"arrays must be exactly {sorted(spec.arrays)}, and {sorted(spec.final_arrays)} where a "
+                          f"step is truncated, got {got}")
     arrays = {name: _decode_array(name, body[name], *spec.arrays[name]) for name in spec.arrays}
+    if arrays["truncated"].max() > 1 or (arrays["truncated"] > arrays["done"]).any():
+        raise DecodeError("truncated must be 0 or 1, and 1 only where done is 1")
+    n = int(arrays["truncated"].sum())  # at most T: the final observations' count is bounded before decoding
+    for name, (dtype, shape) in spec.final_arrays.items():
+        if name not in body and n:
+            raise DecodeError(f"{n} steps are truncated but the unroll has no '{name}'")
+        arrays[name] = (_decode_array(name, body[name], dtype, (n, *shape)) if name in body
+                        else np.zeros((0, *shape), dtype))
     _check_values(arrays, spec)
     return header, arrays
 
@@ -164,6 +193,27 @@ def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str]
     """Weights as safetensors bytes (no pickle). Tensors are copied to CPU and made contiguous."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     return st_save(tensors, metadata=metadata)
+
+
+class WeightsCorrupt(ValueError):
+    """Weight bytes whose SHA-256 is not the one published with them (or none was): never loaded."""
+
+
+def weights_digest(data: bytes) -> str:
+    """SHA-256 (hex) of a weight blob, published beside it so readers can verify what they load."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def verify_weights(data: bytes, digest: bytes | str | None, what: str) -> bytes:
+    """`data` if its SHA-256 is `digest` (as published, hex; bytes or str). Raises WeightsCorrupt
+    naming `what` otherwise, also when no digest was published with it."""
+    expected = digest.decode() if isinstance(digest, bytes) else digest
+    if expected is None:
+        raise WeightsCorrupt(f"{what}: no SHA-256 was published with the weights")
+    actual = weights_digest(data)
+    if actual != expected:
+        raise WeightsCorrupt(f"{what}: SHA-256 {actual[:16]}... does not match the published {expected[:16]}...")
+    return data
 
 
 def decode_weights(data: bytes) -> dict[str, torch.Tensor]:

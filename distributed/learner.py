@@ -48,9 +48,14 @@ class Batch:
     """B unrolls stacked time-major. obs [T+1, B, *obs_shape]; action_mask [T+1, B, A];
     action [T, B] int64; reward [T, B]; done [T, B] bool; behaviour_logits [T, B, A].
 
+    Time limits (see UnrollSpec): truncated [T, B] bool (done where a time limit cut the episode; None
+    = no step truncated); final_obs [N, *obs_shape], the final observation of each truncated step,
+    at step (final_t[n], final_b[n]) (int64 [N] each).
+
     Envs with several observation arrays and multi-head actions (StarCraft II, see UnrollSpec): obs is
-    a dict name -> [T+1, B, ...], action [T, B, H], and `behaviour_logits` holds the unroll's
-    `behaviour_log_probs`, log mu_h(a_h|x) [T, B, H]: whatever the policy head records (agents/heads.py).
+    a dict name -> [T+1, B, ...] (final_obs name -> [N, ...]), action [T, B, H], and `behaviour_logits`
+    holds the unroll's `behaviour_log_probs`, log mu_h(a_h|x) [T, B, H]: whatever the policy head records
+    (agents/heads.py).
     """
 
     obs: torch.Tensor | dict[str, torch.Tensor]
@@ -59,23 +64,41 @@ class Batch:
     reward: torch.Tensor
     done: torch.Tensor
     behaviour_logits: torch.Tensor
+    truncated: torch.Tensor | None = None
+    final_obs: torch.Tensor | dict[str, torch.Tensor] | None = None
+    final_t: torch.Tensor | None = None
+    final_b: torch.Tensor | None = None
 
     @classmethod
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device) -> "Batch":
         def stacked(name: str) -> torch.Tensor:
             return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1)).to(device, non_blocking=True)
 
+        def concatenated(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([u[name] for u in unrolls])).to(device, non_blocking=True)
+
         names = unrolls[0]
         obs = stacked("obs") if "obs" in names else {n[4:]: stacked(n) for n in names if n.startswith("obs.")}
         behaviour = stacked("behaviour_logits" if "behaviour_logits" in names else "behaviour_log_probs")
-        return cls(obs=obs, action_mask=stacked("action_mask"), action=stacked("action"),
-                   reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=behaviour)
+        batch = cls(obs=obs, action_mask=stacked("action_mask"), action=stacked("action"),
+                    reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=behaviour)
+        if "truncated" in names:
+            batch.truncated = stacked("truncated").bool()
+            # final_obs rows are in step order within each unroll, unrolls one after the other.
+            steps = [np.flatnonzero(u["truncated"]) for u in unrolls]
+            batch.final_t = torch.from_numpy(np.concatenate(steps)).long().to(device)
+            batch.final_b = torch.from_numpy(np.concatenate([np.full(len(t), b) for b, t in enumerate(steps)])
+                                             ).long().to(device)
+            batch.final_obs = concatenated("final_obs") if "final_obs" in names else {
+                n[len("final_obs."):]: concatenated(n) for n in names if n.startswith("final_obs.")}
+        return batch
 
     def with_mirror(self, spec: EnvSpec) -> "Batch":
         """This batch and its reflection through the board's symmetry, side by side: [.., 2B, ..]."""
         perm = torch.tensor(spec.mirror_actions, device=self.action.device)
         obs_axis = 2 + spec.mirror_axis  # skip the T and B dimensions
-        return Batch(
+        B = self.reward.shape[1]
+        mirrored = Batch(
             obs=torch.cat([self.obs, self.obs.flip(obs_axis)], 1),
             action_mask=torch.cat([self.action_mask, self.action_mask[..., perm]], 1),
             action=torch.cat([self.action, perm[self.action]], 1),
@@ -83,6 +106,12 @@ class Batch:
             done=torch.cat([self.done, self.done], 1),
             behaviour_logits=torch.cat([self.behaviour_logits, self.behaviour_logits[..., perm]], 1),
         )
+        if self.truncated is not None:
+            mirrored.truncated = torch.cat([self.truncated, self.truncated], 1)
+            mirrored.final_obs = torch.cat([self.final_obs, self.final_obs.flip(1 + spec.mirror_axis)], 0)
+            mirrored.final_t = torch.cat([self.final_t, self.final_t])
+            mirrored.final_b = torch.cat([self.final_b, self.final_b + B])
+        return mirrored
 
 
 Head = DiscreteHead | FunctionCallHead
@@ -105,7 +134,7 @@ class Targets(NamedTuple):
 
 
 def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch, cfg: LearnerConfig,
-                       head: Head) -> Targets:
+                       head: Head, final_values: torch.Tensor | None = None) -> Targets:
     """Value targets and policy-gradient advantages under the off-policy correction `cfg.correction`
     (IMPALA, Espeholt et al. 2018, Table 2 and appendix D):
 
@@ -119,12 +148,24 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     "Uncorrected" = V-trace with every rho and c set to 1 (with learner.lambda_=1, the n-step
     bootstrapped returns). logits [T+1, B, ...] (masked), values [T+1, B], both with gradient; `head`
     reads log pi and log mu of the actions from them (summed over the heads a multi-head action uses).
+
+    Episode ends: discounts are gamma * (1 - done), so nothing flows across an episode boundary, also
+    inside an unroll. A truncated step t (a time limit, not the game's end) is not terminal: its
+    one-step target is r_t + gamma * V(x_final), x_final being the final observation of that episode
+    (`final_values` [T, B], no gradient, 0 where not truncated). It is folded into the reward,
+    r'_t = r_t + gamma * V(x_final), with discount 0, which gives exactly
+    delta_t = rho_t (r_t + gamma V(x_final) - V(x_t)), vs_t = V(x_t) + delta_t, and the advantage
+    min(pg_rho_bar, rho_t) (r_t + gamma V(x_final) - V(x_t)): V-trace (eq. 1) with v_{t+1} := V(x_final)
+    and the next episode's values cut off.
     """
     discounts = (~batch.done).float() * cfg.discount
+    rewards = batch.reward
+    if final_values is not None and batch.truncated is not None:
+        rewards = rewards + cfg.discount * batch.truncated.float() * final_values
     log_pi = head.log_prob(logits[:-1], batch.action)
     log_mu = head.behaviour_log_prob(batch.behaviour_logits, batch.action)
     log_rhos = (log_pi - log_mu).detach()
-    targets = dict(discounts=discounts, rewards=batch.reward, values=values[:-1].detach(),
+    targets = dict(discounts=discounts, rewards=rewards, values=values[:-1].detach(),
                    bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_)
     if cfg.correction == "vtrace":
         vt = vtrace.from_importance_weights(log_rhos, clip_rho_threshold=cfg.clip_rho_threshold,
@@ -158,15 +199,13 @@ def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
     V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
     With correction `none` on on-policy unrolls this is A3C's n-step advantage actor-critic loss
     (Mnih et al. 2016, Algorithm S3). The diagnostics mean_rho, rho_clipped_fraction and
-    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used.
+    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used;
+    truncated_fraction is the share of steps a time limit ended (bootstrapped, not terminal).
     """
     head = head or DiscreteHead()
     T, B = batch.reward.shape
-    obs = ({k: v.flatten(0, 1) for k, v in batch.obs.items()} if isinstance(batch.obs, dict)
-           else batch.obs.flatten(0, 1))
-    logits, values = model(obs, batch.action_mask.flatten(0, 1))
-    logits, values = logits.view(T + 1, B, -1), values.view(T + 1, B)
-    vt = off_policy_targets(logits, values, batch, cfg, head)
+    logits, values, final_values = forward_batch(model, batch)
+    vt = off_policy_targets(logits, values, batch, cfg, head, final_values)
     policy_gradient_loss = -(vt.log_pi * vt.pg_advantages).mean()
     baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
     entropy = head.entropy(logits[:-1], batch.action).mean()
@@ -175,8 +214,38 @@ def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
     parts = {"loss": loss, "policy_gradient_loss": policy_gradient_loss, "baseline_loss": baseline_loss,
              "entropy": entropy, "mean_rho": rhos.mean(),
              "rho_clipped_fraction": (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
-             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean()}
+             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean(),
+             "truncated_fraction": (batch.truncated.float().mean() if batch.truncated is not None
+                                    else torch.zeros((), device=loss.device))}
     return loss, {k: v.detach() for k, v in parts.items()}
+
+
+def forward_batch(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward pass over the batch's T+1 observations and its final observations together.
+
+    Returns logits [T+1, B, ...] and values [T+1, B] (with gradient), and final_values [T, B]: V of the
+    final observation of each truncated step, 0 elsewhere (no gradient: it is a target), or None
+    when the batch has no truncated step. The final observations get an all-legal mask: the baseline
+    does not read the mask.
+    """
+    T, B = batch.reward.shape
+    flat = (lambda x: {k: v.flatten(0, 1) for k, v in x.items()}) if isinstance(batch.obs, dict) else (
+        lambda x: x.flatten(0, 1))
+    obs, masks = flat(batch.obs), batch.action_mask.flatten(0, 1)
+    n = 0 if batch.final_t is None else len(batch.final_t)
+    if n:
+        if isinstance(obs, dict):
+            obs = {k: torch.cat([v, batch.final_obs[k].to(v.dtype)]) for k, v in obs.items()}
+        else:
+            obs = torch.cat([obs, batch.final_obs.to(obs.dtype)])
+        masks = torch.cat([masks, masks.new_ones((n, masks.shape[1]))])
+    logits, values = model(obs, masks)
+    final_values = None
+    if n:
+        final_values = torch.zeros(T, B, dtype=values.dtype, device=values.device)
+        final_values[batch.final_t, batch.final_b] = values[-n:].detach()
+        logits, values = logits[:-n], values[:-n]
+    return logits.view(T + 1, B, -1), values.view(T + 1, B), final_values
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> dict[str, float]:
@@ -505,6 +574,7 @@ class Learner:
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
+            "corrupt_weight_loads": self.params.corrupt_count(),
         })
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
@@ -515,6 +585,7 @@ class Learner:
             record["draw_rate"] = float(np.mean(winners == -1))
         if league:
             record["league_score"] = float(np.mean([episode_score(e) for e in league]))
+            record.update(seat_scores(league, len(self.spec.seats)))
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
         self.tracker.log(record, self.step)
@@ -524,7 +595,9 @@ class Learner:
         if "first_seat_win_rate" in record:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
         if league:
-            games.append(f"league score {record['league_score']:.2f}")
+            seats = [f"{record[k]:.2f}" if k in record else "-" for k in map(seat_score_key, range(len(self.spec.seats)))]
+            games.append(f"league score {record['league_score']:.2f}"
+                         + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
         if episodes:
             games.append(f"len {record['episode_length']:.1f}")
         log.info("%sframes %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
@@ -556,6 +629,26 @@ class MetricsWindow:
                        "policy_lag_max": int(max(self.lags)),
                        "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
         return record
+
+
+def seat_score_key(seat: int) -> str:
+    """The metrics key of the learner's league score when it held seat `seat` (0 moves first)."""
+    return f"league_score_seat_{seat}"
+
+
+def seat_scores(episodes: list[dict], num_seats: int) -> dict[str, float]:
+    """The learner's mean score (1 win, 0.5 draw, 0 loss) per seat it held, over league games: in a
+    game with a first-move advantage the pooled `league_score` hides a weak seat (0.553 as first
+    player and 0.282 as second pooled to 0.49 in one tic-tac-toe league). Seats without games are
+    left out. Only games of two or more seats have per-seat scores."""
+    if num_seats < 2:
+        return {}
+    out = {}
+    for seat in range(num_seats):
+        scores = [episode_score(e) for e in episodes if e.get("learner_seat", -1) == seat]
+        if scores:
+            out[seat_score_key(seat)] = float(np.mean(scores))
+    return out
 
 
 def _learner_return(episode: dict) -> float:

@@ -5,6 +5,10 @@ learner had trained on). They are written in one MULTI/EXEC and read in one, so 
 new weights with an old version. Actors poll only the small
 version key and fetch the weights when it changed.
 
+Every blob travels with its SHA-256 (`{run}:params:sha256`, and `{run}:params:history:sha256` beside
+the history), written in the same MULTI/EXEC; `fetch` verifies it and raises WeightsCorrupt on a
+mismatch after counting it in `{run}:params:corrupt`. Readers log it and keep the weights they have.
+
 Policy lag on purpose (`actor.weight_delay` = K > 0): the writer also keeps its last K+1 publishes
 in `{run}:params:history` (blobs) and `{run}:params:history:versions` (newest first), and a reader
 with the same K gets the K-th newest one (the oldest kept while fewer were published), so actors act
@@ -16,7 +20,7 @@ from __future__ import annotations
 import redis
 import torch
 
-from distributed.codec import decode_weights, encode_weights
+from distributed.codec import WeightsCorrupt, decode_weights, encode_weights, verify_weights, weights_digest
 
 
 class ParamStore:
@@ -31,23 +35,42 @@ class ParamStore:
         self.frames_key = f"{run}:params:frames"
         self.history_key = f"{run}:params:history"
         self.history_versions_key = f"{run}:params:history:versions"
+        self.sha_key = f"{run}:params:sha256"
+        self.history_sha_key = f"{run}:params:history:sha256"
+        self.corrupt_key = f"{run}:params:corrupt"
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:
         data = encode_weights(state_dict)
+        digest = weights_digest(data)
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.key, data)
+        pipe.set(self.sha_key, digest)
         pipe.set(self.version_key, int(version))
         pipe.set(self.frames_key, int(frames))
         if self.delay:
             pipe.lpush(self.history_key, data)
+            pipe.lpush(self.history_sha_key, digest)
             pipe.lpush(self.history_versions_key, int(version))
             pipe.ltrim(self.history_key, 0, self.delay)
+            pipe.ltrim(self.history_sha_key, 0, self.delay)
             pipe.ltrim(self.history_versions_key, 0, self.delay)
         pipe.execute()
 
     def clear(self) -> None:
         """Delete the published weights (a new run must not hand an old run's weights to its actors)."""
-        self.r.delete(self.key, self.version_key, self.frames_key, self.history_key, self.history_versions_key)
+        self.r.delete(self.key, self.version_key, self.frames_key, self.history_key, self.history_versions_key,
+                      self.sha_key, self.history_sha_key, self.corrupt_key)
+
+    def corrupt_count(self) -> int:
+        """How many fetches found weights that did not match their SHA-256 (all readers together)."""
+        return int(self.r.get(self.corrupt_key) or 0)
+
+    def _verified(self, version: int, data: bytes, digest: bytes | None) -> bytes:
+        try:
+            return verify_weights(data, digest, f"weights version {version} under '{self.key}'")
+        except WeightsCorrupt:
+            self.r.incr(self.corrupt_key)
+            raise
 
     def version(self) -> int:
         """Version `fetch` would return (the latest, or K behind it), or -1 when nothing was published yet."""
@@ -62,13 +85,15 @@ class ParamStore:
 
     def fetch(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version, state_dict) of the latest weights (K behind them with `delay`), or None when
-        nothing was published yet."""
+        nothing was published yet. Raises WeightsCorrupt (counted) when the bytes do not match their
+        SHA-256."""
         raw = self.fetch_delayed() if self.delay else self.fetch_raw()
         return None if raw is None else (raw[0], decode_weights(raw[1]))
 
     def fetch_delayed(self) -> tuple[int, bytes, int] | None:
         """(version, safetensors bytes, 0) of the weights `delay` publishes behind the latest (the
-        oldest kept while fewer were published), or None before the first publish."""
+        oldest kept while fewer were published), or None before the first publish. Raises
+        WeightsCorrupt (counted) when the bytes do not match their SHA-256."""
         length = self.r.llen(self.history_versions_key)
         if length == 0:
             return None
@@ -76,16 +101,21 @@ class ParamStore:
         pipe = self.r.pipeline(transaction=True)
         pipe.lindex(self.history_versions_key, index)
         pipe.lindex(self.history_key, index)
-        version, data = pipe.execute()
-        return None if version is None or data is None else (int(version), data, 0)
+        pipe.lindex(self.history_sha_key, index)
+        version, data, digest = pipe.execute()
+        if version is None or data is None:
+            return None
+        return int(version), self._verified(int(version), data, digest), 0
 
     def fetch_raw(self) -> tuple[int, bytes, int] | None:
-        """(version, safetensors bytes, frames) of the latest weights, or None before the first publish."""
+        """(version, safetensors bytes, frames) of the latest weights, or None before the first publish.
+        Raises WeightsCorrupt (counted) when the bytes do not match their SHA-256."""
         pipe = self.r.pipeline(transaction=True)
         pipe.get(self.version_key)
         pipe.get(self.key)
         pipe.get(self.frames_key)
-        version, data, frames = pipe.execute()
+        pipe.get(self.sha_key)
+        version, data, frames, digest = pipe.execute()
         if version is None or data is None:
             return None
-        return int(version), data, int(frames or 0)
+        return int(version), self._verified(int(version), data, digest), int(frames or 0)

@@ -17,8 +17,12 @@ Which step a reward belongs to is decided here and only here:
   `terminated` (or `truncated`) set and must be stepped with `None`. Its final reward settles its
   last step with `done=True`; no extra step is added to its stream. So in connect four the loser's
   last *own* move carries the -1, the winner's winning move the +1.
-* *Time limit.* A truncated episode is settled with `done=True` like a terminal one (the board games
-  here have no time limit; a truncation-aware bootstrap belongs to envs that have one).
+* *Time limit.* A truncated (not terminated) agent's last step is settled with `done=True,
+  truncated=True` and the observation `last()` gives with the truncation (the state the episode was
+  cut in), from whose value the learner bootstraps (the board games here have no time limit; other
+  AEC games may).
+* *No legal move.* A selected agent whose mask is all zeros raises `NoLegalAction` (naming the env,
+  the agent and the move number) before any action is chosen: a turn cannot be skipped.
 * *Seat that never acted.* A seat whose episode ends before its first move has no step to settle and
   is skipped.
 
@@ -32,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import EpisodeResult, Settlement, Step, leader
+from envs.base import EpisodeResult, Settlement, Step, check_mask, leader
 
 Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
 
@@ -45,11 +49,16 @@ class AECAdapter:
       seed: seed of the first episode; episode k is reset with `seed + k`.
       encoders: per agent, raw observation -> (observation, action mask or None); see envs/spaces.py.
       num_actions: A, for the all-legal mask of envs without one.
+      name: the env's registry name, for error messages.
 
     Use: `step = adapter.advance()`, pick an action for `step.agents[0]`, `adapter.act([action])`, repeat.
+
+    Raises NoLegalAction from `advance` when the agent to move has no legal action.
     """
 
-    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode], num_actions: int):
+    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode], num_actions: int,
+                 name: str = "aec"):
+        self.name = name
         self.env = make()
         self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
         self._seat = {agent: i for i, agent in enumerate(self.agents)}
@@ -82,13 +91,18 @@ class AECAdapter:
             self._returns[seat] += reward
             done = bool(terminated or truncated)
             if self._acted[seat]:
-                settlements.append(Settlement(seat, reward, done))
+                if truncated and not terminated:
+                    settlements.append(Settlement(seat, reward, True, truncated=True,
+                                                  final_observation=self._encoders[seat](obs)[0]))
+                else:
+                    settlements.append(Settlement(seat, reward, done))
             if done:
                 self._acted[seat] = False
                 env.step(None)
                 continue
             observation, mask = self._encoders[seat](obs)
-            self._mask = self._all_legal if mask is None else mask
+            self._mask = self._all_legal if mask is None else np.asarray(mask, np.uint8)
+            check_mask(self._mask, self.name, agent, self._length)
             return Step([seat], [observation], [self._mask], settlements, episodes)
 
     def act(self, actions: Sequence[int]) -> None:

@@ -10,14 +10,46 @@ Terms used across `envs/`:
 * **step**: the agents that must act now, with their observations and action masks (one agent in a
   turn-based game, every living unit in a simultaneous one).
 * **settlement**: the reward and done flag of an agent's previous action, once they are known.
+* **terminated / truncated**: an episode ends either because the game is over for that agent
+  (terminated: nothing follows, the value of what comes after is 0) or because it stopped being
+  watched (truncated: a time limit such as MPE's `max_cycles` or gymnasium's `TimeLimit`; the game
+  would have gone on, so the learner bootstraps from the value of the episode's final observation).
+  Both end the episode for replays, evaluation and episode statistics.
+* **empty mask**: an acting agent whose action mask is all zeros has no legal move. The adapters
+  raise `NoLegalAction` where they read the mask, unless the env is built with
+  `empty_mask="skip"` (for games that use an all-zero mask to say "not acting now"): such an agent is
+  then not asked to act at all, and what it receives meanwhile settles its previous step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
+
+
+EMPTY_MASK_RULES = ("error", "skip")
+
+
+class NoLegalAction(ValueError):
+    """An agent that must act has an action mask of all zeros (see `empty mask` above)."""
+
+
+def check_mask(mask: np.ndarray, env: str, agent: str, step: int, rule: str = "error") -> bool:
+    """True when `mask` (uint8 [A]) has a legal action; False when it has none and `rule` is "skip".
+
+    Raises:
+      NoLegalAction: naming the env, the agent and the episode step, when the mask is all zeros and
+        `rule` is "error".
+    """
+    if mask.any():
+        return True
+    if rule == "skip":
+        return False
+    raise NoLegalAction(f"env '{env}': agent '{agent}' must act at step {step} of its episode but its action "
+                        f"mask is all zeros (no legal action); if this game uses an empty mask to mean "
+                        f"'not acting now', build it with env.empty_mask=skip")
 
 
 @dataclass(frozen=True)
@@ -64,11 +96,19 @@ class EnvSpec:
 @dataclass(frozen=True)
 class Settlement:
     """The outcome of agent `agent`'s previous action: the reward received since, and whether its
-    stream ended there (the episode ended, or the unit died)."""
+    stream ended there (`done`: the episode ended, or the unit died).
+
+    truncated: the end was a time limit, not the game's end (implies `done`).
+    final_observation: with `truncated`, the agent's observation of the state the episode was cut
+      in (shape and dtype of `EnvSpec.obs_shape` / `obs_dtype`, or a dict of named arrays), kept
+      from before the env's reset: the learner bootstraps the step from its value. None otherwise.
+    """
 
     agent: int
     reward: float
     done: bool
+    truncated: bool = False
+    final_observation: Any = None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,13 @@ Every living agent acts at every step. Which step a reward belongs to is decided
   acting agent's reward settles the step it just took (a settlement per acting agent, every step).
 * *Dead unit.* An agent whose `terminated` flag is set has its step settled with `done=True`; it is
   no longer asked to act, and its stream goes on with the next episode (the slot is reused).
-* *Time limit.* A truncated agent is settled with `done=True` like a terminated one (no bootstrap
-  through truncation), but still counts as alive for the outcome.
+* *Time limit.* A truncated (and not terminated) agent is settled with `done=True, truncated=True`
+  and its final observation (the one `env.step` returns with the truncation, before the reset), from
+  whose value the learner bootstraps; it still counts as alive for the outcome. An agent that is
+  both terminated and truncated is terminated (it is dead).
+* *Empty mask.* An acting agent with an all-zero mask raises `NoLegalAction`; with
+  `empty_mask="skip"` it is left out of the step and of the action dict passed to `env.step`, and the
+  rewards it receives meanwhile settle its previous step (as a waiting player's do in envs/aec.py).
 * *Episode end.* When no agent is left (PettingZoo removes finished agents), the episode's result is
   recorded and the env is reset with the next seed; play goes on without a gap.
 * *Outcome.* `outcome="return"`: the seat whose agents' summed reward is highest wins;
@@ -19,11 +24,14 @@ Every living agent acts at every step. Which step a reward belongs to is decided
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import EpisodeResult, Settlement, Step, leader
+from envs.base import EMPTY_MASK_RULES, EpisodeResult, Settlement, Step, check_mask, leader
+
+log = logging.getLogger("envs")
 
 Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
 OUTCOMES = ("return", "units_left")
@@ -41,15 +49,23 @@ class ParallelAdapter:
       outcome: "return" or "units_left", the rule that names the winning seat.
       units_left: optional, env -> living units per seat, read after the episode's last step; without
         it a unit is alive until it is terminated.
+      name: the env's registry name, for error messages.
+      empty_mask: "error" (an acting agent without a legal action raises NoLegalAction) or "skip"
+        (such an agent does not act this step); see envs/base.py.
 
     Use: `step = adapter.advance()`, choose one action per agent in `step.agents`, `adapter.act(actions)`.
     """
 
     def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode],
                  agent_seats: Sequence[int], num_actions: int, outcome: str = "return",
-                 units_left: Callable[[Any], Sequence[int]] | None = None):
+                 units_left: Callable[[Any], Sequence[int]] | None = None, name: str = "parallel",
+                 empty_mask: str = "error"):
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        if empty_mask not in EMPTY_MASK_RULES:
+            raise ValueError(f"empty_mask must be one of {EMPTY_MASK_RULES}, got {empty_mask!r}")
+        self.name = name
+        self._empty_mask = empty_mask
         self.env = make()
         self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
         self._index = {agent: i for i, agent in enumerate(self.agents)}
@@ -69,41 +85,64 @@ class ParallelAdapter:
         self._seed += 1
         self._returns = [0.0] * self._num_seats
         self._alive = set(self.env.agents)
+        self._acted: set[str] = set()  # agents with a step in this episode (a settlement has a step to land on)
+        self._acting: list[str] = []
         self._length = 0
 
     def advance(self) -> Step:
         """The agents to act now (every living agent), with what was settled since the last call."""
         agents, observations, masks = [], [], []
+        self._acting = []
         for name in self.env.agents:
             i = self._index[name]
             observation, mask = self._encoders[i](self._obs[name])
             if mask is None:
                 mask = self._infos.get(name, {}).get("action_mask", self._all_legal)
+            mask = np.asarray(mask, np.uint8)
+            if not check_mask(mask, self.name, name, self._length, self._empty_mask):
+                continue
+            self._acting.append(name)
             agents.append(i)
             observations.append(observation)
-            masks.append(np.asarray(mask, np.uint8))
+            masks.append(mask)
         step = Step(agents, observations, masks, self._pending, self._episodes)
         self._pending, self._episodes = [], []
         return step
 
     def act(self, actions: Sequence[int]) -> None:
         """Step the env with one action per agent of the last `advance`, in its order."""
-        acting = list(self.env.agents)
+        present = list(self.env.agents)
+        self._acted.update(self._acting)
         self._obs, rewards, terminated, truncated, self._infos = self.env.step(
-            {name: int(a) for name, a in zip(acting, actions)})
+            {name: int(a) for name, a in zip(self._acting, actions)})
         self._length += 1
         still = set(self.env.agents)
-        for name in acting:
+        for name in present:
             i = self._index[name]
             reward = float(rewards.get(name, 0.0))
             self._returns[self._seats[i]] += reward
             if terminated.get(name, False):
                 self._alive.discard(name)
-            done = bool(terminated.get(name, False) or truncated.get(name, False) or name not in still)
-            self._pending.append(Settlement(i, reward, done))
+            if name in self._acted:
+                self._pending.append(self._settle(name, reward, bool(terminated.get(name, False)),
+                                                  bool(truncated.get(name, False)), name in still))
         if not still:
             self._episodes.append(self._result())
             self._reset()
+
+    def _settle(self, name: str, reward: float, terminated: bool, truncated: bool, present: bool) -> Settlement:
+        """The settlement of agent `name`'s last step: terminated (or gone without a flag: dead),
+        truncated (with its final observation, encoded as its observations are), or going on."""
+        i = self._index[name]
+        if terminated or (not truncated and not present):
+            return Settlement(i, reward, True)
+        if not truncated:
+            return Settlement(i, reward, False)
+        if name not in self._obs:
+            log.warning("env '%s': agent '%s' was truncated without a final observation; its last step is "
+                        "settled as terminated (no bootstrap)", self.name, name)
+            return Settlement(i, reward, True)
+        return Settlement(i, reward, True, truncated=True, final_observation=self._encoders[i](self._obs[name])[0])
 
     def _result(self) -> EpisodeResult:
         if self._outcome == "return":
@@ -139,7 +178,10 @@ class _OneAgent:
                 {"agent": info})
 
 
-def single_agent_adapter(make: Callable[[], object], seed: int, encode: Encode, num_actions: int) -> ParallelAdapter:
+def single_agent_adapter(make: Callable[[], object], seed: int, encode: Encode, num_actions: int,
+                         name: str = "gym", empty_mask: str = "error") -> ParallelAdapter:
     """A gymnasium env (`make()` returns it) as the one-agent case of `ParallelAdapter`: one seat,
-    the return is the episode's score, and a time-limit truncation settles like a termination."""
-    return ParallelAdapter(lambda: _OneAgent(make()), seed, [encode], [0], num_actions)
+    the return is the episode's score, and a time-limit truncation (gymnasium's `TimeLimit`) is
+    settled as truncated with the observation `step` returned with it."""
+    return ParallelAdapter(lambda: _OneAgent(make()), seed, [encode], [0], num_actions, name=name,
+                           empty_mask=empty_mask)

@@ -222,22 +222,30 @@ def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:
     return _lookup(name, kwargs).spec
 
 
-def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, render_mode: Optional[str] = None):
+def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, render_mode: Optional[str] = None,
+             empty_mask: str = "error"):
     """A fresh adapter around env `name` (AECAdapter or ParallelAdapter; see envs/base.py for what
-    `advance` and `act` do); episode k is seeded `seed + k`. render_mode: as in `make_raw_env`."""
+    `advance` and `act` do); episode k is seeded `seed + k`. render_mode: as in `make_raw_env`.
+    empty_mask: "error" or "skip", what an acting agent with an all-zero action mask means (see
+    envs/base.py); "skip" only for simultaneous games (a turn-based game's turn cannot be skipped).
+
+    Raises ValueError for `empty_mask="skip"` on a turn-based game."""
     game = _lookup(name, kwargs)
     spec = game.spec
     make = functools.partial(game.make, render_mode)
+    if empty_mask != "error" and spec.kind in ("aec", "sc2"):
+        raise ValueError(f"env '{name}' is {'turn-based' if spec.kind == 'aec' else 'StarCraft II'}: "
+                         f"env.empty_mask={empty_mask} is for simultaneous PettingZoo and gymnasium envs")
     if spec.kind == "aec":
-        return AECAdapter(make, seed, game.encoders, spec.num_actions)
+        return AECAdapter(make, seed, game.encoders, spec.num_actions, name=name)
     if spec.kind == "sc2":
         from envs.sc2_wrappers.env import SC2Adapter, sc2_game
 
         return SC2Adapter(sc2_game(name, kwargs), seed)
     if spec.kind == "gym":
-        return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions)
+        return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions, name, empty_mask)
     return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome,
-                           game.units_left)
+                           game.units_left, name=name, empty_mask=empty_mask)
 
 
 def make_raw_env(name: str, render_mode: Optional[str] = None, kwargs: Optional[Mapping[str, Any]] = None):

@@ -2,7 +2,7 @@
 
 One pass every `league.manager_every_s` seconds:
   1. read new episode results (consumer group `league` on `{run}:results`) into the payoff table and
-     the Elo ratings;
+     the Elo ratings (only games one opponent version played throughout, see `single_opponent`);
   2. freeze snapshots of learners that are due (see `due_snapshot`), reset exploiters that earned it;
   3. publish each learner's opponent distribution (league/matchmaking.py) for its actors;
   4. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line.
@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from agents.heads import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
-from distributed.codec import decode_weights, encode_weights
+from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
 from distributed.params import ParamStore
 from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
 from envs.registry import env_spec
@@ -46,6 +46,18 @@ log = logging.getLogger("league")
 GROUP = "league"
 STATE_VERSION = 1
 SNAPSHOT_ID = re.compile(r"(main|(main_exploiter|league_exploiter)_\d+)-\d{7,}")  # also a safe file name
+
+
+def single_opponent(result: dict) -> bool:
+    """Was the result's game played by one opponent version throughout? Actors pin the opponent's
+    weights for a whole game and name them in `opponent_version`: the snapshot id or bot spec itself,
+    or `<learner>@<version>`. A result without it (or naming another opponent) is not scored."""
+    opponent, version = result.get("opponent_id"), result.get("opponent_version")
+    if not isinstance(opponent, str) or not isinstance(version, str):
+        return False
+    if PLAYER_ID.fullmatch(opponent):  # a learner: its weights change, so the version is required
+        return re.fullmatch(rf"{re.escape(opponent)}@\d+", version) is not None
+    return version == opponent
 
 
 def _check_members(members: dict[str, dict]) -> None:
@@ -78,6 +90,7 @@ class LeagueManager:
         self.matchmaking = MatchmakingConfig(
             self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bot_share=league.bot_share,
             forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
+            seat=league.pfsp_seat,
             exploiter_gives_up_below=league.exploiter_gives_up_below)
         self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)
         self.elo = EloRatings(k=league.elo_k)
@@ -124,11 +137,14 @@ class LeagueManager:
             player, opponent = r.get("player", MAIN), r.get("opponent_id", SELF)
             if opponent == SELF:
                 continue  # self-play says nothing about who is stronger
-            if player not in self.learners or opponent not in self.members or player == opponent:
+            if (player not in self.learners or opponent not in self.members or player == opponent
+                    or not single_opponent(r)):
                 self.skipped += 1
                 continue
             score = episode_score(r)
-            self.payoff.add(player, opponent, score)
+            seat = r.get("learner_seat", -1)
+            self.payoff.add(player, opponent, score, seat if isinstance(seat, int) and 0 <= seat < len(self.spec.seats)
+                            else None)
             self.elo.update(player, opponent, score)
             counted += 1
         self.skipped += len(ids) - len(results)
@@ -168,7 +184,11 @@ class LeagueManager:
 
     def take_snapshot(self, player: str, reason: str) -> str | None:
         """Freeze `player`'s latest published weights: a file, Redis weights, a member. Returns its id."""
-        fetched = self.params[player].fetch_raw()
+        try:
+            fetched = self.params[player].fetch_raw()
+        except WeightsCorrupt as e:  # counted by the store; the next pass tries the next publish
+            log.error("no snapshot of %s this pass: %s", player, e)
+            return None
         if fetched is None:
             return None
         step, data, frames = fetched
@@ -233,7 +253,7 @@ class LeagueManager:
     # -- persistence -------------------------------------------------------------------------------
     def state(self) -> dict:
         return {"version": STATE_VERSION, "env": self.spec.name, "members": self.members,
-                "payoff": self.payoff.to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
+                "payoff": self.payoff.to_json(), "payoff_by_seat": self.payoff.seats_to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
                 "lineage": self.lineage, "games": self.games, "skipped_results": self.skipped,
                 "distributions": {p: self.distribution(p) for p in self.learners}, "time": time.time()}
 
@@ -286,10 +306,13 @@ class LeagueManager:
                 raise ValueError(f"it is version {state.get('version')} of env {state.get('env')!r}")
             members = {str(k): dict(v) for k, v in state["members"].items()}
             _check_members(members)
-            payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games)
+            payoff = PayoffTable.from_json(state["payoff"], self.payoff.decay, self.payoff.min_games,
+                                           state.get("payoff_by_seat", []))
             elo = EloRatings.from_json(state["elo"], self.elo.k)
-            numbers = [x for row in state["payoff"] for x in row[2:]] + [x for v in state["elo"].values() for x in v]
-            if not all(math.isfinite(x) for x in numbers) or any(x < 0 for row in state["payoff"] for x in row[2:]):
+            counts = [x for row in state["payoff"] for x in row[2:]] + [
+                x for row in state.get("payoff_by_seat", []) for x in row[3:]]
+            numbers = counts + [x for v in state["elo"].values() for x in v]
+            if not all(math.isfinite(x) for x in numbers) or any(x < 0 for x in counts):
                 raise ValueError("its payoff or ratings hold negative or non-finite numbers")
             last = {p: int(state.get("last_snapshot", {}).get(p, 0)) for p in self.learners}
             lineage = {p: state.get("lineage", {}).get(p) for p in self.learners}

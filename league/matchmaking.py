@@ -7,7 +7,8 @@ PFSP picks opponent B for learner A with probability f(P[A beats B]) / sum_C f(P
   hard      f(x) = (1 - x)^p   focus on the opponents A loses to (p = 2 in AlphaStar)
   variance  f(x) = x (1 - x)   focus on opponents of about A's level
   uniform   f(x) = 1
-An opponent with too few games to count has x = 1/2.
+An opponent with too few games to count has x = 1/2. With `seat="weaker"` x is the learner's lower
+per-seat win rate (league/payoff.py), so a seat it loses with keeps pulling its opponents in.
 
 A distribution is a dict {opponent id: probability}; the id `self` means the learner's own latest
 weights (plain self-play), a learner id (`main`) that learner's latest weights.
@@ -63,6 +64,7 @@ class MatchmakingConfig:
     weighting: str = "hard"
     p: float = 2.0
     exploiter_gives_up_below: float = 0.1
+    seat: str = "pooled"  # the win rate PFSP weighs by: pooled, or the weaker seat's
 
 
 def _mix(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
@@ -78,10 +80,11 @@ def _mix(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
     return {o: p / total for o, p in out.items() if p > 0}
 
 
-def _pfsp(player: str, candidates: list[str], payoff: PayoffTable, weighting: str, p: float) -> dict[str, float]:
+def _pfsp(player: str, candidates: list[str], payoff: PayoffTable, weighting: str, p: float,
+          seat: str = "pooled") -> dict[str, float]:
     if not candidates:
         return {}
-    probs = pfsp_probabilities([payoff.win_rate(player, c) for c in candidates], weighting, p)
+    probs = pfsp_probabilities([payoff.win_rate(player, c, seat) for c in candidates], weighting, p)
     return dict(zip(candidates, probs.tolist()))
 
 
@@ -101,9 +104,9 @@ def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], ow
     forgotten = [s for s in own_snapshots
                  if (w := payoff.win_rate(player, s)) is not None and w < cfg.forgotten_below]
     return _mix([(cfg.self_play, {SELF: 1.0}),
-                 (cfg.pfsp, _pfsp(player, league, payoff, cfg.weighting, cfg.p)),
-                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p)),
-                 (cfg.bot_share, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p))])
+                 (cfg.pfsp, _pfsp(player, league, payoff, cfg.weighting, cfg.p, cfg.seat)),
+                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p, cfg.seat)),
+                 (cfg.bot_share, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p, cfg.seat))])
 
 
 def main_exploiter_opponents(player: str, payoff: PayoffTable, main_snapshots: list[str],
@@ -113,7 +116,7 @@ def main_exploiter_opponents(player: str, payoff: PayoffTable, main_snapshots: l
     snapshots, which gives it opponents it can learn from (AlphaStar's MainExploiter)."""
     w = payoff.win_rate(player, MAIN)
     if w is not None and w < cfg.exploiter_gives_up_below and main_snapshots:
-        return _pfsp(player, main_snapshots, payoff, "variance", cfg.p)
+        return _pfsp(player, main_snapshots, payoff, "variance", cfg.p, cfg.seat)
     return {MAIN: 1.0}
 
 
@@ -121,4 +124,4 @@ def league_exploiter_opponents(player: str, payoff: PayoffTable, league: list[st
                                cfg: MatchmakingConfig) -> dict[str, float]:
     """The league exploiter: hard PFSP over the whole league (the main agent's latest weights while
     the league holds nobody else), finding strategies no player in it can answer."""
-    return _pfsp(player, league, payoff, cfg.weighting, cfg.p) or {MAIN: 1.0}
+    return _pfsp(player, league, payoff, cfg.weighting, cfg.p, cfg.seat) or {MAIN: 1.0}

@@ -6,6 +6,10 @@ baseline bots (`random`, `tactical`, `minimax:2`). Every count is kept for both 
 Decay follows AlphaStar's payoff (Vinyals et al. 2019, pseudocode `Payoff.update`): before a result
 between `a` and `b` is added, that pair's counts are multiplied by `decay`, so a learner's win rate
 tracks its recent weights rather than its whole history. Draws count as half a win.
+
+Per seat: in games with a first-move advantage a pooled win rate hides a weak seat, so the table
+also keeps the player's counts per seat it held (decayed the same way), and `win_rate(..., seat=
+"weaker")` is the lower of its per-seat win rates.
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ class PayoffTable:
     decay: float = 0.99
     min_games: float = 10.0
     records: dict[tuple[str, str], Record] = field(default_factory=dict)
+    seat_records: dict[tuple[str, str, int], Record] = field(default_factory=dict)  # (player, opponent, its seat)
 
-    def add(self, player: str, opponent: str, score: float) -> None:
-        """Record one game; `score` is the player's result: 1 = win, 0.5 = draw, 0 = loss.
+    def add(self, player: str, opponent: str, score: float, seat: int | None = None) -> None:
+        """Record one game; `score` is the player's result: 1 = win, 0.5 = draw, 0 = loss; `seat`
+        the seat the player held (None: not known, pooled counts only).
 
         Raises ValueError for a score outside {0, 0.5, 1} or a game of a player against itself.
         """
@@ -59,42 +65,65 @@ class PayoffTable:
             raise ValueError(f"a player cannot be scored against itself ({player!r})")
         mine = self.records.setdefault((player, opponent), Record())
         theirs = self.records.setdefault((opponent, player), Record())
-        mine.scale(self.decay)
-        theirs.scale(self.decay)
-        if score == 1.0:
-            mine.wins += 1
-            theirs.losses += 1
-        elif score == 0.0:
-            mine.losses += 1
-            theirs.wins += 1
-        else:
-            mine.draws += 1
-            theirs.draws += 1
+        _count(mine, score, self.decay)
+        _count(theirs, 1.0 - score, self.decay)
+        if seat is not None:
+            _count(self.seat_records.setdefault((player, opponent, int(seat)), Record()), score, self.decay)
 
     def games(self, player: str, opponent: str) -> float:
         record = self.records.get((player, opponent))
         return record.games if record else 0.0
 
-    def win_rate(self, player: str, opponent: str) -> float | None:
-        """(wins + draws / 2) / games of `player` against `opponent`; None below `min_games` games."""
-        record = self.records.get((player, opponent))
+    def _rate(self, record: Record | None) -> float | None:
         if record is None or record.games < self.min_games or record.games == 0:
             return None
         return (record.wins + 0.5 * record.draws) / record.games
 
+    def win_rate(self, player: str, opponent: str, seat: str | int = "pooled") -> float | None:
+        """(wins + draws / 2) / games of `player` against `opponent`; None below `min_games` games.
+
+        seat: "pooled" (all games), a seat index (games in which the player held it), or "weaker":
+        the lowest per-seat win rate among seats with `min_games` games, the pooled rate while no
+        seat has that many.
+        """
+        if seat == "pooled":
+            return self._rate(self.records.get((player, opponent)))
+        if seat == "weaker":
+            rates = [r for (a, b, _), rec in self.seat_records.items() if (a, b) == (player, opponent)
+                     if (r := self._rate(rec)) is not None]
+            return min(rates) if rates else self.win_rate(player, opponent)
+        return self._rate(self.seat_records.get((player, opponent, int(seat))))
+
     def remove(self, player: str) -> None:
         """Forget every record involving `player` (an exploiter whose weights were reset)."""
         self.records = {pair: r for pair, r in self.records.items() if player not in pair}
+        self.seat_records = {key: r for key, r in self.seat_records.items() if player not in key[:2]}
 
     def to_json(self) -> list[list]:
         return [[a, b, r.wins, r.draws, r.losses] for (a, b), r in sorted(self.records.items())]
 
+    def seats_to_json(self) -> list[list]:
+        return [[a, b, s, r.wins, r.draws, r.losses] for (a, b, s), r in sorted(self.seat_records.items())]
+
     @classmethod
-    def from_json(cls, rows: list[list], decay: float, min_games: float) -> "PayoffTable":
+    def from_json(cls, rows: list[list], decay: float, min_games: float, seat_rows: list[list] = ()) -> "PayoffTable":
         table = cls(decay=decay, min_games=min_games)
         for a, b, w, d, l in rows:
             table.records[(str(a), str(b))] = Record(float(w), float(d), float(l))
+        for a, b, s, w, d, l in seat_rows:
+            table.seat_records[(str(a), str(b), int(s))] = Record(float(w), float(d), float(l))
         return table
+
+
+def _count(record: Record, score: float, decay: float) -> None:
+    """Decay `record`, then add one game with `score` (1 win, 0.5 draw, 0 loss)."""
+    record.scale(decay)
+    if score == 1.0:
+        record.wins += 1
+    elif score == 0.0:
+        record.losses += 1
+    else:
+        record.draws += 1
 
 
 def episode_score(result: dict) -> float:

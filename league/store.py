@@ -3,6 +3,8 @@
 Keys (all under the run's name):
   {run}:league:opponents:{player}  JSON {"opponents": {id: probability}}, written by the manager
   {run}:league:snap:{id}           a snapshot's weights (safetensors bytes, as `{run}:params`)
+  {run}:league:snap:{id}:sha256    their SHA-256 (hex), written with them; `snapshot` verifies it
+  {run}:league:corrupt             counter of snapshot reads whose bytes did not match their SHA-256
   {run}:league:reset:{player}      counter; a learner that sees it change re-initialises its weights
 Snapshot files in the run directory are the durable copy; Redis holds what actors read.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 
 import redis
+
+from distributed.codec import WeightsCorrupt, verify_weights, weights_digest
 
 MAX_OPPONENTS = 10_000
 
@@ -62,13 +66,31 @@ class LeagueStore:
             self.r.delete(*keys)
 
     def put_snapshot(self, snapshot_id: str, weights: bytes) -> None:
-        self.r.set(self.snapshot_key(snapshot_id), weights)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.snapshot_key(snapshot_id), weights)
+        pipe.set(self.snapshot_key(snapshot_id) + ":sha256", weights_digest(weights))
+        pipe.execute()
 
     def has_snapshot(self, snapshot_id: str) -> bool:
         return bool(self.r.exists(self.snapshot_key(snapshot_id)))
 
     def snapshot(self, snapshot_id: str) -> bytes | None:
-        return self.r.get(self.snapshot_key(snapshot_id))
+        """The snapshot's weights, or None when Redis has none. Raises WeightsCorrupt (counted under
+        `{run}:league:corrupt`) when they do not match their SHA-256."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.get(self.snapshot_key(snapshot_id))
+        pipe.get(self.snapshot_key(snapshot_id) + ":sha256")
+        data, digest = pipe.execute()
+        if data is None:
+            return None
+        try:
+            return verify_weights(data, digest, f"snapshot {snapshot_id!r}")
+        except WeightsCorrupt:
+            self.r.incr(f"{self.run}:league:corrupt")
+            raise
+
+    def corrupt_count(self) -> int:
+        return int(self.r.get(f"{self.run}:league:corrupt") or 0)
 
     def request_reset(self, player: str) -> int:
         return int(self.r.incr(self._reset_key(player)))

@@ -105,6 +105,7 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
                        "actor.num_envs=64")
         steps = [env.advance() for env in actor.envs]
         actor.opponent = ["main-0000100"] * len(actor.envs)
+        actor.opponent_policy = [actor.opponents.get("main-0000100")] * len(actor.envs)
         actor.learner_seat = [1] * len(actor.envs)  # the snapshot has the first move in every env
         first_moves[temperature] = [a for [a] in actor.choose_actions(steps)]
         obs, masks = actor.stack(steps, [(0, 0)])

@@ -91,7 +91,8 @@ def test_round_trip_bit_for_bit():
     before = time.time()
     header, arrays = decode_unroll(encode(), USPEC)
     after = time.time()
-    assert set(arrays) == set(UNROLL)
+    assert set(arrays) == set(UNROLL) | {"final_obs"}  # no step truncated: left out, decoded empty
+    assert arrays["final_obs"].shape == (0, *SPEC.obs_shape) and arrays["final_obs"].dtype == SPEC.obs_dtype
     for name, original in UNROLL.items():
         assert arrays[name].dtype == original.dtype, name
         assert arrays[name].shape == original.shape, name
@@ -166,7 +167,7 @@ MALFORMED = {
     "msgpack list": (msgpack.packb([1, 2, 3]), "map with exactly 'header' and 'arrays'"),
     "extra top-level key": (tamper(lambda m: m.update(pickle=b"x")), "map with exactly"),
     "missing array": (tamper(_del(("arrays", "done"))), r"arrays must be exactly .*got \['action', 'action_mask', "
-                                                       r"'behaviour_logits', 'obs', 'reward'\]"),
+                                                       r"'behaviour_logits', 'obs', 'reward', 'truncated'\]"),
     "extra array": (tamper(_set(("arrays", "extra"), ["|u1", [1], b"\x00"])), "arrays must be exactly.*'extra'"),
     "array not a triple": (tamper(_set(("arrays", "done"), "oops")), r"array 'done' must be \[dtype, shape, bytes\]"),
     "reward float64": (tamper(set_array("reward", UNROLL["reward"].astype(np.float64))),

@@ -213,8 +213,11 @@ def _publish(redis_client, cfg, player_ns: str, version: int, frames: int = 0, s
 
 
 def _result(player, opponent, learner_seat, winner):
-    return {"player": player, "opponent_id": opponent, "learner_seat": learner_seat, "winner": winner,
-            "length": 5, "returns": [0.0, 0.0]}
+    """A result as actors report it; a learner opponent (`main`, exploiters) at version 7."""
+    version = f"{opponent}@7" if opponent == "main" or opponent.endswith(tuple("0123456789")) and "-" not in opponent \
+        else opponent
+    return {"player": player, "opponent_id": opponent, "opponent_version": version, "learner_seat": learner_seat,
+            "winner": winner, "length": 5, "returns": [0.0, 0.0]}
 
 
 def _add_results(redis_client, run_name, results):

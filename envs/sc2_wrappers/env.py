@@ -9,6 +9,11 @@ simultaneous game), each with its own seat. Which reward belongs where:
   draw or a time-out gives 0 to both); the seat with the higher return wins.
 * *Episode end*: pysc2 marks every agent's last timestep at once; each agent's last step is settled
   with done, the episode's result is recorded, and the game is reset (episodes concatenated).
+* *Time limit*: pysc2's own step limit (`game_steps_per_episode`) ends an episode with a nonzero
+  discount, the game's end (a `player_result`) with discount 0. The former is settled as truncated
+  with the last observation (the learner bootstraps from its value); a limit the map itself enforces
+  ends the game, so it reads as the game's end.
+* *No legal action*: an agent whose available actions are none raises `NoLegalAction`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 from pysc2 import maps
 from pysc2.env import mock_sc2_env, sc2_env
 
-from envs.base import EnvSpec, EpisodeResult, Settlement, Step, leader
+from envs.base import EnvSpec, EpisodeResult, Settlement, Step, check_mask, leader
 from envs.sc2_wrappers.actions import NUM_FUNCTIONS, FunctionCallCodec
 from envs.sc2_wrappers.compat import SC2NotInstalledError, require_game
 from envs.sc2_wrappers.observation import AVAILABLE_ACTIONS, SC2ObservationSpec, encode_observation
@@ -187,6 +192,8 @@ class SC2Adapter:
         """Every agent acts; with what was settled since the last call."""
         encoded = [encode_observation(ts.observation, self.game.obs) for ts in self._timesteps]
         masks = [e.pop(AVAILABLE_ACTIONS) for e in encoded]
+        for agent, mask in zip(self.game.agents, masks):
+            check_mask(mask, f"sc2:{self.game.map_name}", agent, self._length)
         step = Step(list(range(len(self.game.agents))), encoded, masks, self._pending, self._episodes)
         self._pending, self._episodes = [], []
         return step
@@ -198,7 +205,12 @@ class SC2Adapter:
         done = timesteps[0].last()
         for i, ts in enumerate(timesteps):
             self._returns[i] += float(ts.reward)
-            self._pending.append(Settlement(i, float(ts.reward), done))
+            if done and ts.discount > 0:  # pysc2's step limit, not the game's end
+                final = encode_observation(ts.observation, self.game.obs)
+                final.pop(AVAILABLE_ACTIONS)
+                self._pending.append(Settlement(i, float(ts.reward), True, truncated=True, final_observation=final))
+            else:
+                self._pending.append(Settlement(i, float(ts.reward), done))
         if done:
             self._episodes.append(EpisodeResult(tuple(self._returns), self._length, leader(self._returns)))
             self._start(self.env.reset())
