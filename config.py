@@ -47,7 +47,8 @@ def _f_list(default: list, help: str) -> Any:
 class RunConfig:
     name: str = _f("connect_four", "run name; namespaces every Redis key ({name}:traj, ...) and the run directory")
     dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
-    seed: int = _f(0, "base random seed; actor i uses seed + 1000 * (i + 1)")
+    seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
+                   "SeedSequence of seed, actor id, start); see README 'What run.seed reproduces'")
     total_frames: int = _f(3_000_000, "stop once the learner has trained on this many env steps")
     max_minutes: float = _f(0.0, "also stop after this many minutes of training (0 = no time limit)")
     redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")

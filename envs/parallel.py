@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import EpisodeResult, Settlement, Step, leader
+from envs.base import EpisodeResult, EpisodeSeeds, Settlement, Step, leader
 
 Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
 OUTCOMES = ("return", "units_left")
@@ -34,7 +34,8 @@ class ParallelAdapter:
 
     Args:
       make: zero-argument factory of the Parallel env.
-      seed: seed of the first episode; episode k is reset with `seed + k`.
+      seed: an int (episode k is reset with `seed + k`) or a numpy SeedSequence (episode k gets
+        a seed drawn from its child k); see `EpisodeSeeds`.
       encoders: per agent (in `possible_agents` order), raw observation -> (observation, mask or None).
       agent_seats: the seat (side) of each agent.
       num_actions: A, for the all-legal mask of envs without one.
@@ -45,7 +46,7 @@ class ParallelAdapter:
     Use: `step = adapter.advance()`, choose one action per agent in `step.agents`, `adapter.act(actions)`.
     """
 
-    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode],
+    def __init__(self, make: Callable[[], object], seed: int | np.random.SeedSequence, encoders: Sequence[Encode],
                  agent_seats: Sequence[int], num_actions: int, outcome: str = "return",
                  units_left: Callable[[Any], Sequence[int]] | None = None):
         if outcome not in OUTCOMES:
@@ -59,14 +60,15 @@ class ParallelAdapter:
         self._all_legal = np.ones(num_actions, np.uint8)
         self._outcome = outcome
         self._units_left = units_left
-        self._seed = seed
+        self.seeds = EpisodeSeeds(seed)  # seeds(k): the reset seed of episode k
+        self._episode = 0
         self._pending: list[Settlement] = []
         self._episodes: list[EpisodeResult] = []
         self._reset()
 
     def _reset(self) -> None:
-        self._obs, self._infos = self.env.reset(seed=self._seed)
-        self._seed += 1
+        self._obs, self._infos = self.env.reset(seed=self.seeds(self._episode))
+        self._episode += 1
         self._returns = [0.0] * self._num_seats
         self._alive = set(self.env.agents)
         self._length = 0
@@ -139,7 +141,8 @@ class _OneAgent:
                 {"agent": info})
 
 
-def single_agent_adapter(make: Callable[[], object], seed: int, encode: Encode, num_actions: int) -> ParallelAdapter:
+def single_agent_adapter(make: Callable[[], object], seed: int | np.random.SeedSequence, encode: Encode,
+                         num_actions: int) -> ParallelAdapter:
     """A gymnasium env (`make()` returns it) as the one-agent case of `ParallelAdapter`: one seat,
     the return is the episode's score, and a time-limit truncation settles like a termination."""
     return ParallelAdapter(lambda: _OneAgent(make()), seed, [encode], [0], num_actions)

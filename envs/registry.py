@@ -262,9 +262,12 @@ def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:
     return _lookup(name, kwargs).spec
 
 
-def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, render_mode: Optional[str] = None):
+def make_env(name: str, seed: int | np.random.SeedSequence, kwargs: Optional[Mapping[str, Any]] = None,
+             render_mode: Optional[str] = None):
     """A fresh adapter around env `name` (AECAdapter or ParallelAdapter; see envs/base.py for what
-    `advance` and `act` do); episode k is seeded `seed + k`. render_mode: as in `make_raw_env`."""
+    `advance` and `act` do). seed: an int (episode k is seeded `seed + k`) or a numpy SeedSequence
+    (episode k gets a seed drawn from its child k; see `envs.base.EpisodeSeeds`).
+    render_mode: as in `make_raw_env`."""
     game = _lookup(name, kwargs)
     spec = game.spec
     make = functools.partial(game.make, render_mode)
@@ -273,6 +276,8 @@ def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, r
     if spec.kind == "sc2":
         from envs.sc2_wrappers.env import SC2Adapter, sc2_game
 
+        if isinstance(seed, np.random.SeedSequence):  # pysc2 seeds a game once, with 32 bits
+            seed = int(seed.generate_state(1)[0])
         return SC2Adapter(sc2_game(name, kwargs), seed)
     if spec.kind == "gym":
         return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions)
