@@ -403,6 +403,8 @@ def describe_winner(replay: Replay, winner: int | None) -> str:
 
 
 _PIECES = {0: ".", 1: "X", 2: "O"}
+_DRAWN_TRANSPOSED = {"tictactoe"}
+"""Games whose observation rows are drawn as columns by the env's renderer (see `ascii_board`)."""
 
 
 def ascii_board(env_name: str, observation: np.ndarray) -> str:
@@ -410,6 +412,9 @@ def ascii_board(env_name: str, observation: np.ndarray) -> str:
 
     observation: seat 0's int8 ``[rows, cols, 2]`` observation. Connect four gets its column
     numbers (the actions) under the board; tic-tac-toe shows the action number of empty cells.
+    The board is drawn as the env renders it (the GIF): PettingZoo's tic-tac-toe numbers its cells
+    column by column (0 3 6 / 1 4 7 / 2 5 8) and draws cell a in column a // 3, row a % 3, so
+    observation row r is drawn as column r (`_DRAWN_TRANSPOSED`).
 
     Raises ValueError if the env has no board model (see `evaluation.bots.GAMES`).
     """
@@ -417,13 +422,16 @@ def ascii_board(env_name: str, observation: np.ndarray) -> str:
         raise ValueError(f"no text board for env {env_name!r}; boards exist for {sorted(GAMES)}")
     game = GAMES[env_name]
     cells = observation[..., 0] + 2 * observation[..., 1]
+    action = np.arange(game.rows * game.cols).reshape(game.rows, game.cols)  # observation cell -> its action
+    if env_name in _DRAWN_TRANSPOSED:
+        cells, action = cells.T, action.T
     lines = []
-    for row in range(game.rows):
+    for row in range(cells.shape[0]):
         marks = []
-        for col in range(game.cols):
+        for col in range(cells.shape[1]):
             mark = _PIECES[int(cells[row, col])]
             if mark == "." and not game.gravity:
-                mark = str(row * game.cols + col)
+                mark = str(action[row, col])
             marks.append(mark)
         lines.append(" ".join(marks))
     if game.gravity:
