@@ -66,6 +66,9 @@ class EnvConfig:
                    "mpe:<scenario>, gym:<id>, pettingzoo:<module>, sc2:<map>")
     kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
+    seats: Optional[List[List[str]]] = _f(None, "simultaneous-move envs: the seats (sides), each a list of agent "
+                                          "names, e.g. [[player_0], [player_1]]; null = from the names: "
+                                          "<team>_<n> share a team, player_<n> and other names are each a seat")
 
 
 @dataclass
@@ -340,7 +343,7 @@ def validate(cfg: Config) -> None:
     from envs.registry import env_spec
 
     try:
-        spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
     except ValueError as e:
         raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
     checks = [

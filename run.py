@@ -539,7 +539,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} exists; compare writes into a new folder")
     if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
-    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs).seats) > 1:
+    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats).seats) > 1:
         if args.eval_opponent is None:
             args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
         try:

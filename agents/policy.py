@@ -87,7 +87,7 @@ def load_policy(path: str | Path, seed: int | None = None) -> Policy:
         config = from_yaml_text(metadata["config"])
     except ConfigError as e:
         raise CheckpointError(f"{path}: the run config in its metadata is not usable: {e}") from None
-    spec = env_spec(config.env.name, config.env.kwargs)
+    spec = env_spec(config.env.name, config.env.kwargs, config.env.seats)
     model = ActorCritic(spec.obs_shape, spec.num_actions, config.agent)
     try:
         model.load_state_dict(model_state(tensors))

@@ -252,7 +252,7 @@ class Actor:
         self.player = player
         self.stopping = False
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
-        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         # The id is this process's alone while it runs (see claim_actor_id); the seeds derive from it.
@@ -261,7 +261,7 @@ class Actor:
         self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
         self.rng = torch.Generator().manual_seed(self.seeds.actions)
         self.np_rng = np.random.default_rng(self.seeds.opponents)
-        self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs) for seeds in self.seeds.envs]
+        self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs, seats=cfg.env.seats) for seeds in self.seeds.envs]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()

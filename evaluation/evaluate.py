@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -40,8 +40,10 @@ class GameRecord:
 
 
 def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0,
-               greedy: bool = True, kwargs: Mapping[str, Any] | None = None) -> list[GameRecord]:
-    """Play `games` games of `env_name` (built with `kwargs`) with `sides[s]` playing seat `s`.
+               greedy: bool = True, kwargs: Mapping[str, Any] | None = None,
+               seats: Sequence[Sequence[str]] | None = None) -> list[GameRecord]:
+    """Play `games` games of `env_name` (built with `kwargs`, its seats declared by `seats` as in
+    `envs.registry.env_spec`) with `sides[s]` playing seat `s`.
 
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
     every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
@@ -49,10 +51,10 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
 
     Returns the records of the games in order k = 0 .. games-1.
     """
-    spec = env_spec(env_name, kwargs)
+    spec = env_spec(env_name, kwargs, seats)
     if len(sides) != len(spec.seats):
         raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
-    envs = [make_env(env_name, seed + k, kwargs) for k in range(games)]
+    envs = [make_env(env_name, seed + k, kwargs, seats=seats) for k in range(games)]
     steps = [env.advance() for env in envs]
     actions: list[list[int]] = [[] for _ in range(games)]
     records: list[GameRecord | None] = [None] * games
@@ -122,7 +124,7 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
     spec = policy.spec
     bot = make_bot(opponent, spec.name, seed=seed)
     sides = tuple(policy if s == seat else bot for s in range(len(spec.seats)))
-    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs)
+    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs, policy.config.env.seats)
     if record_dir is not None:
         from evaluation.replays import save_match
 
@@ -139,7 +141,8 @@ def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = Tr
     """The policy alone in a one-seat env (a gymnasium env): `games` episodes, JSON-ready summary of
     their returns (mean, std, min, max) and lengths. With `record_dir`, every episode is saved there
     as a replay, the policy named `name`."""
-    records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs)
+    records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs,
+                         policy.config.env.seats)
     if record_dir is not None:
         from evaluation.replays import save_match
 

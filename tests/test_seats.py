@@ -1,0 +1,91 @@
+"""Seats of simultaneous-move envs: `player_<n>` agents are separate players (a custom duel, PettingZoo's
+rps_v2), `<team>_<n>` units share a team, names that cannot tell are guessed with a warning, and
+`env.seats` declares them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agents.network import ActorCritic
+from config import ConfigError, load_config
+from distributed.actor import Actor
+from distributed.params import ParamStore
+from envs.registry import env_spec, make_env
+
+DUEL = "pettingzoo:tests.duel_env"
+RPS = "pettingzoo:pettingzoo.classic.rps_v2"
+
+
+def _play(env, actions_by_agent: dict[str, int]):
+    """One episode with fixed actions per agent name; returns its EpisodeResult."""
+    while True:
+        step = env.advance()
+        if step.episodes:
+            return step.episodes[0]
+        env.act([actions_by_agent[env.agents[i]] for i in step.agents])
+
+
+def test_a_custom_duel_with_player_agents_has_two_seats_and_a_winner():
+    spec = env_spec(DUEL)
+    assert spec.kind == "parallel"
+    assert spec.seats == ("player_0", "player_1") and spec.agent_seats == (0, 1)
+    result = _play(make_env(DUEL, 0), {"player_0": 1, "player_1": 1})  # matching: player_0 scores every round
+    assert result.returns == (3.0, -3.0) and result.winner == 0
+    result = _play(make_env(DUEL, 0), {"player_0": 0, "player_1": 1})
+    assert result.returns == (-3.0, 3.0) and result.winner == 1
+
+
+def test_pettingzoo_rps_has_two_seats():
+    spec = env_spec(RPS)
+    assert spec.seats == ("player_0", "player_1") and spec.agent_seats == (0, 1)
+    result = _play(make_env(RPS, 0), {"player_0": 1, "player_1": 0})  # paper beats rock, every round
+    assert result.returns[0] > 0 > result.returns[1] and result.winner == 0
+
+
+def test_teams_still_share_their_seat():
+    spec = env_spec("mpe:simple_tag")
+    assert spec.seats == ("adversary", "agent") and spec.agent_seats == (0, 0, 0, 1)
+
+
+def test_an_ambiguous_guess_warns_and_declared_seats_settle_it(caplog):
+    kwargs = {"names": ["agent_0", "agent_1"]}
+    with caplog.at_level(logging.WARNING, logger="envs"):
+        spec = env_spec(DUEL, kwargs)
+    assert spec.seats == ("agent",) and spec.agent_seats == (0, 0)
+    assert any("agents agent_0, agent_1 are taken as one team 'agent'" in r.message
+               and "env.seats: [['agent_0'], ['agent_1']]" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="envs"):
+        declared = env_spec(DUEL, kwargs, [["agent_1"], ["agent_0"]])
+    assert declared.seats == ("agent_1", "agent_0") and declared.agent_seats == (1, 0)
+    assert not caplog.records
+    result = _play(make_env(DUEL, 0, kwargs, seats=[["agent_1"], ["agent_0"]]), {"agent_0": 1, "agent_1": 1})
+    assert result.returns == (-3.0, 3.0) and result.winner == 1  # seat 0 is agent_1, who lost every round
+
+
+def test_env_seats_in_the_config_is_checked_and_reaches_the_actor(tmp_path, redis_url, redis_client, run_name):
+    base = [f"run.name={run_name}", f"run.dir={tmp_path}", f"env.name={DUEL}", "env.kwargs.names=[red_0,red_1]",
+            "agent.torso=mlp", "agent.hidden=8", "actor.num_envs=4", "actor.unroll_length=3"]
+    assert env_spec(DUEL, {"names": ["red_0", "red_1"]}).seats == ("red",)
+    with pytest.raises(ConfigError, match=r"env.seats \[\['red_0'\]\] must put each of its agents \['red_0', "
+                                          r"'red_1'\] in exactly one seat \(agents in no seat \['red_1'\]\)"):
+        load_config(None, [*base, "env.seats=[[red_0]]"])
+    with pytest.raises(ConfigError, match="env.seats is for simultaneous-move"):
+        load_config(None, ["env.name=tictactoe", "env.seats=[[player_1],[player_2]]"])
+    cfg = load_config(None, [*base, "env.seats=[[red_0],[red_1]]"])
+    spec = env_spec(DUEL, cfg.env.kwargs, cfg.env.seats)
+    ParamStore(redis_client, run_name).publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), 1)
+    actor = Actor(cfg, redis_url, 0)
+    results = []
+    actor.send = lambda batch: len(results) >= 20
+    actor.results.add_many = results.extend
+    try:
+        actor.run()
+    finally:
+        actor.close()
+    assert actor.spec.seats == ("red_0", "red_1")
+    # Two seats: each episode has a winner and opposite returns (one team of two would score 0 always).
+    assert all(len(r["returns"]) == 2 and r["returns"][0] == -r["returns"][1] != 0 for r in results)
+    assert {r["winner"] for r in results} <= {0, 1}
