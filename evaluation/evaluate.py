@@ -129,7 +129,7 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
         from evaluation.replays import save_match
 
         names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
-        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs)
+        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs, policy.config.env.seats)
     result = count_outcomes(records, seat)
     if spec.name in GAMES:
         result.tactics = count_tactics(GAMES[spec.name], (r.actions for r in records), seat)
@@ -146,7 +146,7 @@ def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = Tr
     if record_dir is not None:
         from evaluation.replays import save_match
 
-        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs)
+        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs, policy.config.env.seats)
     returns = np.array([r.returns[0] for r in records])
     return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
             "std_return": float(returns.std()), "min_return": float(returns.min()),

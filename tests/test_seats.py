@@ -89,3 +89,51 @@ def test_env_seats_in_the_config_is_checked_and_reaches_the_actor(tmp_path, redi
     # Two seats: each episode has a winner and opposite returns (one team of two would score 0 always).
     assert all(len(r["returns"]) == 2 and r["returns"][0] == -r["returns"][1] != 0 for r in results)
     assert {r["winner"] for r in results} <= {0, 1}
+
+
+def test_declared_seats_are_kept_in_replays(tmp_path):
+    from evaluation.evaluate import play_games
+    from evaluation.bots import make_bot
+    from evaluation.replays import load_replay, save_match, simulate
+
+    kwargs, seats = {"names": ["agent_0", "agent_1"]}, [["agent_1"], ["agent_0"]]
+    sides = (make_bot("random", DUEL, seed=1), make_bot("random", DUEL, seed=2))
+    records = play_games(DUEL, sides, 4, seed=5, kwargs=kwargs, seats=seats)
+    paths = save_match(tmp_path, DUEL, ("a", "b"), records, kwargs, seats)
+    for path, record in zip(paths, records):
+        replay = load_replay(path)
+        assert replay.env_seats == seats and replay.seats == ["agent_1", "agent_0"]
+        simulate(replay, path)  # re-played with the declared seats: returns and winner match
+        assert replay.rewards == list(record.returns) and replay.rewards[0] == -replay.rewards[1] != 0
+    inferred = save_match(tmp_path / "inferred", DUEL, ("a",), play_games(DUEL, sides[:1], 1, kwargs=kwargs),
+                          kwargs)
+    assert "env_seats" not in inferred[0].read_text()  # files without declared seats stay as they were
+
+
+def _duel_checkpoint(path, seats):
+    from distributed.checkpoint import save_checkpoint
+    from config import to_yaml
+
+    cfg = load_config(None, [f"env.name={DUEL}", "env.kwargs.names=[agent_0,agent_1]", "agent.torso=mlp",
+                             "agent.hidden=8", *([f"env.seats={seats}"] if seats else [])])
+    spec = env_spec(DUEL, cfg.env.kwargs, cfg.env.seats)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent), None, to_yaml(cfg),
+                    {"step": 1, "frames": 1})
+    return path
+
+
+def test_a_tournament_plays_the_checkpoints_declared_seats(tmp_path):
+    from evaluation.tournament import PlayerError, resolve_players, round_robin
+
+    a = _duel_checkpoint(tmp_path / "a.safetensors", "[[agent_0],[agent_1]]")
+    env_name, players = resolve_players([str(a), "random"])
+    assert players[0].seats == [["agent_0"], ["agent_1"]]
+    for workers in (1, 2):  # in this process, and in worker processes given the seats on their command line
+        result = round_robin(env_name, players, games=3, workers=workers, record_dir=str(tmp_path / f"r{workers}"))
+        assert len(result["matches"]) == 2
+        # Two seats: every game has a winner (3 rounds of matching pennies never tie).
+        assert all(m["draws"] == 0 and m["first_wins"] + m["second_wins"] == 3 for m in result["matches"])
+    b = _duel_checkpoint(tmp_path / "b.safetensors", None)
+    with pytest.raises(PlayerError, match="was trained with env.seats"):
+        resolve_players([str(a), str(b)])
