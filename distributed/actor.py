@@ -481,8 +481,7 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
     signal.signal(signal.SIGINT, actor.stop)
     try:
         actor.run()
-    except redis.RedisError as e:
+    except redis.RedisError as e:  # no release: it would wait out the retries again; the lease lapses in 10 s
         raise RedisUnavailable(f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}") from None
-    finally:
-        actor.close()
+    actor.close()
     log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)
