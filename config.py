@@ -319,13 +319,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def _in_file(path: Path, e: Exception) -> ConfigError:
     """A key or value error of config file `path`, with the line and column of the key it names."""
-    if isinstance(e, ConfigKeyError) or (isinstance(e, OmegaConfBaseException) and not getattr(e, "full_key", None)):
-        error = _unknown_key_error(str(getattr(e, "full_key", None) or e))
+    if isinstance(e, ConfigKeyError):
+        error = _unknown_key_error(str(e.full_key) if getattr(e, "full_key", None) else str(e))
     else:
         error = e if isinstance(e, ConfigError) else _bad_value(e)
-    key = re.search(r"(?:key '|for |^)([a-z_]+\.[A-Za-z0-9_]+)", str(error))
+    key = re.search(r"key '([\w.]+)'|for ([\w.]+)|^([\w]+\.[\w.]+)|section '(\w+)'", str(error))
     try:
-        where = _key_position(path.read_text(), key.group(1)) if key else ""
+        where = _key_position(path.read_text(), next(k for k in key.groups() if k)) if key else ""
     except (OSError, UnicodeDecodeError):
         where = ""
     return ConfigError(f"{path}{where}: {error}")

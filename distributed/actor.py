@@ -40,7 +40,7 @@ RESULTS_EVERY_S = 1.0  # episode results wait at most this long; the league mana
 RUN_OVER_CHECK_S = 0.5  # the run's done key is looked up at most this often
 
 
-MAX_ACTOR_ID = 100_000  # an actor that finds no free id below this gives up (a leak, not a real run)
+MAX_ACTOR_ID = 100_000  # far beyond any run: no free id below it means ids are not being released
 
 
 def actor_id_key(run: str, actor_id: int) -> str:
@@ -48,7 +48,8 @@ def actor_id_key(run: str, actor_id: int) -> str:
     return f"{run}:actor:{actor_id}"
 
 
-def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None, holder: str) -> tuple[LearnerLease, int, int]:
+def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
+                   holder: str) -> tuple[LearnerLease, int, int]:
     """Register this process as an actor of `run`: (lease, actor id, start number).
 
     actor_id: the id asked for (`run.py actor --actor-id N`); if another live process holds it, this
@@ -57,7 +58,7 @@ def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None, holder: 
       agree on ids beforehand).
     holder: names this process in the lease (host, pid and a token), shown to the one refused.
     The start number counts the processes that have held this id in this run (0 for the first): with
-    the id it makes the actor's seeds (`actor_seeds`) differ from every other process's, restarts
+    the id it makes the actor's seeds (`ActorSeeds`) differ from every other process's, restarts
     included. The lease is kept alive by a thread until `lease.release()`.
 
     Raises LeaseHeld naming the holder when the id asked for stays taken.
