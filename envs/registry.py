@@ -199,7 +199,7 @@ def _probe(name: str, kind: str, make: Callable[..., object], version: str, outc
            declared: Optional[tuple[tuple[str, ...], ...]] = None, **spec_extra: Any) -> _Game:
     """Build the env once and read its agents and spaces into a spec (`declared`: the config's env.seats)."""
     if declared is not None and kind != "parallel":
-        where = "a turn-based game every agent is its own seat" if kind == "aec" else "a one-agent env there is one"
+        where = "a turn-based game each agent is its own seat" if kind == "aec" else "a one-agent env there is one seat"
         raise ValueError(f"env '{name}': env.seats is for simultaneous-move (Parallel) envs; in {where}")
     env = make()
     try:
