@@ -600,8 +600,8 @@ class LearnerLease:
         """The lease is not ours any more: Redis lost it (restart without persistence) or an outage
         outlasted its TTL. Take it again if free; say so once if another learner has it. Returns warned."""
         if self.r.set(self.key, self.holder, nx=True, px=self.TTL_MS):
-            log.warning("the lease of run '%s' had lapsed (Redis lost it, or was unreachable for longer than "
-                        "%d s); taken again", self.run, self.TTL_MS // 1000)
+            log.warning("the %s lease of run '%s' had lapsed (Redis lost it, or was unreachable for longer than "
+                        "%d s); taken again", self.role, self.run, self.TTL_MS // 1000)
             return False
         if not warned:
             other = (self.r.get(self.key) or b"?").decode(errors="replace")
