@@ -12,6 +12,7 @@ import difflib
 import io
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -47,7 +48,8 @@ def _f_list(default: list, help: str) -> Any:
 class RunConfig:
     name: str = _f("connect_four", "run name; namespaces every Redis key ({name}:traj, ...) and the run directory")
     dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
-    seed: int = _f(0, "base random seed; actor i uses seed + 1000 * (i + 1)")
+    seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
+                   "SeedSequence of seed, actor id, start); see README 'What run.seed reproduces'")
     total_frames: int = _f(3_000_000, "stop once the learner has trained on this many env steps")
     max_minutes: float = _f(0.0, "also stop after this many minutes of training (0 = no time limit)")
     redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")
@@ -69,6 +71,9 @@ class EnvConfig:
     empty_mask: str = _f("error", "an acting agent whose action mask is all zeros: error (stop, naming the env, "
                          "agent and step) or skip (the game uses an empty mask for 'not acting now': that agent "
                          "does not act this step; simultaneous games only)")
+    seats: Optional[List[List[str]]] = _f(None, "simultaneous-move envs: the seats (sides), each a list of agent "
+                                          "names, e.g. [[player_0], [player_1]]; null = from the names: "
+                                          "<team>_<n> share a team, player_<n> and other names are each a seat")
 
 
 @dataclass
@@ -213,6 +218,49 @@ def _check_keys(node: Any, prefix: str = "") -> None:
             _check_value(f"{k}.{sub}", value)
 
 
+def _integral_floats(raw: Any) -> Any:
+    """`raw` with integral floats given to integer fields made ints: YAML reads `1e6` as a float, and
+    run.total_frames=1e6 means 1000000. A float with a fraction (1.5) is left for OmegaConf to refuse."""
+    if not isinstance(raw, dict):
+        return raw
+    out = {}
+    for section, values in raw.items():
+        cls = SECTIONS.get(section)
+        if cls is None or not isinstance(values, dict):
+            out[section] = values
+            continue
+        types = typing.get_type_hints(cls)
+        out[section] = {key: int(value) if (types.get(key) is int and isinstance(value, float)
+                                             and value.is_integer()) else value
+                        for key, value in values.items()}
+    return out
+
+
+def _yaml_error(source: str, e: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as `<file>, line L, column C: <problem>` (1-based, as editors count)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return ConfigError(f"{source}{where}: not valid YAML: {problem}" + (f" ({context})" if context else ""))
+
+
+def _key_position(text: str, dotted: str) -> str:
+    """", line L, column C" of key `section.key` in YAML `text`, or "" where it cannot be found."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return ""
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return ""
+        match = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part]
+        if not match:
+            return ""
+        key_node, node = match[0]
+    return f", line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
+
+
 def _check_value(key: str, value: Any) -> None:
     """Refuse by name what OmegaConf would mishandle: integers beyond int64 (an OverflowError on a float
     field) and its "???" placeholder (merged over a default, it would silently keep the default)."""
@@ -238,13 +286,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not p.is_file():
                 raise ConfigError(f"config file not found: {p}")
             try:
-                raw = OmegaConf.to_container(OmegaConf.load(p)) or {}
+                raw = _integral_floats(OmegaConf.to_container(OmegaConf.load(p)) or {})
             except yaml.YAMLError as e:
-                raise ConfigError(f"{p} is not valid YAML: {e}".splitlines()[0]) from None
+                raise _yaml_error(str(p), e) from None
             except (UnicodeDecodeError, OSError) as e:
                 raise ConfigError(f"cannot read config file {p}: {e}".splitlines()[0]) from None
-            _check_keys(raw)
-            layers.append(OmegaConf.create(raw))
+            try:
+                _check_keys(raw)
+                layers.append(OmegaConf.create(raw))
+                OmegaConf.merge(schema, layers[-1])  # a bad value is named with its line here
+            except (ConfigError, OmegaConfBaseException) as e:
+                raise _in_file(p, e) from None
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(f"override '{item}' must look like section.key=value")
@@ -255,8 +307,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 layer = OmegaConf.from_dotlist([item])
             except yaml.YAMLError as e:
                 raise ConfigError(f"override '{item}': the value is not valid YAML: {e}".splitlines()[0]) from None
-            _check_keys(OmegaConf.to_container(layer))
-            layers.append(layer)
+            container = _integral_floats(OmegaConf.to_container(layer))
+            _check_keys(container)
+            layers.append(OmegaConf.create(container))
         merged = OmegaConf.merge(schema, *layers)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except ConfigKeyError as e:
@@ -269,6 +322,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"bad config value: {e}") from None
     validate(cfg)
     return cfg
+
+
+def _in_file(path: Path, e: Exception) -> ConfigError:
+    """A key or value error of config file `path`, with the line and column of the key it names."""
+    if isinstance(e, ConfigKeyError):
+        error = _unknown_key_error(str(e.full_key) if getattr(e, "full_key", None) else str(e))
+    else:
+        error = e if isinstance(e, ConfigError) else _bad_value(e)
+    key = re.search(r"key '([\w.]+)'|for ([\w.]+)|^([\w]+\.[\w.]+)|section '(\w+)'", str(error))
+    try:
+        where = _key_position(path.read_text(), next(k for k in key.groups() if k)) if key else ""
+    except (OSError, UnicodeDecodeError):
+        where = ""
+    return ConfigError(f"{path}{where}: {error}")
 
 
 def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> ConfigError:
@@ -418,7 +485,7 @@ def from_yaml_text(text: str) -> Config:
     """
     try:
         # OmegaConf.load, not create: create asserts on a document that is a bare number.
-        raw = OmegaConf.to_container(OmegaConf.load(io.StringIO(text))) or {}
+        raw = _integral_floats(OmegaConf.to_container(OmegaConf.load(io.StringIO(text))) or {})
         _check_keys(raw)
         cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), raw))  # type: ignore
     except (yaml.YAMLError, OSError, OverflowError, TypeError) as e:  # OSError: a document that is not a mapping

@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/league/state.json")
     p = sub.add_parser("actor", help="run one actor process against a Redis")
     _config_args(p)
-    p.add_argument("--actor-id", type=int, default=0, help="distinct id per actor process of the run")
+    p.add_argument("--actor-id", type=int, default=None,
+                   help="this actor's id in the run (refused if a live actor holds it); default: the lowest free id")
     p.add_argument("--player", default="main", help="the learner this actor plays for (default main)")
     p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot, or a round-robin with Elo",
                        description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -379,7 +380,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     _require_game(cfg)
-    if args.actor_id < 0:
+    if args.actor_id is not None and args.actor_id < 0:
         raise ConfigError("--actor-id must be >= 0")
     url = _redis_url(args, cfg)
     if not url:
@@ -543,7 +544,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} exists; compare writes into a new folder")
     if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
-    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs).seats) > 1:
+    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats).seats) > 1:
         if args.eval_opponent is None:
             args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
         try:

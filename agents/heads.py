@@ -138,7 +138,7 @@ def checked_spec(cfg: Config) -> EnvSpec:
     shrink the board to nothing.
     """
     try:
-        spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
     except ValueError as e:
         raise ConfigError(f"env.name '{cfg.env.name}': {e}") from None
     if spec.kind == "sc2" and cfg.env.kwargs.get("screen_size", 32) != cfg.env.kwargs.get("minimap_size", 32):

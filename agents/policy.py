@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -26,17 +27,55 @@ class Policy:
         self.spec = spec
         self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
 
-    def act(self, observation: np.ndarray, action_mask: np.ndarray | None = None, greedy: bool = True) -> int:
-        """One agent's action. observation: `spec.obs_shape`; action_mask: [A] of 0/1 (None = all legal)."""
-        mask = np.ones(self.spec.num_actions, np.uint8) if action_mask is None else action_mask
-        return int(self.act_batch(observation[None], mask[None], greedy)[0])
+    def act(self, observation: np.ndarray | Mapping[str, np.ndarray], action_mask: np.ndarray | None = None,
+            greedy: bool = True) -> int:
+        """One agent's action (greedy: the most likely legal one; else sampled from pi).
+
+        observation: an array of `spec.obs_shape`, or PettingZoo's observation dict
+          `{"observation": array, "action_mask": [A] of 0/1}` (what `env.last()` / `env.observe` give).
+        action_mask: [A] of 0/1; None = the dict's mask, or every action legal.
+
+        Raises ValueError: an observation or mask of the wrong shape, a mask without a legal action,
+          or a mask given both in the dict and as `action_mask`.
+        """
+        if isinstance(observation, Mapping):
+            if set(observation) != {"observation", "action_mask"}:
+                raise ValueError(f"an observation dict must have the keys 'observation' and 'action_mask' "
+                                 f"(PettingZoo's convention), got {sorted(map(str, observation))}")
+            if action_mask is not None:
+                raise ValueError("the action mask was given twice (in the observation dict and as action_mask); "
+                                 "give it once")
+            observation, action_mask = observation["observation"], observation["action_mask"]
+        mask = np.ones(self.spec.num_actions, np.uint8) if action_mask is None else np.asarray(action_mask)
+        return int(self.act_batch(np.asarray(observation)[None], mask[None], greedy)[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray, greedy: bool = True) -> np.ndarray:
-        """Actions [N] int64 for observations [N, *obs_shape] and action_masks [N, A]."""
+        """Actions [N] int64 for observations [N, *obs_shape] and action_masks [N, A] (0/1).
+
+        Raises ValueError: a shape that does not fit the policy's env, or a mask without a legal action.
+        """
+        observations, action_masks = self._check(np.asarray(observations), np.asarray(action_masks))
         with torch.no_grad():
             logits, _ = self.model(torch.as_tensor(observations), torch.as_tensor(action_masks))
         actions = sample_actions(logits, self.generator, temperature=0.0 if greedy else 1.0)
         return actions.numpy()
+
+
+    def _check(self, observations: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Observations in the env's dtype and uint8 masks, after checking what the network cannot."""
+        spec = self.spec
+        if observations.shape[1:] != tuple(spec.obs_shape):
+            raise ValueError(f"observation of shape {observations.shape[1:]}; this policy plays {spec.name}, whose "
+                             f"observations have shape {tuple(spec.obs_shape)}")
+        if masks.shape != (len(observations), spec.num_actions):
+            raise ValueError(f"action mask of shape {masks.shape[1:]}; {spec.name} has {spec.num_actions} actions, "
+                             f"so a mask has shape ({spec.num_actions},)")
+        empty = np.flatnonzero(~(masks != 0).any(axis=1))
+        if len(empty):
+            which = "the action mask" if len(masks) == 1 else f"action mask {int(empty[0])}"
+            raise ValueError(f"{which} has no legal action (all zeros): in PettingZoo that is the mask of an "
+                             f"agent whose turn it is not, or of a finished episode; step it with None instead")
+        return observations.astype(spec.obs_dtype, copy=False), (masks != 0).astype(np.uint8)
 
 
 def load_policy(path: str | Path, seed: int | None = None) -> Policy:

@@ -35,9 +35,9 @@ from envs.registry import env_spec, make_env  # noqa: E402
 def raw_sps(cfg, seconds: float) -> float:
     """Env steps per second of one process: batched inference over num_envs envs, no transport."""
     torch.set_num_threads(1)
-    spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).eval()
-    envs = [make_env(cfg.env.name, i, cfg.env.kwargs) for i in range(cfg.actor.num_envs)]
+    envs = [make_env(cfg.env.name, i, cfg.env.kwargs, seats=cfg.env.seats) for i in range(cfg.actor.num_envs)]
     steps_now = [env.advance() for env in envs]
     steps, start = 0, time.perf_counter()  # steps: agent-steps (one per acting agent)
     while time.perf_counter() - start < seconds:

@@ -100,7 +100,7 @@ class A3CWorker(Actor):
     on unrolls the worker's current weights just produced (on-policy, up to `actor.epsilon`).
     """
 
-    def __init__(self, cfg: Config, redis_url: str, actor_id: int, player: str = MAIN):
+    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN):
         super().__init__(cfg, redis_url, actor_id, player)
         self.gradients = TrajectoryStream(self.redis, namespace(cfg.run.name, player), GRADIENTS)
         self.loss_cfg = dataclasses.replace(cfg.learner, correction="none")

@@ -11,9 +11,11 @@ import logging
 import math
 import os
 import signal
+import socket
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import redis
@@ -24,7 +26,8 @@ from agents.heads import make_model, policy_head
 from config import Config, ConfigError
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
 from distributed.params import ParamStore
-from distributed.transport import RedisUnavailable, ResultsStream, TrajectoryStream, connect, run_done_key
+from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
+                                   connect, run_done_key)
 from envs.registry import env_spec, make_env
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
@@ -35,6 +38,72 @@ log = logging.getLogger("actor")
 
 RESULTS_EVERY_S = 1.0  # episode results wait at most this long; the league manager reads every 2 s
 RUN_OVER_CHECK_S = 0.5  # the run's done key is looked up at most this often
+
+
+MAX_ACTOR_ID = 100_000  # far beyond any run: no free id below it means ids are not being released
+
+
+def actor_id_key(run: str, actor_id: int) -> str:
+    """`{run}:actor:{id}`: the lease that makes actor id `actor_id` one process's in run `run`."""
+    return f"{run}:actor:{actor_id}"
+
+
+def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
+                   holder: str) -> tuple[LearnerLease, int, int]:
+    """Register this process as an actor of `run`: (lease, actor id, start number).
+
+    actor_id: the id asked for (`run.py actor --actor-id N`); if another live process holds it, this
+      waits up to one lease TTL (a crashed actor's lease lapses by then, so the launcher can restart
+      it) and then refuses. None: the lowest id nobody holds, at once (several machines need not
+      agree on ids beforehand).
+    holder: names this process in the lease (host, pid and a token), shown to the one refused.
+    The start number counts the processes that have held this id in this run (0 for the first): with
+    the id it makes the actor's seeds (`ActorSeeds`) differ from every other process's, restarts
+    included. The lease is kept alive by a thread until `lease.release()`.
+
+    Raises LeaseHeld naming the holder when the id asked for stays taken.
+    """
+    if actor_id is None:
+        for candidate in range(MAX_ACTOR_ID):
+            lease = LearnerLease(client, run, holder, role=f"actor:{candidate}")
+            if lease.try_acquire():
+                actor_id = candidate
+                break
+        else:
+            raise LeaseHeld(f"run '{run}' has {MAX_ACTOR_ID} actors registered; none is free")
+    else:
+        lease = LearnerLease(client, run, holder, role=f"actor:{actor_id}")
+        try:
+            lease.acquire()
+        except LeaseHeld:
+            raise LeaseHeld(f"actor id {actor_id} of run '{run}' is taken by {lease.holder_now()}: two actors "
+                            "with one id would play identical games; give another --actor-id, or leave "
+                            "--actor-id out to take the lowest free id") from None
+    start = int(client.incr(f"{actor_id_key(run, actor_id)}:starts")) - 1
+    return lease, actor_id, start
+
+
+@dataclass(frozen=True)
+class ActorSeeds:
+    """Every random stream of one actor process, all spawned from one numpy SeedSequence.
+
+    The root is `SeedSequence(run.seed, spawn_key=(actor_id, start))`: child `actor_id` of run.seed's
+    sequence, and its child `start` (the how-many-th process to hold that id in the run). Its four
+    children seed: the envs (one child per env, whose child k seeds episode k; `envs.base.EpisodeSeeds`),
+    action sampling (the torch generator), opponent draws (numpy), and the league's bots. Distinct
+    (run seed, id, start, env, episode) give unrelated seeds, so no two streams overlap.
+    """
+
+    envs: tuple[np.random.SeedSequence, ...]
+    actions: int  # torch.Generator seed
+    opponents: np.random.SeedSequence
+    bots: int
+
+    @classmethod
+    def spawn(cls, run_seed: int, actor_id: int, start: int, num_envs: int) -> "ActorSeeds":
+        envs, actions, opponents, bots = np.random.SeedSequence(run_seed, spawn_key=(actor_id, start)).spawn(4)
+        return cls(tuple(envs.spawn(num_envs)), int(actions.generate_state(1, np.uint64)[0] >> np.uint64(1)),
+                   opponents, int(bots.generate_state(1)[0]))
 
 
 class UnrollBuffer:
@@ -228,20 +297,28 @@ class Actor:
     draws an opponent from the distribution the league manager publishes at every episode start:
     `self` (both seats learn) or a league member that plays one seat (chosen at random) while the
     learner plays and learns from the other.
+
+    actor_id: the id asked for, or None for the lowest free one; either way it is registered in Redis
+    for as long as the actor lives (`claim_actor_id`), and every random stream derives from it
+    (`ActorSeeds`). `close()` gives it up.
     """
 
-    def __init__(self, cfg: Config, redis_url: str, actor_id: int, player: str = MAIN):
+    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN):
         self.cfg = cfg
-        self.actor_id = actor_id
         self.player = player
+        self.stopping = False
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
-        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
-        seed = cfg.run.seed + 1000 * (actor_id + 1)
-        self.rng = torch.Generator().manual_seed(seed)
-        self.np_rng = np.random.default_rng(seed)
-        self.envs = [make_env(cfg.env.name, seed * 100_003 + 7919 * i, cfg.env.kwargs, empty_mask=cfg.env.empty_mask)
-                     for i in range(cfg.actor.num_envs)]
+        self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
+        # The id is this process's alone while it runs (see claim_actor_id); the seeds derive from it.
+        self.identity, self.actor_id, self.start = claim_actor_id(
+            self.redis, cfg.run.name, actor_id, f"{socket.gethostname()} pid {os.getpid()} ({self.token})")
+        self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
+        self.rng = torch.Generator().manual_seed(self.seeds.actions)
+        self.np_rng = np.random.default_rng(self.seeds.opponents)
+        self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs, seats=cfg.env.seats,
+                              empty_mask=cfg.env.empty_mask) for seeds in self.seeds.envs]
         self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
@@ -254,7 +331,7 @@ class Actor:
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
-        self.opponents = Opponents(self.redis, cfg, self.spec, seed)
+        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots)
         self.distribution: dict[str, float] | None = None
         self.opponent = [SELF] * len(self.envs)  # per env: who plays the other seat this episode
         # Per env: the policy object (network or bot) that plays every opponent move of this episode,
@@ -265,16 +342,18 @@ class Actor:
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
-        self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         self.sent = 0
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
         self.pending_results: list[dict] = []
         self.results_sent_at = time.monotonic()
         self.over, self.over_checked_at = False, -math.inf
-        self.stopping = False
 
     def stop(self, *_: object) -> None:
         self.stopping = True
+
+    def close(self) -> None:
+        """Give up this actor's id (its lease would lapse by itself within 10 s)."""
+        self.identity.release()
 
     def run_over(self) -> bool:
         """Told to stop, or the run's done key is set (looked up at most every RUN_OVER_CHECK_S)."""
@@ -460,15 +539,17 @@ class Actor:
                 "returns": list(episode.returns)}
 
 
-def run_actor(cfg: Config, redis_url: str, actor_id: int, player: str = MAIN, actor_class: type = Actor) -> None:
+def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = MAIN,
+              actor_class: type = Actor) -> None:
     """Entry point of `run.py actor` (`actor_class`: Actor, or a subclass such as A3C's worker): one
-    thread for torch, stop cleanly on SIGTERM/SIGINT."""
+    thread for torch, stop cleanly on SIGTERM/SIGINT. actor_id None: the lowest free id of the run."""
     torch.set_num_threads(1)
     actor = actor_class(cfg, redis_url, actor_id, player)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)
     try:
         actor.run()
-    except redis.RedisError as e:
-        raise RedisUnavailable(f"actor {actor_id} lost Redis: {type(e).__name__}: {e}") from None
-    log.info("actor %d (pid %d): sent %d unrolls, stopping", actor_id, os.getpid(), actor.sent)
+    except redis.RedisError as e:  # no release: it would wait out the retries again; the lease lapses in 10 s
+        raise RedisUnavailable(f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}") from None
+    actor.close()
+    log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)

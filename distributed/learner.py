@@ -320,7 +320,7 @@ class Learner:
         self.player = player
         self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
-        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.device = pick_device(cfg.learner.device)
         torch.manual_seed(cfg.run.seed)

@@ -570,8 +570,22 @@ class LearnerLease:
                          self.run, self.role, other, self.TTL_MS / 1000)
                 logged = True
             time.sleep(0.2)
-        threading.Thread(target=self._keep, name=f"{self.role}-lease", daemon=True).start()
+        self._start_keeping()
         return True
+
+    def try_acquire(self) -> bool:
+        """Take the lease if nobody holds it, without waiting. Returns whether it was taken."""
+        if not self.r.set(self.key, self.holder, nx=True, px=self.TTL_MS):
+            return False
+        self._start_keeping()
+        return True
+
+    def holder_now(self) -> str:
+        """Who holds the lease now ("?" if nobody)."""
+        return (self.r.get(self.key) or b"?").decode(errors="replace")
+
+    def _start_keeping(self) -> None:
+        threading.Thread(target=self._keep, name=f"{self.role}-lease", daemon=True).start()
 
     def _keep(self) -> None:
         warned = False
@@ -586,8 +600,8 @@ class LearnerLease:
         """The lease is not ours any more: Redis lost it (restart without persistence) or an outage
         outlasted its TTL. Take it again if free; say so once if another learner has it. Returns warned."""
         if self.r.set(self.key, self.holder, nx=True, px=self.TTL_MS):
-            log.warning("the lease of run '%s' had lapsed (Redis lost it, or was unreachable for longer than "
-                        "%d s); taken again", self.run, self.TTL_MS // 1000)
+            log.warning("the %s lease of run '%s' had lapsed (Redis lost it, or was unreachable for longer than "
+                        "%d s); taken again", self.role, self.run, self.TTL_MS // 1000)
             return False
         if not warned:
             other = (self.r.get(self.key) or b"?").decode(errors="replace")

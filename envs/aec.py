@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import EpisodeResult, Settlement, Step, check_mask, leader
+from envs.base import EpisodeResult, EpisodeSeeds, Settlement, Step, check_mask, leader
 
 Encode = Callable[[Any], tuple[np.ndarray, "np.ndarray | None"]]
 
@@ -46,7 +46,8 @@ class AECAdapter:
 
     Args:
       make: zero-argument factory of the PettingZoo AEC env (with PettingZoo's default wrappers).
-      seed: seed of the first episode; episode k is reset with `seed + k`.
+      seed: an int (episode k is reset with `seed + k`) or a numpy SeedSequence (episode k gets
+        a seed drawn from its child k); see `EpisodeSeeds`.
       encoders: per agent, raw observation -> (observation, action mask or None); see envs/spaces.py.
       num_actions: A, for the all-legal mask of envs without one.
       name: the env's registry name, for error messages.
@@ -56,20 +57,21 @@ class AECAdapter:
     Raises NoLegalAction from `advance` when the agent to move has no legal action.
     """
 
-    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode], num_actions: int,
-                 name: str = "aec"):
+    def __init__(self, make: Callable[[], object], seed: int | np.random.SeedSequence, encoders: Sequence[Encode],
+                 num_actions: int, name: str = "aec"):
         self.name = name
         self.env = make()
         self.agents: tuple[str, ...] = tuple(self.env.possible_agents)
         self._seat = {agent: i for i, agent in enumerate(self.agents)}
         self._encoders = list(encoders)
         self._all_legal = np.ones(num_actions, np.uint8)
-        self._seed = seed
+        self.seeds = EpisodeSeeds(seed)  # seeds(k): the reset seed of episode k
+        self._episode = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.env.reset(seed=self._seed)
-        self._seed += 1
+        self.env.reset(seed=self.seeds(self._episode))
+        self._episode += 1
         self._acted = [False] * len(self.agents)  # has the seat a step awaiting settlement?
         self._returns = [0.0] * len(self.agents)
         self._length = 0

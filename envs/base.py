@@ -126,6 +126,33 @@ class EpisodeResult:
     units_left: tuple[int, ...] | None = None
 
 
+class EpisodeSeeds:
+    """The reset seed of each episode of one env.
+
+    From an int `s` (evaluation, replays, benchmarks): episode k is reset with `s + k`, so a recorded
+    game names its seed. From a numpy `SeedSequence` (the actors, see distributed/actor.py): episode k
+    is reset with a 63-bit integer drawn from the sequence's child k (`spawn_key + (k,)`, what
+    `SeedSequence.spawn` would give as its k-th child). Sequences with different entropy or spawn keys
+    (other run seeds, actors, envs) give unrelated seeds: no env replays another env's episodes, as
+    the sums `s + k` of neighbouring envs did.
+
+    Envs that keep fewer bits use the low ones (MAgent2 stores a C int; pysc2 takes 32 bits, see
+    `envs.registry.make_env`).
+    """
+
+    def __init__(self, seed: int | np.random.SeedSequence):
+        self.sequence = seed if isinstance(seed, np.random.SeedSequence) else None
+        self.base = None if self.sequence is not None else int(seed)
+
+    def __call__(self, episode: int) -> int:
+        """The seed of episode `episode` (0 = the first)."""
+        if self.sequence is None:
+            return self.base + episode
+        child = np.random.SeedSequence(self.sequence.entropy, spawn_key=(*self.sequence.spawn_key, episode),
+                                       pool_size=self.sequence.pool_size)
+        return int(child.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
 def leader(scores: Sequence[float]) -> int | None:
     """Index of the strictly highest score, or None when several share it (a draw)."""
     best = max(scores)

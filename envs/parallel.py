@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import EMPTY_MASK_RULES, EpisodeResult, Settlement, Step, check_mask, leader
+from envs.base import EMPTY_MASK_RULES, EpisodeResult, EpisodeSeeds, Settlement, Step, check_mask, leader
 
 log = logging.getLogger("envs")
 
@@ -42,7 +42,8 @@ class ParallelAdapter:
 
     Args:
       make: zero-argument factory of the Parallel env.
-      seed: seed of the first episode; episode k is reset with `seed + k`.
+      seed: an int (episode k is reset with `seed + k`) or a numpy SeedSequence (episode k gets
+        a seed drawn from its child k); see `EpisodeSeeds`.
       encoders: per agent (in `possible_agents` order), raw observation -> (observation, mask or None).
       agent_seats: the seat (side) of each agent.
       num_actions: A, for the all-legal mask of envs without one.
@@ -56,7 +57,7 @@ class ParallelAdapter:
     Use: `step = adapter.advance()`, choose one action per agent in `step.agents`, `adapter.act(actions)`.
     """
 
-    def __init__(self, make: Callable[[], object], seed: int, encoders: Sequence[Encode],
+    def __init__(self, make: Callable[[], object], seed: int | np.random.SeedSequence, encoders: Sequence[Encode],
                  agent_seats: Sequence[int], num_actions: int, outcome: str = "return",
                  units_left: Callable[[Any], Sequence[int]] | None = None, name: str = "parallel",
                  empty_mask: str = "error"):
@@ -75,14 +76,15 @@ class ParallelAdapter:
         self._all_legal = np.ones(num_actions, np.uint8)
         self._outcome = outcome
         self._units_left = units_left
-        self._seed = seed
+        self.seeds = EpisodeSeeds(seed)  # seeds(k): the reset seed of episode k
+        self._episode = 0
         self._pending: list[Settlement] = []
         self._episodes: list[EpisodeResult] = []
         self._reset()
 
     def _reset(self) -> None:
-        self._obs, self._infos = self.env.reset(seed=self._seed)
-        self._seed += 1
+        self._obs, self._infos = self.env.reset(seed=self.seeds(self._episode))
+        self._episode += 1
         self._returns = [0.0] * self._num_seats
         self._alive = set(self.env.agents)
         self._acted: set[str] = set()  # agents with a step in this episode (a settlement has a step to land on)
@@ -178,8 +180,8 @@ class _OneAgent:
                 {"agent": info})
 
 
-def single_agent_adapter(make: Callable[[], object], seed: int, encode: Encode, num_actions: int,
-                         name: str = "gym", empty_mask: str = "error") -> ParallelAdapter:
+def single_agent_adapter(make: Callable[[], object], seed: int | np.random.SeedSequence, encode: Encode,
+                         num_actions: int, name: str = "gym", empty_mask: str = "error") -> ParallelAdapter:
     """A gymnasium env (`make()` returns it) as the one-agent case of `ParallelAdapter`: one seat,
     the return is the episode's score, and a time-limit truncation (gymnasium's `TimeLimit`) is
     settled as truncated with the observation `step` returned with it."""

@@ -19,9 +19,10 @@ import difflib
 import functools
 import importlib
 import json
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +30,8 @@ from envs.aec import AECAdapter
 from envs.base import EnvSpec
 from envs.parallel import ParallelAdapter, single_agent_adapter
 from envs.spaces import ObsEncoder, UnsupportedSpace, num_actions, observation_encoder
+
+log = logging.getLogger("envs")
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,46 @@ def _mpe_module(name: str, scenario: str) -> str:
 
 
 def _team(agent: str) -> str:
-    """PettingZoo names units `<team>_<n>` (red_3, adversary_0): the team is the part before the last `_`."""
-    return agent.rsplit("_", 1)[0] if re.fullmatch(r".+_\d+", agent) else agent
+    """PettingZoo names units `<team>_<n>` (red_3, adversary_0): the team is the part before the last `_`.
+    `player_<n>` is PettingZoo's name for separate players (its classic games, `rps_v2`): its own team."""
+    if re.fullmatch(r".+_\d+", agent) and not re.fullmatch(r"player_\d+", agent):
+        return agent.rsplit("_", 1)[0]
+    return agent
+
+
+def _infer_seats(agents: tuple[str, ...], name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Seats of a simultaneous-move env from its agents' names (see `_team`), warning where the names
+    cannot tell: several agents of one team and no other team may be allies or opponents."""
+    teams = list(dict.fromkeys(_team(a) for a in agents))
+    if len(teams) == 1 and len(agents) > 1:
+        log.warning("env '%s': agents %s are taken as one team '%s' (one seat: they share every outcome). If they "
+                    "play against each other, declare the seats, e.g. env.seats: %s", name, ", ".join(agents),
+                    teams[0], [[a] for a in agents])
+    return tuple(teams), tuple(teams.index(_team(a)) for a in agents)
+
+
+def _declared_seats(agents: tuple[str, ...], declared: tuple[tuple[str, ...], ...],
+                    name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Seats from the config's `env.seats` (a list of seats, each a list of agent names), checked:
+    every agent in exactly one seat. A seat is named by its one agent, else its agents' common team,
+    else `seat_<k>`."""
+    listed = [a for seat in declared for a in seat]
+    unknown = sorted(set(listed) - set(agents))
+    missing = [a for a in agents if a not in listed]
+    twice = sorted({a for a in listed if listed.count(a) > 1})
+    if unknown or missing or twice or not all(declared):
+        problems = [f"unknown agents {unknown}" if unknown else "", f"agents in no seat {missing}" if missing else "",
+                    f"agents in several seats {twice}" if twice else "", "an empty seat" if not all(declared) else ""]
+        raise ValueError(f"env '{name}': env.seats {[list(seat) for seat in declared]} must put each of its agents "
+                         f"{list(agents)} in exactly one seat ({'; '.join(p for p in problems if p)})")
+    names = []
+    for k, seat in enumerate(declared):
+        teams = {_team(a) for a in seat}
+        names.append(seat[0] if len(seat) == 1 else teams.pop() if len(teams) == 1 else f"seat_{k}")
+    if len(set(names)) < len(names):
+        names = [f"seat_{k}" for k in range(len(declared))]
+    seat_of = {a: k for k, seat in enumerate(declared) for a in seat}
+    return tuple(names), tuple(seat_of[a] for a in agents)
 
 
 def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_seats: tuple[int, ...], name: str):
@@ -114,8 +155,12 @@ def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_se
 
 
 def _probe(name: str, kind: str, make: Callable[..., object], version: str, outcome: str = "return",
-           units_left: Optional[Callable[[Any], tuple[int, ...]]] = None, **spec_extra: Any) -> _Game:
-    """Build the env once and read its agents and spaces into a spec."""
+           units_left: Optional[Callable[[Any], tuple[int, ...]]] = None,
+           declared: Optional[tuple[tuple[str, ...], ...]] = None, **spec_extra: Any) -> _Game:
+    """Build the env once and read its agents and spaces into a spec (`declared`: the config's env.seats)."""
+    if declared is not None and kind != "parallel":
+        where = "a turn-based game each agent is its own seat" if kind == "aec" else "a one-agent env there is one seat"
+        raise ValueError(f"env '{name}': env.seats is for simultaneous-move (Parallel) envs; in {where}")
     env = make()
     try:
         if kind == "gym":
@@ -128,9 +173,10 @@ def _probe(name: str, kind: str, make: Callable[..., object], version: str, outc
             agents = tuple(env.possible_agents)
             if kind == "aec":  # turn-based: each agent is its own side
                 seats, agent_seats = agents, tuple(range(len(agents)))
+            elif declared is not None:
+                seats, agent_seats = _declared_seats(agents, declared, name)
             else:  # simultaneous: units named <team>_<n> share their team's seat
-                teams = list(dict.fromkeys(_team(a) for a in agents))
-                seats, agent_seats = tuple(teams), tuple(teams.index(_team(a)) for a in agents)
+                seats, agent_seats = _infer_seats(agents, name)
             obs_space = env.observation_space
             actions = {num_actions(env.action_space(a), f"env '{name}', agent '{a}'") for a in agents}
         if len(actions) != 1:
@@ -152,22 +198,26 @@ def _module_factory(module: Any, fn: str, kwargs: Mapping[str, Any]) -> Callable
 
 
 @functools.lru_cache(maxsize=64)
-def _game(name: str, kwargs_json: str) -> _Game:
+def _game(name: str, kwargs_json: str, seats_json: str = "null") -> _Game:
     kwargs = json.loads(kwargs_json)
+    seats = json.loads(seats_json)
+    declared = None if seats is None else tuple(tuple(seat) for seat in seats)
     if name in _BOARD_GAMES:
         module_name, mirror = _BOARD_GAMES[name]
         module = _import(module_name, name)
         # raw_env skips PettingZoo's checking wrappers (half the step time); AECAdapter.act refuses
         # illegal moves itself.
-        return _probe(name, "aec", _module_factory(module, "raw_env", kwargs), module_name.rsplit(".", 1)[1], **mirror)
+        return _probe(name, "aec", _module_factory(module, "raw_env", kwargs), module_name.rsplit(".", 1)[1],
+                      declared=declared, **mirror)
     if name == "battle":
         module = _import("magent2.environments.battle_v4", name)
-        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4",
+        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4", declared=declared,
                       outcome="units_left", units_left=_magent_units_left)
     if name.startswith("mpe:"):
         module_name = _mpe_module(name, name[4:])
         module = _import(module_name, name)
-        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), module_name.rsplit(".", 1)[1])
+        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), module_name.rsplit(".", 1)[1],
+                      declared=declared)
     if name.startswith("pettingzoo:"):
         module_name = name[len("pettingzoo:"):]
         module = _import(module_name, name)
@@ -175,7 +225,7 @@ def _game(name: str, kwargs_json: str) -> _Game:
         if not hasattr(module, fn):
             raise ValueError(f"env '{name}': module '{module_name}' has neither parallel_env() nor env()")
         return _probe(name, "parallel" if fn == "parallel_env" else "aec", _module_factory(module, fn, kwargs),
-                      module_name.rsplit(".", 1)[-1])
+                      module_name.rsplit(".", 1)[-1], declared=declared)
     if name.startswith("gym:"):
         import gymnasium
 
@@ -187,10 +237,12 @@ def _game(name: str, kwargs_json: str) -> _Game:
 
         def make(render_mode: Optional[str] = None):
             return gymnasium.make(env_id, render_mode=render_mode, **kwargs)
-        return _probe(name, "gym", make, env_id)
+        return _probe(name, "gym", make, env_id, declared=declared)
     if name.startswith("sc2:"):
         from envs.sc2_wrappers.env import sc2_spec
 
+        if declared is not None:
+            raise ValueError(f"env '{name}': env.seats does not apply to StarCraft II (each player is its own seat)")
         return _Game(sc2_spec(name, kwargs), (), lambda render_mode=None: None)
     close = difflib.get_close_matches(name, ENV_NAMES, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -198,39 +250,48 @@ def _game(name: str, kwargs_json: str) -> _Game:
                      f"{', '.join(PREFIXES)}")
 
 
-def _lookup(name: str, kwargs: Optional[Mapping[str, Any]]) -> _Game:
+def _lookup(name: str, kwargs: Optional[Mapping[str, Any]], seats: Optional[Sequence[Sequence[str]]] = None) -> _Game:
     try:
         key = json.dumps(dict(kwargs or {}), sort_keys=True)
     except TypeError as e:
         raise ValueError(f"env '{name}': env.kwargs must be plain values (numbers, strings, lists): {e}") from None
+    seats_key = json.dumps(None if seats is None else [[str(a) for a in seat] for seat in seats])
     try:
-        return _game(name, key)
+        return _game(name, key, seats_key)
     except TypeError as e:  # a keyword the env's constructor does not take
         raise ValueError(f"env '{name}' does not accept env.kwargs {dict(kwargs or {})}: {e}") from None
     except AssertionError as e:  # MAgent2 checks its arguments with assert (e.g. a battle map under 12)
         raise ValueError(f"env '{name}' refuses env.kwargs {dict(kwargs or {})}: {e or 'a failed assertion'}") from None
 
 
-def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> EnvSpec:
+def env_spec(name: str, kwargs: Optional[Mapping[str, Any]] = None,
+             seats: Optional[Sequence[Sequence[str]]] = None) -> EnvSpec:
     """The spec of env `name` built with `kwargs`.
 
+    seats: the config's `env.seats` for a simultaneous-move env: a list of seats, each a list of agent
+      names (`[[player_0], [player_1]]`); None = inferred from the agents' names (`_team`), with a
+      warning where the names cannot tell allies from opponents.
+
     Raises:
-      ValueError: unknown name (naming the valid ones), a module that does not import, or kwargs the
-        env does not take.
+      ValueError: unknown name (naming the valid ones), a module that does not import, kwargs the
+        env does not take, or seats that do not put each agent in exactly one seat.
       UnsupportedSpace (a ValueError): an observation or action space this stack cannot train on.
     """
-    return _lookup(name, kwargs).spec
+    return _lookup(name, kwargs, seats).spec
 
 
-def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, render_mode: Optional[str] = None,
+def make_env(name: str, seed: int | np.random.SeedSequence, kwargs: Optional[Mapping[str, Any]] = None,
+             render_mode: Optional[str] = None, seats: Optional[Sequence[Sequence[str]]] = None,
              empty_mask: str = "error"):
     """A fresh adapter around env `name` (AECAdapter or ParallelAdapter; see envs/base.py for what
-    `advance` and `act` do); episode k is seeded `seed + k`. render_mode: as in `make_raw_env`.
-    empty_mask: "error" or "skip", what an acting agent with an all-zero action mask means (see
-    envs/base.py); "skip" only for simultaneous games (a turn-based game's turn cannot be skipped).
+    `advance` and `act` do). seed: an int (episode k is seeded `seed + k`) or a numpy SeedSequence
+    (episode k gets a seed drawn from its child k; see `envs.base.EpisodeSeeds`).
+    render_mode: as in `make_raw_env`. seats: as in `env_spec`. empty_mask: "error" or "skip", what an
+    acting agent with an all-zero action mask means (see envs/base.py); "skip" only for simultaneous
+    games (a turn-based game's turn cannot be skipped).
 
     Raises ValueError for `empty_mask="skip"` on a turn-based game."""
-    game = _lookup(name, kwargs)
+    game = _lookup(name, kwargs, seats)
     spec = game.spec
     make = functools.partial(game.make, render_mode)
     if empty_mask != "error" and spec.kind in ("aec", "sc2"):
@@ -241,6 +302,8 @@ def make_env(name: str, seed: int, kwargs: Optional[Mapping[str, Any]] = None, r
     if spec.kind == "sc2":
         from envs.sc2_wrappers.env import SC2Adapter, sc2_game
 
+        if isinstance(seed, np.random.SeedSequence):  # pysc2 seeds a game once, with 32 bits
+            seed = int(seed.generate_state(1)[0])
         return SC2Adapter(sc2_game(name, kwargs), seed)
     if spec.kind == "gym":
         return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions, name, empty_mask)

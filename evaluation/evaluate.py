@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -41,9 +41,9 @@ class GameRecord:
 
 def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0,
                greedy: bool = True, kwargs: Mapping[str, Any] | None = None,
-               empty_mask: str = "error") -> list[GameRecord]:
-    """Play `games` games of `env_name` (built with `kwargs`, and `empty_mask` as in `make_env`)
-    with `sides[s]` playing seat `s`.
+               seats: Sequence[Sequence[str]] | None = None, empty_mask: str = "error") -> list[GameRecord]:
+    """Play `games` games of `env_name` (built with `kwargs`, its seats declared by `seats` as in
+    `envs.registry.env_spec`, and `empty_mask` as in `make_env`) with `sides[s]` playing seat `s`.
 
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
     every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
@@ -51,10 +51,10 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
 
     Returns the records of the games in order k = 0 .. games-1.
     """
-    spec = env_spec(env_name, kwargs)
+    spec = env_spec(env_name, kwargs, seats)
     if len(sides) != len(spec.seats):
         raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
-    envs = [make_env(env_name, seed + k, kwargs, empty_mask=empty_mask) for k in range(games)]
+    envs = [make_env(env_name, seed + k, kwargs, seats=seats, empty_mask=empty_mask) for k in range(games)]
     steps = [env.advance() for env in envs]
     actions: list[list[int]] = [[] for _ in range(games)]
     records: list[GameRecord | None] = [None] * games
@@ -124,12 +124,13 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
     spec = policy.spec
     bot = make_bot(opponent, spec.name, seed=seed)
     sides = tuple(policy if s == seat else bot for s in range(len(spec.seats)))
-    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs, policy.config.env.empty_mask)
+    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs, policy.config.env.seats,
+                         policy.config.env.empty_mask)
     if record_dir is not None:
         from evaluation.replays import save_match
 
         names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
-        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs)
+        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs, policy.config.env.seats)
     result = count_outcomes(records, seat)
     if spec.name in GAMES:
         result.tactics = count_tactics(GAMES[spec.name], (r.actions for r in records), seat)
@@ -142,11 +143,11 @@ def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = Tr
     their returns (mean, std, min, max) and lengths. With `record_dir`, every episode is saved there
     as a replay, the policy named `name`."""
     records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs,
-                         policy.config.env.empty_mask)
+                         policy.config.env.seats, policy.config.env.empty_mask)
     if record_dir is not None:
         from evaluation.replays import save_match
 
-        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs)
+        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs, policy.config.env.seats)
     returns = np.array([r.returns[0] for r in records])
     return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
             "std_return": float(returns.std()), "min_return": float(returns.min()),

@@ -9,10 +9,11 @@ Format (version ``REPLAY_FORMAT``)::
 ``seed`` is the env's reset seed, ``players[s]`` the display name of the player in seat ``s``
 (seat 0 moves first), ``rewards`` the summed reward per seat (over the seat's agents), ``winner``
 the winning seat by the env's rule or null for a draw, ``kwargs`` the env's constructor arguments
-(a battle's ``map_size``, ``max_cycles``). In a turn-based game ``actions`` holds every move in order
-of play and ``length`` their number; in a simultaneous-move game (a battle, MPE) or a one-agent
-gymnasium env ``actions`` holds, step after step, one action per acting agent in ``env.agents``
-order, and ``length`` counts env steps. Format 1 (no ``kwargs``: the env's defaults) is still read.
+(a battle's ``map_size``, ``max_cycles``), ``env_seats`` (only where the run's config declared
+``env.seats``: the agents of each seat, e.g. ``[["agent_1"], ["agent_0"]]``). In a turn-based game
+``actions`` holds every move in order of play and ``length`` their number; in a simultaneous-move
+game (a battle, MPE) or a one-agent gymnasium env ``actions`` holds, step after step, one action per
+acting agent in ``env.agents`` order, and ``length`` counts env steps. Format 1 (no ``kwargs``: the env's defaults) is still read.
 
 A replay is trusted only after ``simulate`` has replayed it in the same env (same versioned module,
 kwargs and seed): every recorded action must be legal where it is played, the game must end exactly
@@ -74,6 +75,7 @@ class Replay:
     winner: int | None
     length: int
     kwargs: dict[str, Any] = field(default_factory=dict)
+    env_seats: list[list[str]] | None = None
 
 
 def _pettingzoo_version() -> str:
@@ -82,15 +84,18 @@ def _pettingzoo_version() -> str:
     return pettingzoo.__version__
 
 
-def make_replay(env_name: str, players: tuple[str, ...], record, kwargs: Mapping[str, Any] | None = None) -> Replay:
-    """The replay of one finished game of `env_name` built with `kwargs`.
+def make_replay(env_name: str, players: tuple[str, ...], record, kwargs: Mapping[str, Any] | None = None,
+                seats: list[list[str]] | None = None) -> Replay:
+    """The replay of one finished game of `env_name` built with `kwargs` (and declared `seats`, the
+    config's `env.seats`).
 
     record: an `evaluation.evaluate.GameRecord` (seed, actions, returns, winner, length).
     """
-    spec = env_spec(env_name, kwargs)
+    spec = env_spec(env_name, kwargs, seats)
     return Replay(REPLAY_FORMAT, env_name, spec.version or env_name, _pettingzoo_version(), int(record.seed),
                   list(spec.seats), list(players), [int(a) for a in record.actions],
-                  [float(r) for r in record.returns], record.winner, int(record.length), dict(kwargs or {}))
+                  [float(r) for r in record.returns], record.winner, int(record.length), dict(kwargs or {}),
+                  None if seats is None else [list(seat) for seat in seats])
 
 
 def _safe(name: str) -> str:
@@ -124,7 +129,7 @@ def _create(tmp: Path, path: Path, text: str) -> bool:
 
 
 def save_match(directory: str | Path, env_name: str, players: tuple[str, ...], records: Iterable,
-               kwargs: Mapping[str, Any] | None = None) -> list[Path]:
+               kwargs: Mapping[str, Any] | None = None, seats: list[list[str]] | None = None) -> list[Path]:
     """Save each game of one match of `env_name` (built with `kwargs`) as
     ``<directory>/<seat 0>-vs-<seat 1>-<game:04d>.json`` (``<player>-<game:04d>.json`` in a one-seat env).
 
@@ -143,7 +148,10 @@ def save_match(directory: str | Path, env_name: str, players: tuple[str, ...], r
         directory.mkdir(parents=True, exist_ok=True)
         for k, record in enumerate(records):
             stem = f"{'-vs-'.join(_safe(p) for p in players)}-{k:04d}"
-            text = json.dumps(asdict(make_replay(env_name, players, record, kwargs))) + "\n"
+            replay = asdict(make_replay(env_name, players, record, kwargs, seats))
+            if replay["env_seats"] is None:  # seats inferred from the env: files as before
+                del replay["env_seats"]
+            text = json.dumps(replay) + "\n"
             tmp = directory / f".{stem}.{uuid.uuid4().hex}.json.tmp"  # unique: workers may share the directory
             with open(tmp, "x") as f:
                 f.write(text)
@@ -199,7 +207,10 @@ def load_replay(path: str | Path) -> Replay:
         raise ReplayError(f"{path}: 'actions' must be a list of integers")
     if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in data["rewards"]):
         raise ReplayError(f"{path}: 'rewards' must be a list of numbers")
-    unknown = set(data) - set(fields) - {"winner"}
+    if "env_seats" in data and not (isinstance(data["env_seats"], list) and all(
+            isinstance(seat, list) and all(isinstance(a, str) for a in seat) for seat in data["env_seats"])):
+        raise ReplayError(f"{path}: 'env_seats' must be a list of seats, each a list of agent names")
+    unknown = set(data) - set(fields) - {"winner", "env_seats"}
     if unknown:
         raise ReplayError(f"{path}: unknown fields {sorted(unknown)}")
     return Replay(**data)
@@ -249,7 +260,7 @@ def simulate(replay: Replay, path: str | Path, render: bool = False) -> list[Pos
         differ from the recorded ones; `render` for a one-agent gymnasium env.
     """
     try:
-        spec = env_spec(replay.env, replay.kwargs)
+        spec = env_spec(replay.env, replay.kwargs, replay.env_seats)
     except ValueError as e:
         raise ReplayError(f"{path}: {e}") from None
     except AssertionError as e:  # MAgent2 checks its arguments with assert (e.g. map_size >= 12)
@@ -361,7 +372,7 @@ class _Watch:
 def _simulate_steps(replay: Replay, path: str | Path, spec: EnvSpec, render: bool):
     """A simultaneous-move or one-agent game re-played step by step through its adapter:
     (positions, returns per seat, winner)."""
-    adapter = make_env(replay.env, replay.seed, replay.kwargs, "rgb_array" if render else None)
+    adapter = make_env(replay.env, replay.seed, replay.kwargs, "rgb_array" if render else None, replay.env_seats)
     watch = _Watch(adapter.env, spec, gif_stride(replay.length) if render else None)
     adapter.env = watch
     try:
@@ -403,6 +414,8 @@ def describe_winner(replay: Replay, winner: int | None) -> str:
 
 
 _PIECES = {0: ".", 1: "X", 2: "O"}
+_DRAWN_TRANSPOSED = {"tictactoe"}
+"""Games whose observation rows are drawn as columns by the env's renderer (see `ascii_board`)."""
 
 
 def ascii_board(env_name: str, observation: np.ndarray) -> str:
@@ -410,6 +423,9 @@ def ascii_board(env_name: str, observation: np.ndarray) -> str:
 
     observation: seat 0's int8 ``[rows, cols, 2]`` observation. Connect four gets its column
     numbers (the actions) under the board; tic-tac-toe shows the action number of empty cells.
+    The board is drawn as the env renders it (the GIF): PettingZoo's tic-tac-toe numbers its cells
+    column by column (0 3 6 / 1 4 7 / 2 5 8) and draws cell a in column a // 3, row a % 3, so
+    observation row r is drawn as column r (`_DRAWN_TRANSPOSED`).
 
     Raises ValueError if the env has no board model (see `evaluation.bots.GAMES`).
     """
@@ -417,13 +433,16 @@ def ascii_board(env_name: str, observation: np.ndarray) -> str:
         raise ValueError(f"no text board for env {env_name!r}; boards exist for {sorted(GAMES)}")
     game = GAMES[env_name]
     cells = observation[..., 0] + 2 * observation[..., 1]
+    action = np.arange(game.rows * game.cols).reshape(game.rows, game.cols)  # observation cell -> its action
+    if env_name in _DRAWN_TRANSPOSED:
+        cells, action = cells.T, action.T
     lines = []
-    for row in range(game.rows):
+    for row in range(cells.shape[0]):
         marks = []
-        for col in range(game.cols):
+        for col in range(cells.shape[1]):
             mark = _PIECES[int(cells[row, col])]
             if mark == "." and not game.gravity:
-                mark = str(row * game.cols + col)
+                mark = str(action[row, col])
             marks.append(mark)
         lines.append(" ".join(marks))
     if game.gravity:

@@ -61,6 +61,7 @@ class Player:
     load: the bot spec, or the checkpoint's absolute path; source: the player spec it came from;
     env: the checkpoint's env name (None for bots); meta: the checkpoint's ``meta`` JSON;
     kwargs: the checkpoint's env kwargs (a battle's map size; None for bots).
+    seats: the checkpoint's declared `env.seats` (None: inferred, or a bot).
     """
 
     name: str
@@ -70,6 +71,7 @@ class Player:
     env: str | None = None
     meta: dict = field(default_factory=dict)
     kwargs: dict | None = None
+    seats: list | None = None
 
 
 def checkpoint_name(path: Path, meta: dict) -> str:
@@ -104,7 +106,7 @@ def checkpoint_player(path: Path, source: str, name: str | None = None) -> Playe
     meta = meta if isinstance(meta, dict) else {}
     path = path.resolve()
     return Player(name or checkpoint_name(path, meta), "checkpoint", str(path), source, policy.spec.name, meta,
-                  dict(policy.config.env.kwargs))
+                  dict(policy.config.env.kwargs), policy.config.env.seats)
 
 
 def _run_dir_players(run_dir: Path, source: str) -> list[Player]:
@@ -168,13 +170,18 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
         (kw_a, src_a), (kw_b, src_b) = list(built.items())[:2]
         raise PlayerError(f"players must all play one env: {src_a!r} was trained with env.kwargs {kw_a} "
                           f"but {src_b!r} with {kw_b}")
+    seated = {json.dumps(p.seats): p.source for p in players if p.kind == "checkpoint"}
+    if len(seated) > 1:
+        (seats_a, src_a), (seats_b, src_b) = list(seated.items())[:2]
+        raise PlayerError(f"players must all play one env: {src_a!r} was trained with env.seats {seats_a} "
+                          f"but {src_b!r} with {seats_b}")
     env_name = env_name or next(iter(envs), None)
     if env_name is None:
         raise PlayerError("only bots were given: name the game with --env (connect_four or tictactoe)")
     from envs.registry import env_spec
 
     try:
-        env_spec(env_name, env_kwargs(players))
+        env_spec(env_name, env_kwargs(players), env_seats(players))
     except ValueError as e:
         raise PlayerError(f"--env: {e}") from None
     unique: list[Player] = []
@@ -196,7 +203,7 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
         names[player.name] = names.get(player.name, 0) + 1
         suffix = f"#{names[player.name]}" if names[player.name] > 1 else ""
         named.append(Player(player.name + suffix, player.kind, player.load, player.source, player.env, player.meta,
-                            player.kwargs))
+                            player.kwargs, player.seats))
     if len(named) < 2:
         raise PlayerError(f"a tournament needs at least 2 players; {specs} gave {len(named)}")
     return env_name, named
@@ -220,13 +227,14 @@ def pair_seeds(pair_index: int, seed: int) -> tuple[int, int]:
 def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int, seed: int, greedy: bool = True,
               record_dir: str | None = None, pair_index: int = 0,
               load: Callable[[str, str, int], object] = load_side,
-              kwargs: Mapping[str, Any] | None = None) -> list[dict]:
+              kwargs: Mapping[str, Any] | None = None, seats: list | None = None) -> list[dict]:
     """Both matches of one pair: `games` games with `a` in seat 0, then `games` with `b` in seat 0.
 
     a, b: (display name, load string) of the two players. Match m's games are seeded
     ``pair_seeds(pair_index, seed)[m] + k``; the side in seat s is seeded with that base + s.
     With `record_dir`, every game is saved as a replay there. kwargs: the env's constructor arguments
-    (`env_kwargs` of the tournament's players), the same for every pair.
+    (`env_kwargs` of the tournament's players), the same for every pair; seats: their declared
+    `env.seats` (`env_seats`).
 
     Returns two JSON-ready dicts: ``first``, ``second`` (names by seat), ``seed``, ``games``,
     ``first_wins``, ``draws``, ``second_wins``, ``mean_length`` (actions per game).
@@ -234,11 +242,11 @@ def play_pair(env_name: str, a: tuple[str, str], b: tuple[str, str], games: int,
     results = []
     for (first, second), match_seed in zip(((a, b), (b, a)), pair_seeds(pair_index, seed)):
         sides = (load(first[1], env_name, match_seed), load(second[1], env_name, match_seed + 1))
-        records = play_games(env_name, sides, games, match_seed, greedy, kwargs)
+        records = play_games(env_name, sides, games, match_seed, greedy, kwargs, seats)
         if record_dir is not None:
             from evaluation.replays import save_match
 
-            save_match(record_dir, env_name, (first[0], second[0]), records, kwargs)
+            save_match(record_dir, env_name, (first[0], second[0]), records, kwargs, seats)
         outcome = count_outcomes(records, 0)
         results.append({"first": first[0], "second": second[0], "seed": match_seed, "games": games,
                         "first_wins": outcome.wins, "draws": outcome.draws, "second_wins": outcome.losses,
@@ -252,13 +260,19 @@ def env_kwargs(players: list[Player]) -> dict:
     return next((p.kwargs for p in players if p.kwargs is not None), {})
 
 
+def env_seats(players: list[Player]) -> list | None:
+    """The seats every pair plays with: the checkpoints' declared `env.seats` (`resolve_players`
+    checked that they agree); None = inferred from the env's agent names."""
+    return next((p.seats for p in players if p.kind == "checkpoint"), None)
+
+
 def _worker_command(env_name: str, a: Player, b: Player, games: int, seed: int, greedy: bool,
-                    record_dir: str | None, pair_index: int, kwargs: dict) -> list[str]:
+                    record_dir: str | None, pair_index: int, kwargs: dict, seats: list | None = None) -> list[str]:
     # Every value as --opt=VALUE: a name or path starting with "-" (a snapshot id "--a", a file "-x.safetensors")
     # must not be read as an option.
     cmd = [sys.executable, "-m", "evaluation.tournament", f"--env={env_name}", f"--a-name={a.name}", f"--a={a.load}",
            f"--b-name={b.name}", f"--b={b.load}", f"--games={games}", f"--seed={seed}", f"--pair-index={pair_index}",
-           f"--env-kwargs={json.dumps(kwargs)}"]
+           f"--env-kwargs={json.dumps(kwargs)}", f"--env-seats={json.dumps(seats)}"]
     if not greedy:
         cmd.append("--sample")
     if record_dir is not None:
@@ -302,7 +316,7 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     pairs = [(i, j) for i in range(len(players)) for j in range(i + 1, len(players))]
-    kwargs = env_kwargs(players)
+    kwargs, seats = env_kwargs(players), env_seats(players)
     matches: list[dict] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("games"),
                TimeRemainingColumn())
@@ -323,12 +337,12 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
                 a, b = players[i], players[j]
                 progress.update(task, description=f"{a.name} vs {b.name}")
                 matches += play_pair(env_name, (a.name, a.load), (b.name, b.load), games, seed, greedy,
-                                     record_dir, index, load_cached, kwargs)
+                                     record_dir, index, load_cached, kwargs, seats)
                 progress.advance(task, 2 * games)
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 futures = {pool.submit(_run_worker, _worker_command(env_name, players[i], players[j], games, seed,
-                                                                    greedy, record_dir, index, kwargs),
+                                                                    greedy, record_dir, index, kwargs, seats),
                                        players[i], players[j]): index
                            for index, (i, j) in enumerate(pairs)}
                 by_pair: dict[int, list[dict]] = {}
@@ -415,10 +429,12 @@ def _worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", action="store_true")
     p.add_argument("--record")
     p.add_argument("--env-kwargs", type=json.loads, default={}, help="the env's constructor arguments, as JSON")
+    p.add_argument("--env-seats", type=json.loads, default=None,
+                   help="the env's declared seats, as JSON (null: inferred from the agents' names)")
     args = p.parse_args(argv)
     try:
         result = play_pair(args.env, (args.a_name, args.a), (args.b_name, args.b), args.games, args.seed,
-                           not args.sample, args.record, args.pair_index, kwargs=args.env_kwargs)
+                           not args.sample, args.record, args.pair_index, kwargs=args.env_kwargs, seats=args.env_seats)
     except ValueError as e:  # includes CheckpointError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -85,7 +85,7 @@ class LeagueManager:
         self.dir = Path(run_dir) / "league"
         self.snapshot_dir = self.dir / "snapshots"
         self.state_path = self.dir / "state.json"
-        self.spec = env_spec(cfg.env.name, cfg.env.kwargs)
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.learners = learner_players(cfg)
         self.matchmaking = MatchmakingConfig(
             self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bot_share=league.bot_share,

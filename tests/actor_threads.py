@@ -56,6 +56,8 @@ def main() -> None:
         actor.stop()
     for thread in threads:
         thread.join(30)
+    for actor in actors:
+        actor.close()
     print(json.dumps({"sent": [actor.sent for actor in actors], "errors": errors, "alive_at_stop": alive}), flush=True)
 
 

@@ -32,6 +32,7 @@ def _play(actor: Actor, unrolls_wanted: int) -> tuple[list[dict], list[dict]]:
     actor.send = lambda batch: unrolls.extend(batch) or len(unrolls) >= unrolls_wanted
     actor.results.add_many = results.extend
     actor.run()
+    actor.close()  # its id is free again for the next actor of the test
     return unrolls, results
 
 
@@ -109,6 +110,7 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
         actor.learner_seat = [1] * len(actor.envs)  # the snapshot has the first move in every env
         first_moves[temperature] = [a for [a] in actor.choose_actions(steps)]
         obs, masks = actor.stack(steps, [(0, 0)])
+        actor.close()
     with torch.no_grad():
         argmax = int(frozen(obs, masks)[0].argmax())
     assert first_moves[0.0] == [argmax] * 64

@@ -246,6 +246,48 @@ def test_malformed_yaml_file_is_a_config_error(tmp_path):
         load_config(write(tmp_path, "learner: [\n"))
 
 
+def test_yaml_syntax_errors_give_the_line_and_column(tmp_path):
+    path = write(tmp_path, "run:\n  seed: 3\n  name: [a\n  total_frames: 10\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}, line 4, column 15: not valid YAML: did not find expected ',' or ']'")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("run:\n  seed: 3\nactor:\n  num_envz: 4\n", ", line 4, column 3: unknown config key 'actor.num_envz'; "
+     "did you mean 'actor.num_envs'?"),
+    ("run:\n  seed: 3\nactor:\n    num_envs: many\n", ", line 4, column 5: bad config value for actor.num_envs"),
+    ("run:\n  seed: 3\n  total_frames: 1.5\n", ", line 3, column 3: bad config value for run.total_frames"),
+])
+def test_bad_keys_and_values_in_a_file_give_their_line_and_column(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}{message}")
+
+
+@pytest.mark.parametrize("value", ["1e6", "1E6", "1.0e6", "1e+6", "1000000.0"])
+def test_integral_floats_are_accepted_for_integer_fields(tmp_path, value):
+    """YAML reads 1e6 as a float; an integer field takes it as the integer it is."""
+    from_file = load_config(write(tmp_path, f"run:\n  total_frames: {value}\n"))
+    from_set = load_config(None, [f"run.total_frames={value}"])
+    assert from_file.run.total_frames == from_set.run.total_frames == 1_000_000
+    assert type(from_file.run.total_frames) is int and type(from_set.run.total_frames) is int
+    assert from_yaml_text(f"run:\n  total_frames: {value}\n").run.total_frames == 1_000_000
+
+
+def test_fractions_for_integer_fields_are_still_refused(tmp_path):
+    for value in ("1.5", "2.5e0"):
+        with pytest.raises(ConfigError, match="run.total_frames"):
+            load_config(None, [f"run.total_frames={value}"])
+        with pytest.raises(ConfigError, match="run.total_frames"):
+            load_config(write(tmp_path, f"run:\n  total_frames: {value}\n"))
+    with pytest.raises(ConfigError, match="out of range"):
+        load_config(None, ["run.total_frames=1e30"])
+    assert load_config(None, ["learner.learning_rate=1e-3"]).learner.learning_rate == 0.001  # floats stay floats
+    assert type(load_config(None, ["run.max_minutes=2"]).run.max_minutes) is float
+
+
 def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_bytes(b"run:\n  name: \xff\xfe\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -98,7 +99,8 @@ def test_replay_command_shows_every_move_and_the_verified_outcome(recorded, caps
     replay = load_replay(path)
     assert run.main(["replay", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("start: minimax:9 (X, player_1) vs tactical (O, player_2)\n0 1 2\n3 4 5\n6 7 8\n")
+    # PettingZoo's cell numbering of tic-tac-toe (column by column), as its renderer draws it.
+    assert out.startswith("start: minimax:9 (X, player_1) vs tactical (O, player_2)\n0 3 6\n1 4 7\n2 5 8\n")
     assert out.count("\nmove ") == replay.length
     assert "re-simulated and verified" in out
     assert run.main(["replay", str(path), "--final"]) == 0
@@ -115,6 +117,28 @@ def test_replay_command_rejects_a_tampered_file_with_exit_2(recorded, tmp_path, 
     assert run.main(["replay", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: re-simulated outcome") and err.count("\n") == 1
+
+
+def test_tictactoe_text_board_is_drawn_as_the_gif_draws_it():
+    """Each first move lands, in the text board, where the env's own rendering (the GIF) draws it."""
+    from envs.registry import make_raw_env
+    from evaluation.replays import ascii_board
+
+    for action in range(9):
+        env = make_raw_env("tictactoe", "rgb_array")
+        env.reset(seed=0)
+        before = np.asarray(env.render()).astype(int)
+        env.step(action)
+        after = np.asarray(env.render())
+        ys, xs = np.nonzero(np.abs(after.astype(int) - before).sum(-1))
+        row, col = int(3 * ys.mean() // after.shape[0]), int(3 * xs.mean() // after.shape[1])
+        text = ascii_board("tictactoe", env.observe("player_1")["observation"]).splitlines()
+        assert text[row].split()[col] == "X", (action, text)
+        assert sum(line.count("X") for line in text) == 1
+        env.close()
+        # The empty board's number at that place is the action itself.
+        empty = ascii_board("tictactoe", np.zeros((3, 3, 2), np.int8)).splitlines()
+        assert empty[row].split()[col] == str(action)
 
 
 def test_gif_has_one_frame_per_move_plus_the_start(recorded, tmp_path, capsys):
