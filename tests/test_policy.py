@@ -13,7 +13,7 @@ from pettingzoo.classic import tictactoe_v3
 
 from agents.network import ActorCritic
 from config import load_config, to_yaml
-from distributed.checkpoint import save_checkpoint
+from agents.checkpoint import save_checkpoint
 from envs.registry import env_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -111,7 +111,7 @@ def test_declared_seats_are_kept_in_replays(tmp_path):
 
 
 def _duel_checkpoint(path, seats):
-    from distributed.checkpoint import save_checkpoint
+    from agents.checkpoint import save_checkpoint
     from config import to_yaml
 
     cfg = load_config(None, [f"env.name={DUEL}", "env.kwargs.names=[agent_0,agent_1]", "agent.torso=mlp",
