@@ -120,6 +120,8 @@ class LearnerConfig:
     publish_every: int = _f(1, "publish weights every N updates")
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
+    prefetch_batches: int = _f(2, "batches read, decoded and stacked ahead of the update by the ingest thread; "
+                               "0 = read in the update's own thread")
 
 
 @dataclass
@@ -346,6 +348,7 @@ def validate(cfg: Config) -> None:
         # Redis reads BLOCK 0 as "forever": the learner could then never notice a stop signal.
         # ... and it notices one only between reads: the launcher waits 60 s for its final checkpoint.
         (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
+        (0 <= cfg.learner.prefetch_batches <= 64, "learner.prefetch_batches must be in [0, 64]"),
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
          "learner.device must be auto, cpu, mps, cuda or cuda:N"),
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -55,7 +56,7 @@ class UnrollSpec:
     env: EnvSpec
     unroll_length: int
 
-    @property
+    @cached_property  # the decoder reads it several times per unroll
     def arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         T, A, heads = self.unroll_length, self.env.num_actions, self.env.action_heads
         if self.env.obs_arrays is None:
