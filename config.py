@@ -28,6 +28,7 @@ MAX_UNROLL_LENGTH = 10_000
 MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
+COMPRESSIONS = ("none", "zstd")  # transport.compression: how unroll arrays travel
 MAX_BATCH_SIZE = 4096  # a batch is acked in one Lua script, whose argument unpacking has a limit
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
@@ -129,6 +130,8 @@ class LearnerConfig:
     publish_every: int = _f(1, "publish weights every N updates")
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
+    prefetch_batches: int = _f(2, "batches read, decoded and stacked ahead of the update by the ingest thread; "
+                               "0 = read in the update's own thread")
 
 
 @dataclass
@@ -168,6 +171,13 @@ class LeagueConfig:
 
 
 @dataclass
+class TransportConfig:
+    compression: str = _f("none", "unroll arrays on the wire: none, or zstd (each array one zstd frame; the decoder "
+                          "refuses a frame that declares more bytes than the array's shape needs)")
+    compression_level: int = _f(3, "zstd level, 1 (fastest) to 19 (smallest)")
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -175,10 +185,12 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     league: LeagueConfig = field(default_factory=LeagueConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
 
 
 SECTIONS: dict[str, type] = {
     "run": RunConfig, "env": EnvConfig, "agent": AgentConfig, "actor": ActorConfig, "learner": LearnerConfig, "league": LeagueConfig,
+    "transport": TransportConfig,
 }
 
 
@@ -407,9 +419,12 @@ def validate(cfg: Config) -> None:
         # Redis reads BLOCK 0 as "forever": the learner could then never notice a stop signal.
         # ... and it notices one only between reads: the launcher waits 60 s for its final checkpoint.
         (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
+        (0 <= cfg.learner.prefetch_batches <= 64, "learner.prefetch_batches must be in [0, 64]"),
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
          "learner.device must be auto, cpu, mps, cuda or cuda:N"),
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),
+        (cfg.transport.compression in COMPRESSIONS, f"transport.compression must be one of {', '.join(COMPRESSIONS)}"),
+        (1 <= cfg.transport.compression_level <= 19, "transport.compression_level must be in [1, 19]"),
         (0 <= cfg.run.redis_retry_s <= 86_400, "run.redis_retry_s must be in [0, 86400]"),
         (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
         (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),

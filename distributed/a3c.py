@@ -148,6 +148,9 @@ class ParameterServer(Learner):
         header, grads = decode_gradients(data, self.shapes)
         return header, (header, grads)
 
+    def prepare(self, payloads: list) -> list:
+        return payloads  # gradients are applied as they are
+
     def train_on(self, payloads: list[tuple[dict, dict[str, torch.Tensor]]]) -> dict[str, float]:
         """Apply one gradient; publish the weights on schedule."""
         [(header, grads)] = payloads

@@ -522,7 +522,9 @@ class Actor:
         payloads = []
         for unroll in unrolls:
             payloads.append(encode_unroll(unroll, unroll_id=f"{self.actor_id}-{self.token}-{self.sent}",
-                                          policy_version=self.version, actor_id=self.actor_id, env=self.spec.name))
+                                          policy_version=self.version, actor_id=self.actor_id, env=self.spec.name,
+                                          compression=self.cfg.transport.compression,
+                                          level=self.cfg.transport.compression_level))
             self.sent += 1
         self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:

@@ -1,27 +1,33 @@
 """Wire format of unrolls and weights. Nothing here unpickles: arrays travel as dtype + shape + bytes.
 
-An unroll is one msgpack map `{"header": {...}, "arrays": {name: [dtype, shape, raw bytes]}}`. The
-decoder trusts nothing: it checks the schema, that exactly the expected arrays are present with the
-whitelisted dtype and the shape the config implies (before touching the bytes, so a huge declared
-shape allocates nothing), that floats are finite, and that actions, masks and done flags are in range.
+An unroll is one msgpack map `{"header": {...}, "arrays": {name: [dtype, shape, bytes]}}`, the bytes
+raw or, with header `compression: zstd`, one zstd frame per array. The decoder trusts nothing: it checks
+the schema, that exactly the expected arrays are present with the whitelisted dtype and the shape the
+config implies (before touching the bytes, so a huge declared shape allocates nothing), that a zstd
+frame declares exactly the bytes that shape needs (before decompressing it, so a decompression bomb
+allocates nothing either), that floats are finite, and that actions, masks and done flags are in range.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import msgpack
 import numpy as np
 import torch
+import zstandard
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from config import COMPRESSIONS
 from envs.registry import EnvSpec
 
-SCHEMA = "impala-unroll/2"  # 2: `truncated` and `final_obs` (time limits bootstrap)
+SCHEMA = "impala-unroll/2"  # 2: `truncated` and `final_obs` (time limits bootstrap), header `compression`
 MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it
 
 
@@ -61,7 +67,7 @@ class UnrollSpec:
     env: EnvSpec
     unroll_length: int
 
-    @property
+    @cached_property  # the decoder reads it several times per unroll
     def arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         T, A, heads = self.unroll_length, self.env.num_actions, self.env.action_heads
         if self.env.obs_arrays is None:
@@ -90,15 +96,32 @@ class UnrollSpec:
 
 
 HEADER_FIELDS = {"schema": str, "unroll_id": str, "policy_version": int, "actor_id": int,
-                 "opponent_id": str, "env": str, "created_at": float}
+                 "opponent_id": str, "env": str, "created_at": float, "compression": str}
+
+_zstd = threading.local()  # zstandard's (de)compressor objects must not be shared between threads
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache = _zstd.__dict__.setdefault("compressors", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return cache[level]
 
 
 def encode_unroll(arrays: dict[str, np.ndarray], *, unroll_id: str, policy_version: int, actor_id: int,
-                  env: str, opponent_id: str = "self") -> bytes:
-    """Serialize an unroll (arrays as in `UnrollSpec`) with its header to bytes for XADD."""
+                  env: str, opponent_id: str = "self", compression: str = "none", level: int = 3) -> bytes:
+    """Serialize an unroll (arrays as in `UnrollSpec`) with its header to bytes for XADD.
+
+    `compression` (transport.compression): "none", or "zstd" at `level`, which makes each array's bytes
+    one zstd frame that records its decompressed size. Raises ValueError for another compression.
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     header = {"schema": SCHEMA, "unroll_id": unroll_id, "policy_version": int(policy_version),
-              "actor_id": int(actor_id), "opponent_id": opponent_id, "env": env, "created_at": time.time()}
-    body = {name: [a.dtype.str, list(a.shape), np.ascontiguousarray(a).tobytes()] for name, a in arrays.items()}
+              "actor_id": int(actor_id), "opponent_id": opponent_id, "env": env, "created_at": time.time(),
+              "compression": compression}
+    pack = _compressor(level).compress if compression == "zstd" else bytes
+    body = {name: [a.dtype.str, list(a.shape), pack(np.ascontiguousarray(a).data)] for name, a in arrays.items()}
     return msgpack.packb({"header": header, "arrays": body}, use_bin_type=True)
 
 
@@ -129,14 +152,15 @@ def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
         got = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__  # keys: str or bytes
         raise DecodeError(f"arrays must be exactly {sorted(spec.arrays)}, and {sorted(spec.final_arrays)} where a "
                           f"step is truncated, got {got}")
-    arrays = {name: _decode_array(name, body[name], *spec.arrays[name]) for name in spec.arrays}
+    compressed = header["compression"] == "zstd"
+    arrays = {name: _decode_array(name, body[name], *spec.arrays[name], compressed) for name in spec.arrays}
     if arrays["truncated"].max() > 1 or (arrays["truncated"] > arrays["done"]).any():
         raise DecodeError("truncated must be 0 or 1, and 1 only where done is 1")
     n = int(arrays["truncated"].sum())  # at most T: the final observations' count is bounded before decoding
     for name, (dtype, shape) in spec.final_arrays.items():
         if name not in body and n:
             raise DecodeError(f"{n} steps are truncated but the unroll has no '{name}'")
-        arrays[name] = (_decode_array(name, body[name], dtype, (n, *shape)) if name in body
+        arrays[name] = (_decode_array(name, body[name], dtype, (n, *shape), compressed) if name in body
                         else np.zeros((0, *shape), dtype))
     _check_values(arrays, spec)
     return header, arrays
@@ -155,11 +179,13 @@ def _check_header(header: Any, spec: UnrollSpec) -> None:
         raise DecodeError(f"schema '{header['schema']}' is not '{SCHEMA}'")
     if header["env"] != spec.env.name:
         raise DecodeError(f"unroll is for env '{header['env']}', this learner trains '{spec.env.name}'")
+    if header["compression"] not in COMPRESSIONS:
+        raise DecodeError(f"compression '{header['compression']}' is not one of {', '.join(COMPRESSIONS)}")
     if header["policy_version"] < 0:
         raise DecodeError("policy_version must be >= 0")
 
 
-def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...], compressed: bool) -> np.ndarray:
     if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
             and isinstance(item[1], list) and isinstance(item[2], bytes)):
         raise DecodeError(f"array '{name}' must be [dtype, shape, bytes]")
@@ -167,10 +193,28 @@ def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...])
         raise DecodeError(f"array '{name}' has dtype '{item[0]}', expected '{dtype.str}'")
     if item[1] != list(shape):
         raise DecodeError(f"array '{name}' has shape {item[1]}, expected {list(shape)}")
-    if len(item[2]) != dtype.itemsize * int(np.prod(shape)):
-        raise DecodeError(f"array '{name}' has {len(item[2])} bytes, shape {list(shape)} needs "
-                          f"{dtype.itemsize * int(np.prod(shape))}")
-    return np.frombuffer(item[2], dtype=dtype).reshape(shape)
+    nbytes = dtype.itemsize * int(np.prod(shape))
+    data = _decompress(name, item[2], nbytes) if compressed else item[2]
+    if len(data) != nbytes:
+        raise DecodeError(f"array '{name}' has {len(data)} bytes, shape {list(shape)} needs {nbytes}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
+    """The `nbytes` bytes in zstd `frame`; the size the frame declares is checked before anything is
+    allocated for it. Raises DecodeError for a frame that is corrupt or declares another size."""
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise DecodeError(f"array '{name}' is not a zstd frame: {e}") from None
+    if declared != nbytes:  # -1: a frame without its size, which our encoder never writes
+        raise DecodeError(f"array '{name}' is a zstd frame of {declared} bytes, its shape needs {nbytes}")
+    if "decompressor" not in _zstd.__dict__:
+        _zstd.decompressor = zstandard.ZstdDecompressor()
+    try:
+        return _zstd.decompressor.decompress(frame, max_output_size=nbytes)
+    except zstandard.ZstdError as e:
+        raise DecodeError(f"array '{name}' does not decompress: {e}") from None
 
 
 def _check_values(arrays: dict[str, np.ndarray], spec: UnrollSpec) -> None:

@@ -6,12 +6,14 @@ it: reading and decoding the stream, acking, publishing, checkpointing, logging.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
+from distributed.ingest import Prefetcher
 from distributed.params import ParamStore
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    TrajectoryStream, connect, redis_outages, run_done_key)
@@ -70,12 +73,14 @@ class Batch:
     final_b: torch.Tensor | None = None
 
     @classmethod
-    def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device) -> "Batch":
+    def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
+        """Stack decoded unrolls (UnrollSpec arrays) on `device`; `pin`: into pinned host memory, from
+        which `to` copies to a GPU without blocking."""
         def stacked(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1)).to(device, non_blocking=True)
+            return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1))
 
         def concatenated(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([u[name] for u in unrolls])).to(device, non_blocking=True)
+            return torch.from_numpy(np.concatenate([u[name] for u in unrolls]))
 
         names = unrolls[0]
         obs = stacked("obs") if "obs" in names else {n[4:]: stacked(n) for n in names if n.startswith("obs.")}
@@ -86,12 +91,22 @@ class Batch:
             batch.truncated = stacked("truncated").bool()
             # final_obs rows are in step order within each unroll, unrolls one after the other.
             steps = [np.flatnonzero(u["truncated"]) for u in unrolls]
-            batch.final_t = torch.from_numpy(np.concatenate(steps)).long().to(device)
-            batch.final_b = torch.from_numpy(np.concatenate([np.full(len(t), b) for b, t in enumerate(steps)])
-                                             ).long().to(device)
+            batch.final_t = torch.from_numpy(np.concatenate(steps)).long()
+            batch.final_b = torch.from_numpy(np.concatenate([np.full(len(t), b) for b, t in enumerate(steps)])).long()
             batch.final_obs = concatenated("final_obs") if "final_obs" in names else {
                 n[len("final_obs."):]: concatenated(n) for n in names if n.startswith("final_obs.")}
-        return batch
+        return batch.map(torch.Tensor.pin_memory) if pin else batch.to(device)
+
+    def to(self, device: torch.device) -> "Batch":
+        """This batch on `device` (copies from pinned memory do not block the host)."""
+        return self.map(lambda t: t.to(device, non_blocking=True))
+
+    def map(self, fn) -> "Batch":
+        """A batch of `fn(tensor)` for every tensor of this one (in dicts too; None stays None)."""
+        def apply(x):
+            return None if x is None else {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
+
+        return Batch(**{f.name: apply(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def with_mirror(self, spec: EnvSpec) -> "Batch":
         """This batch and its reflection through the board's symmetry, side by side: [.., 2B, ..]."""
@@ -352,6 +367,10 @@ class Learner:
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
+        # Entry ids and unroll ids of batches the ingest thread has read but the update has not acked.
+        self.in_flight: set = set()
+        self.in_flight_lock = threading.Lock()
+        self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.batch_size = cfg.learner.batch_size  # stream entries per update
         self.metrics_file = metrics_path(self.run_dir, player).open("a")
@@ -415,7 +434,7 @@ class Learner:
         B = self.batch_size
         ids, headers, unrolls = [], [], []
         while len(unrolls) < B:
-            if self.stopping:
+            if self.stopping or not self.reading:
                 return None
             if not ids and self.sweeper.claim_due():  # dead consumers' unrolls are now our own pending ones
                 self.pending_cursor = "0"
@@ -426,6 +445,8 @@ class Learner:
             if self.pending_cursor is not None:
                 # Page through our own unacked entries once (after a restart), then read new ones.
                 self.pending_cursor = entries[-1][0] if entries else None
+                with self.in_flight_lock:  # our pending entries include the prefetched batches
+                    entries = [(entry_id, data) for entry_id, data in entries if entry_id not in self.in_flight]
             decoded = []
             for entry_id, data in entries:
                 try:
@@ -440,6 +461,8 @@ class Learner:
                 # Checked together with the batch so far: both copies may be read into one batch.
                 uids = [h["unroll_id"] for h in headers] + [h["unroll_id"] for _, h, _ in decoded]
                 duplicate = self.trajectories.duplicates(uids)[len(headers):]
+                with self.in_flight_lock:  # a copy of an unroll in a prefetched batch
+                    duplicate = [d or h["unroll_id"] in self.in_flight for d, (_, h, _) in zip(duplicate, decoded)]
                 copies = [entry_id for (entry_id, _, _), dup in zip(decoded, duplicate) if dup]
                 if copies:
                     self.trajectories.skip_duplicates(copies)
@@ -455,6 +478,31 @@ class Learner:
     def decode(self, data: bytes) -> tuple[dict, object]:
         """(header, payload) of one stream entry. Raises DecodeError."""
         return decode_unroll(data, self.unroll_spec)
+
+    def prepare(self, unrolls: list) -> object:
+        """What `train_on` takes, made from B decoded payloads in the ingest thread: the stacked batch,
+        in pinned memory when the update runs on a GPU."""
+        return Batch.stack(unrolls, torch.device("cpu"), pin=self.device.type == "cuda")
+
+    def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
+        """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
+        marking it in flight until `acknowledge`. None when stopping."""
+        got = self.next_batch()
+        if got is None:
+            return None
+        ids, headers, payloads = got
+        with self.in_flight_lock:
+            self.in_flight.update(ids)
+            self.in_flight.update(h["unroll_id"] for h in headers)
+        return ids, headers, self.prepare(payloads)
+
+    def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
+        """Ack a batch the update has trained on (counting its unrolls as trained)."""
+        uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
+        self.unrolls_trained = self.trajectories.ack(ids, uids)
+        with self.in_flight_lock:
+            self.in_flight.difference_update(ids)
+            self.in_flight.difference_update(h["unroll_id"] for h in headers)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -480,33 +528,47 @@ class Learner:
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
         start = last_ckpt = time.monotonic()
         window = MetricsWindow(start)
-        while not self.stopping and self.frames < cfg.run.total_frames:
-            if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
-                log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
-                break
-            got = self.next_batch()
-            if got is None:
-                break
-            ids, headers, unrolls = got
-            frames = self.frames
-            for group in self.optimizer.param_groups:
-                group["lr"] = scheduled_learning_rate(cfg, frames, time.monotonic() - start)
-            stats = self.train_on(unrolls)
-            uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
-            self.unrolls_trained = self.trajectories.ack(ids, uids)
-            window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
-            now = time.monotonic()
-            if now - window.start >= cfg.run.log_every_s:
-                self.log_metrics(window, now)
-                window = MetricsWindow(now)
-            if now - last_ckpt >= cfg.learner.checkpoint_every_s:
-                self.checkpoint()
-                last_ckpt = now
-            if self.player != MAIN and self.step % 10 == 0:
-                self.follow_league()
+        depth = cfg.learner.prefetch_batches
+        batches = Prefetcher(self.ingest, depth) if depth else None
+        try:
+            while not self.stopping and self.frames < cfg.run.total_frames:
+                if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
+                    log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
+                    break
+                got = batches.get() if batches else self.ingest()
+                if got is None:
+                    break
+                window = self.update(got, window, start)
+                now = time.monotonic()
+                if now - last_ckpt >= cfg.learner.checkpoint_every_s:
+                    self.checkpoint()
+                    last_ckpt = now
+                if self.player != MAIN and self.step % 10 == 0:
+                    self.follow_league()
+        finally:
+            self.reading = False  # the ingest thread's read ends; what it prefetched stays pending
+            if batches:
+                batches.close()
         if window.stats:  # the last, partial window: a run shorter than run.log_every_s still gets a record
             self.log_metrics(window, time.monotonic())
         self.finish()
+
+    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
+               start: float) -> "MetricsWindow":
+        """Train on one ingested batch, ack it, and log the metrics window when it is due; returns the
+        window to add the next update to."""
+        ids, headers, batch = got
+        frames = self.frames
+        for group in self.optimizer.param_groups:
+            group["lr"] = scheduled_learning_rate(self.cfg, frames, time.monotonic() - start)
+        stats = self.train_on(batch)
+        self.acknowledge(ids, headers)
+        window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
+        now = time.monotonic()
+        if now - window.start < self.cfg.run.log_every_s:
+            return window
+        self.log_metrics(window, now)
+        return MetricsWindow(now)
 
     def count_rolled_back(self) -> None:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
@@ -518,9 +580,9 @@ class Learner:
                         "the resumed model does not have (the previous learner died before checkpointing them)",
                         self.rolled_back, self.restored_trained, self.unrolls_trained)
 
-    def train_on(self, unrolls: list[dict[str, np.ndarray]]) -> dict[str, float]:
-        """One update on B decoded unrolls; publishes the weights on schedule."""
-        batch = Batch.stack(unrolls, self.device)
+    def train_on(self, batch: Batch) -> dict[str, float]:
+        """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule."""
+        batch, unrolls = batch.to(self.device), batch.action.shape[1]
         if self.mirror:
             batch = batch.with_mirror(self.spec)
         stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head)
@@ -528,7 +590,7 @@ class Learner:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])
         self.step += 1
-        self.frames += self.cfg.actor.unroll_length * len(unrolls)
+        self.frames += self.cfg.actor.unroll_length * unrolls
         if self.step % self.cfg.learner.publish_every == 0:
             self.params.publish(self.model.state_dict(), self.step, self.frames)
         return stats

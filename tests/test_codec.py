@@ -8,11 +8,13 @@ Every malformed input starts from that unroll's msgpack map and changes one thin
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import msgpack
 import numpy as np
 import pytest
 import torch
+import zstandard
 from pettingzoo.classic import connect_four_v3
 from safetensors import SafetensorError
 
@@ -223,6 +225,63 @@ def test_huge_declared_shape_is_refused_without_allocating(shape):
     with pytest.raises(DecodeError, match="array 'behaviour_logits' has shape"):
         decode_unroll(data, USPEC)
     assert time.perf_counter() - start < 0.5
+
+
+# -- compression ------------------------------------------------------------------------------------
+
+def test_zstd_round_trip_bit_for_bit_and_smaller():
+    data = encode(compression="zstd", level=3)
+    header, arrays = decode_unroll(data, USPEC)
+    assert header["compression"] == "zstd"
+    for name, original in UNROLL.items():
+        assert arrays[name].dtype == original.dtype and arrays[name].tobytes() == original.tobytes(), name
+    # One-hot boards, one-hot masks and small int64 actions are mostly zeros.
+    assert len(data) < 0.5 * len(encode())
+    assert decode_unroll(encode(), USPEC)[0]["compression"] == "none"
+
+
+def zstd_tamper(name: str, frame: bytes) -> bytes:
+    msg = msgpack.unpackb(encode(compression="zstd"), raw=False)
+    msg["arrays"][name][2] = frame
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_allocated():
+    """obs as a 2 kB frame that declares (and holds) 64 MiB of zeros, where the shape needs 3,000 bytes."""
+    bomb = zstandard.ZstdCompressor().compress(bytes(64 << 20))
+    data = zstd_tamper("obs", bomb)
+    assert len(bomb) < 4096
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError, match=rf"array 'obs' is a zstd frame of {64 << 20} bytes, its shape needs "
+                                              rf"{(T + 1) * 6 * 7 * 2}"):
+            decode_unroll(data, USPEC)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+COMPRESSED_MALFORMED = {
+    "frame without its size": (zstd_tamper("reward", zstandard.ZstdCompressor(write_content_size=False).compress(
+        bytes(4 * T))), "array 'reward' is a zstd frame of -1 bytes"),
+    "not a frame": (zstd_tamper("reward", b"\x00" * 16), "array 'reward' is not a zstd frame"),
+    "frame cut short": (zstd_tamper("obs", zstandard.ZstdCompressor().compress(UNROLL["obs"].tobytes())[:-3]),
+                        "array 'obs' does not decompress"),
+    "raw bytes under zstd": (zstd_tamper("done", UNROLL["done"].tobytes()), "array 'done' is not a zstd frame"),
+    "unknown compression": (tamper(_set(("header", "compression"), "lz4")), "compression 'lz4' is not one of none, zstd"),
+}
+
+
+@pytest.mark.parametrize("data, reason", COMPRESSED_MALFORMED.values(), ids=COMPRESSED_MALFORMED.keys())
+def test_malformed_compressed_input_raises_decode_error_naming_the_problem(data, reason):
+    with pytest.raises(DecodeError, match=reason):
+        decode_unroll(data, USPEC)
+
+
+def test_encoding_with_an_unknown_compression_raises():
+    with pytest.raises(ValueError, match="compression must be one of"):
+        encode(compression="gzip")
 
 
 # -- weights ----------------------------------------------------------------------------------------

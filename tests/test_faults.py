@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+import zstandard
 
 from config import load_config
 from agents.checkpoint import CheckpointError, read_checkpoint
@@ -49,15 +50,16 @@ def valid_unroll(reward: float = 0.0) -> dict[str, np.ndarray]:
 _unroll_ids = itertools.count()
 
 
-def encode(arrays: dict[str, np.ndarray], env: str = "tictactoe", unroll_id: str | None = None) -> bytes:
+def encode(arrays: dict[str, np.ndarray], env: str = "tictactoe", unroll_id: str | None = None,
+           compression: str = "none") -> bytes:
     """An unroll's bytes; each call gets a new unroll id unless one is given (the learner skips a
     second delivery of an id as a duplicate)."""
     unroll_id = f"t-0-{next(_unroll_ids)}" if unroll_id is None else unroll_id
-    return encode_unroll(arrays, unroll_id=unroll_id, policy_version=0, actor_id=0, env=env)
+    return encode_unroll(arrays, unroll_id=unroll_id, policy_version=0, actor_id=0, env=env, compression=compression)
 
 
-def tampered(mutate) -> bytes:
-    msg = msgpack.unpackb(encode(valid_unroll()), raw=False)
+def tampered(mutate, compression: str = "none") -> bytes:
+    msg = msgpack.unpackb(encode(valid_unroll(), compression=compression), raw=False)
     mutate(msg)
     return msgpack.packb(msg, use_bin_type=True)
 
@@ -68,6 +70,17 @@ def _truncate(msg):
 
 def _huge_shape(msg):
     msg["arrays"]["obs"][1] = [2**40, 3, 3, 2]
+
+
+def _zstd_bomb(msg):
+    """obs as a 13 kB zstd frame that decompresses to 64 MiB."""
+    msg["arrays"]["obs"][2] = zstandard.ZstdCompressor().compress(bytes(64 << 20))
+
+
+def _corrupt_zstd(msg):
+    frame = bytearray(msg["arrays"]["reward"][2])
+    frame[-4:] = b"\xff\xff\xff\xff"  # the block's end and the checksum-less frame's tail
+    msg["arrays"]["reward"][2] = bytes(frame)
 
 
 def _nan_reward(msg):
@@ -90,14 +103,16 @@ def test_live_learner_dead_letters_garbage_and_survives_a_poisoned_unroll(tmp_pa
         "truncated unroll": {"data": tampered(_truncate)},
         "huge declared shape": {"data": tampered(_huge_shape)},
         "nan reward": {"data": tampered(_nan_reward)},
+        "zstd bomb": {"data": tampered(_zstd_bomb, "zstd")},
+        "corrupt zstd frame": {"data": tampered(_corrupt_zstd, "zstd")},
         "wrong env": {"data": encode(valid_unroll(), env="connect_four")},
     }
     # Two updates of B=2: one batch with a finite reward that overflows V-trace, one clean batch.
     redis_client.xadd(key, {"data": encode(valid_unroll(3e38))})
     for fields in garbage.values():
         redis_client.xadd(key, fields)
-    for _ in range(3):
-        redis_client.xadd(key, {"data": encode(valid_unroll(1.0))})
+    for compression in ("none", "zstd", "zstd"):  # a learner trains on raw and compressed unrolls alike
+        redis_client.xadd(key, {"data": encode(valid_unroll(1.0), compression=compression)})
     cfg = small_config(run_name, tmp_path, f"run.total_frames={2 * 2 * T}")
     learner = Learner(cfg, redis_url, tmp_path / run_name)
     learner.run()
@@ -108,6 +123,7 @@ def test_live_learner_dead_letters_garbage_and_survives_a_poisoned_unroll(tmp_pa
     assert len(reasons) == len(garbage) and all(reasons)
     assert any("is for env 'connect_four'" in r for r in reasons)
     assert any("non-finite" in r for r in reasons)
+    assert any(f"'obs' is a zstd frame of {64 << 20} bytes" in r for r in reasons)
     assert redis_client.xlen(key) == 0  # everything was either trained on or dead-lettered
     records = [json.loads(line) for line in (tmp_path / run_name / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["skipped_updates"] for r in records) == 1
