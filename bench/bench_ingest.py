@@ -5,7 +5,8 @@ into an embedded Redis: `--entries` stream entries, each with a unique unroll id
 
 - raw: XREADGROUP of B entries at a time in one loop, then XACK, nothing else;
 - ingest: the learner's own path without the optimizer step: `Learner.ingest` (read, duplicate
-  check, decode, validate, stack) and `Learner.acknowledge` (ack, count as trained), in one thread.
+  check, decode, validate, stack) in the ingest thread, `learner.prefetch_batches` ahead, and
+  `Learner.acknowledge` (ack, count as trained) in the update's thread, as `Learner.run` does.
 
 Both are measured in unrolls per second over the same number of entries; the ratio is ingest / raw.
 
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 from bench_wire import actor_unrolls  # noqa: E402
 from config import load_config  # noqa: E402
 from distributed.codec import encode_unroll  # noqa: E402
+from distributed.ingest import Prefetcher  # noqa: E402
 from distributed.launcher import EmbeddedRedis  # noqa: E402
 from distributed.learner import Learner  # noqa: E402
 from distributed.transport import GROUP, TrajectoryStream, connect  # noqa: E402
@@ -58,14 +60,22 @@ def raw_rate(client, key: str, batch: int, entries: int) -> float:
 
 
 def ingest_rate(learner: Learner, entries: int) -> float:
-    """Unrolls per second of the learner's ingest path and ack, without the update."""
+    """Unrolls per second of the learner's ingest path and ack, without the update: as in
+    `Learner.run`, the ingest thread prepares `learner.prefetch_batches` batches ahead (0: in this
+    thread) and this thread acks each batch it takes."""
     learner.trajectories.ensure_group()
+    depth = learner.cfg.learner.prefetch_batches
+    batches = Prefetcher(learner.ingest, depth) if depth else None
     done, start = 0, time.perf_counter()
     while done < entries:
-        ids, headers, _ = learner.ingest()
+        ids, headers, _ = batches.get() if batches else learner.ingest()
         learner.acknowledge(ids, headers)
         done += len(ids)
-    return done / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    learner.reading = False
+    if batches:
+        batches.close()
+    return done / elapsed
 
 
 def main() -> None:

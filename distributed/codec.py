@@ -11,6 +11,7 @@ allocates nothing either), that floats are finite, and that actions, masks and d
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -193,7 +194,7 @@ def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...],
         raise DecodeError(f"array '{name}' has dtype '{item[0]}', expected '{dtype.str}'")
     if item[1] != list(shape):
         raise DecodeError(f"array '{name}' has shape {item[1]}, expected {list(shape)}")
-    nbytes = dtype.itemsize * int(np.prod(shape))
+    nbytes = dtype.itemsize * math.prod(shape)
     data = _decompress(name, item[2], nbytes) if compressed else item[2]
     if len(data) != nbytes:
         raise DecodeError(f"array '{name}' has {len(data)} bytes, shape {list(shape)} needs {nbytes}")
@@ -220,10 +221,10 @@ def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
 def _check_values(arrays: dict[str, np.ndarray], spec: UnrollSpec) -> None:
     A = spec.env.num_actions
     for name, array in arrays.items():
-        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise DecodeError(f"array '{name}' has non-finite values")
     action = arrays["action"]
-    if action.min() < 0 or (action >= np.array(spec.env.action_heads or A)).any():
+    if action.min() < 0 or (action.max() >= A if action.ndim == 1 else (action >= spec.env.action_heads).any()):
         raise DecodeError(f"action out of range [0, {spec.env.action_heads or A})")
     if action.ndim == 2:  # multi-head: the mask is over head 0
         action = action[:, 0]

@@ -93,8 +93,7 @@ class Batch:
             steps = [np.flatnonzero(u["truncated"]) for u in unrolls]
             batch.final_t = torch.from_numpy(np.concatenate(steps)).long()
             batch.final_b = torch.from_numpy(np.concatenate([np.full(len(t), b) for b, t in enumerate(steps)])).long()
-            batch.final_obs = concatenated("final_obs") if "final_obs" in names else {
-                n[len("final_obs."):]: concatenated(n) for n in names if n.startswith("final_obs.")}
+            batch.final_obs = final_observations(obs, concatenated, names)
         return batch.map(torch.Tensor.pin_memory) if pin else batch.to(device)
 
     def to(self, device: torch.device) -> "Batch":
@@ -127,6 +126,18 @@ class Batch:
             mirrored.final_t = torch.cat([self.final_t, self.final_t])
             mirrored.final_b = torch.cat([self.final_b, self.final_b + B])
         return mirrored
+
+
+def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], concatenated, names) -> torch.Tensor | dict:
+    """The final observations of a batch's truncated steps, [N, ...] like one step of `obs` ([T+1, B, ...]
+    or a dict of such): `concatenated(name)` of the unrolls' `final_obs` arrays, or none (N = 0) where
+    the unrolls carry none (an actor's own buffers leave them out when no step is truncated)."""
+    def final(name: str, like: torch.Tensor) -> torch.Tensor:
+        return concatenated(name) if name in names else like.new_zeros((0, *like.shape[2:]))
+
+    if isinstance(obs, dict):
+        return {k: final(f"final_obs.{k}", v) for k, v in obs.items()}
+    return final("final_obs", obs)
 
 
 Head = DiscreteHead | FunctionCallHead
@@ -491,9 +502,9 @@ class Learner:
         if got is None:
             return None
         ids, headers, payloads = got
+        uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         with self.in_flight_lock:
-            self.in_flight.update(ids)
-            self.in_flight.update(h["unroll_id"] for h in headers)
+            self.in_flight.update(ids, uids)
         return ids, headers, self.prepare(payloads)
 
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
@@ -501,8 +512,7 @@ class Learner:
         uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         self.unrolls_trained = self.trajectories.ack(ids, uids)
         with self.in_flight_lock:
-            self.in_flight.difference_update(ids)
-            self.in_flight.difference_update(h["unroll_id"] for h in headers)
+            self.in_flight.difference_update(ids, uids)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:

@@ -135,3 +135,15 @@ def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, re
     reads = [t for n, k, t in events if n == "ingest" and k == "start"]
     assert len(updates) >= 4
     assert any(s < r < e for s, e in updates for r in reads)
+
+
+def test_an_actors_own_unrolls_without_final_observations_stack_and_mirror():
+    """A3C workers stack their own buffers' unrolls, which leave `final_obs` out when no step is
+    truncated: the batch then has N = 0 final observations, also after the board's mirror."""
+    from envs.registry import env_spec
+
+    unrolls = [dict(valid_unroll(1.0), truncated=np.zeros(T, np.uint8)) for _ in range(2)]
+    batch = Batch.stack(unrolls, torch.device("cpu"))
+    assert batch.final_obs.shape == (0, *unrolls[0]["obs"].shape[1:]) and batch.final_t.shape == (0,)
+    mirrored = batch.with_mirror(env_spec("tictactoe"))
+    assert mirrored.final_obs.shape[0] == 0 and mirrored.reward.shape == (T, 4)
