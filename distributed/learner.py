@@ -27,6 +27,7 @@ from distributed import vtrace
 from distributed.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
                                    save_checkpoint)
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
+from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    TrajectoryStream, connect, redis_outages, run_done_key)
@@ -214,7 +215,8 @@ def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float
     """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
     (as in the IMPALA experiments, Espeholt et al. 2018) over the run's budget: progress is the larger of
     frames / run.total_frames and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
-    `elapsed_s` counts from this learner's start, as run.max_minutes does."""
+    `elapsed_s` is the run's training time so far, as run.max_minutes counts it: a resumed learner starts
+    from the seconds its checkpoint recorded, so the schedule and the budget go on where they stopped."""
     lr = cfg.learner.learning_rate
     if cfg.learner.lr_schedule == "constant":
         return lr
@@ -264,6 +266,10 @@ class Learner:
         self.unrolls_trained = 0
         self.restored_trained: int | None = None
         self.rolled_back = 0
+        self.elapsed_before = 0.0  # training seconds of earlier processes of this run (from the checkpoint)
+        self.started: float | None = None  # monotonic start of this process's training
+        self.started_at = time.time()
+        self.finished = False
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
@@ -302,6 +308,7 @@ class Learner:
             step, frames = int(meta["step"]), int(meta["frames"])
             self.restored_resets = int(meta.get("league_resets", 0))
             self.restored_trained = int(meta.get("unrolls_trained", 0))
+            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
                                   f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
@@ -311,11 +318,22 @@ class Learner:
         self.step, self.frames = step, frames
         log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
 
+    def elapsed(self) -> float:
+        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
+        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
+
     def checkpoint(self) -> None:
+        """Save model, optimizer and counters, unless the run directory is no longer ours (the launcher
+        that owns it died: a new owner may have resumed the run meanwhile)."""
+        if not owns_run_dir():
+            log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label,
+                        self.checkpoint_path)
+            return
         save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
                          "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
-                         "env": self.spec.name, "time": time.time()})
+                         "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
+                         "finished": self.finished})
 
     def stop(self, *_: object) -> None:
         self.stopping = True
@@ -406,10 +424,11 @@ class Learner:
         self.start_wandb()
         log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
-        start = last_ckpt = time.monotonic()
-        window = MetricsWindow(start)
+        self.started = last_ckpt = time.monotonic()
+        self.started_at = time.time()
+        window = MetricsWindow(self.started)
         while not self.stopping and self.frames < cfg.run.total_frames:
-            if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
+            if cfg.run.max_minutes and self.elapsed() > 60 * cfg.run.max_minutes:
                 log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
                 break
             got = self.next_batch()
@@ -418,7 +437,7 @@ class Learner:
             ids, headers, unrolls = got
             frames = self.frames
             for group in self.optimizer.param_groups:
-                group["lr"] = scheduled_learning_rate(cfg, frames, time.monotonic() - start)
+                group["lr"] = scheduled_learning_rate(cfg, frames, self.elapsed())
             stats = self.train_on(unrolls)
             uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
             self.unrolls_trained = self.trajectories.ack(ids, uids)
@@ -463,6 +482,7 @@ class Learner:
 
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted."""
+        self.finished = not self.stopping
         self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
@@ -471,7 +491,7 @@ class Learner:
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.wandb is not None:
-            if self.player == MAIN:
+            if self.player == MAIN and not self.stopping:  # interrupted: stop now, `run.py report` draws them
                 self.log_report_figures()
             self.wandb.finish()
 
@@ -505,6 +525,7 @@ class Learner:
         counts = self.trajectories.accounting()
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
+            "elapsed_s": self.elapsed(), "learner_started": self.started_at,
             "queue_depth": counts["backlog"], "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
