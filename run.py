@@ -235,8 +235,8 @@ def _new_run_dir(cfg: Config, resume: bool) -> Path:
     base = Path(cfg.run.dir)
     run_dir = base / cfg.run.name
     if resume:
-        if not (run_dir / "checkpoints").is_dir():
-            raise ConfigError(f"--resume: no checkpoint under {run_dir}; check run.name and run.dir")
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume: no run directory {run_dir}; check run.name and run.dir")
         return run_dir
     k = 2
     name = cfg.run.name
@@ -394,6 +394,9 @@ def _train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None
     from distributed.launcher import EmbeddedRedis, supervise
 
     if resume:
+        if not _has_checkpoint(run_dir):  # checked once the directory is ours: a live run has none yet
+            raise ConfigError(f"--resume: no checkpoint under {run_dir}: the run stopped before its first one; "
+                              "start it again without --resume")
         _check_resumable(cfg, run_dir)
     config_path = run_dir / "config.yaml"
     _write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment

@@ -196,12 +196,12 @@ _PRCTL = _find_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """preexec_fn of every child: SIGTERM it when the launcher dies, even by SIGKILL (Linux), so that
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn of every child: send it `sig` when the launcher dies, even by SIGKILL (Linux), so that
     no redis-server, learner or actor outlives it. The children are in their own sessions, so
     nothing else would stop them; elsewhere the launcher's own cleanup covers every ordinary exit."""
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig))
 
 
 def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0,
@@ -210,7 +210,11 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url, OWNER_ENV: str(os.getpid())}, PYTHONUNBUFFERED="1")
 
     def setup() -> None:
-        _die_with_parent()
+        # SIGKILL, not SIGTERM: a learner's SIGTERM means "write a final checkpoint", and the run directory
+        # is no longer its own once the launcher (which holds its lock) is dead. The signal comes when the
+        # launcher's thread that started the child ends, while the rest of the process may still be
+        # ending, so a check of the parent could not tell in time (see distributed/ownership.py).
+        _die_with_parent(signal.SIGKILL)
         if nice:
             os.nice(nice)
             try:  # with autogroup scheduling each session is weighed by its group's niceness instead
