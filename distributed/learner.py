@@ -40,6 +40,7 @@ from envs.registry import EnvSpec, env_spec
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
+COUNTERS = ("produced", "trained", "dead_lettered", "duplicates")  # delivery counts that only grow
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
@@ -270,6 +271,11 @@ class Learner:
         self.started: float | None = None  # monotonic start of this process's training
         self.started_at = time.time()
         self.finished = False
+        # Delivery counters of metrics.jsonl continue across a resume: on a new Redis (an embedded one is
+        # new every run) they start again from 0, so the checkpoint's values are added (`count_rolled_back`).
+        self.restored_counters: dict[str, int] = {}
+        self.counter_base: dict[str, int] = {}
+        self.last_counters: dict[str, int] = {}
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
@@ -309,6 +315,7 @@ class Learner:
             self.restored_resets = int(meta.get("league_resets", 0))
             self.restored_trained = int(meta.get("unrolls_trained", 0))
             self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+            self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
                                   f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
@@ -333,6 +340,7 @@ class Learner:
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
                          "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
                          "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
+                         "counters": self.last_counters or self.counter_base,
                          "finished": self.finished})
 
     def stop(self, *_: object) -> None:
@@ -459,6 +467,8 @@ class Learner:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
         died with the old process. They stay counted as trained; this counts and logs them."""
         self.unrolls_trained = self.trajectories.accounting()["trained"]
+        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
+            self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
         if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
             self.rolled_back = self.unrolls_trained - self.restored_trained
             log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
@@ -523,6 +533,8 @@ class Learner:
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
         counts = self.trajectories.accounting()
+        counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
+        self.last_counters = {k: counts[k] for k in COUNTERS}
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
             "elapsed_s": self.elapsed(), "learner_started": self.started_at,
