@@ -4,8 +4,10 @@ and the check its children make before they write into that directory.
 The lock is `fcntl.flock` on `<run dir>/run.lock`, which names its holder (host and pid). The kernel
 drops it when the holder exits, however it exits (kill -9 included), so a lock is never stale; the
 file itself stays. Children (learners, the league manager) do not hold it: they get the launcher's pid
-in `IMPALA_RUN_OWNER` and write only while that launcher is still their parent, so a child that outlives
-a killed launcher never writes into a directory that a new `train --resume` may own by then.
+in `IMPALA_RUN_OWNER`. On Linux they die with the launcher (PR_SET_PDEATHSIG with SIGKILL, see
+launcher._spawn); elsewhere `exit_with_launcher` ends them within a second, and before writing a
+checkpoint or the league's state they check `owns_run_dir()`, so a child that outlives a killed launcher
+never writes into a directory that a new `train --resume` may own by then.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ def owns_run_dir() -> bool:
 
 def exit_with_launcher(label: str) -> None:
     """In a child of `run.py train`: a daemon thread that ends this process within WATCH_EVERY_S of the
-    launcher's death (PR_SET_PDEATHSIG sends SIGTERM too, but a process blocked in a Redis retry
-    would linger for `run.redis_retry_s`). It writes nothing: the run directory is no longer ours."""
+    launcher's death, where PR_SET_PDEATHSIG does not exist (not Linux). It writes nothing: the run
+    directory is no longer ours."""
     owner = launcher_pid()
     if owner is None:
         return
