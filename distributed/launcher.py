@@ -378,9 +378,10 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     code = learner.returncode
     if code != 0:
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
+                else "It wrote no checkpoint: start the run again")
         log.error("the learner (pid %d) %s (see its output above); the actors are stopped. %s", learner.pid,
-                  _describe_exit(code), "`run.py train --resume` continues from its last checkpoint" if has_checkpoint
-                  else "It wrote no checkpoint: start the run again")
+                  _describe_exit(code), hint)
         return (code if code > 0 else 1), False
     try:
         return 0, bool(client.exists(run_done_key(cfg.run.name)))
