@@ -733,14 +733,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"deleted {deleted} keys of run '{args.delete}'")
         return 0
     rows = list_run_dirs(Path(args.dir))
-    print(f"{args.dir}/: " + ("no run directories" if not rows else f"{len(rows)} run directories"))
+    print(f"{args.dir}/: {len(rows) or 'no'} run director{'y' if len(rows) == 1 else 'ies'}")
     for row in rows:
         print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} frames")
     if url:
         from distributed.transport import connect
 
         remote = list_redis_runs(connect(url))
-        print(f"Redis: " + ("no runs" if not remote else f"{len(remote)} runs"))
+        print(f"Redis: {len(remote) or 'no'} run{'' if len(remote) == 1 else 's'}")
         for row in remote:
             print(f"  {row['name']:<28} {row['state']:<34} {row['keys']:>6} keys {row['bytes'] / 1e6:>9.1f} MB")
     return 0
