@@ -11,6 +11,9 @@
   compare   train several configurations one after another for the same wall clock and seeds
             (IMPALA vs A3C, or the four off-policy corrections) and write a table and plots
   report    one self-contained HTML page about run directories (or a compare output)
+  runs      list runs (local run directories; with --redis-url the runs in a shared Redis), and delete
+            the Redis keys of a run that is over
+  config    print the resolved config of --config and --set
 
 Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
 """
@@ -86,6 +89,16 @@ episode_return (the learning seat's return: the score of single-agent envs such 
 """
 
 
+RUNS_HELP = """List runs, or delete what a run left in a shared Redis.
+
+  run.py runs                                   the run directories under runs/ (--dir): live (host and
+                                                pid of its owner), finished or stopped, frames, env
+  run.py runs --redis-url URL                   also the run names that have keys in that Redis: live or
+                                                not, finished or not, keys and bytes
+  run.py runs --redis-url URL --delete NAME     delete every key of run NAME (refused while it is live)
+"""
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML experiment config (see configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -100,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="role", required=True)
     p = sub.add_parser("train", help="run a whole training job on this machine")
     _config_args(p)
-    p.add_argument("--resume", action="store_true", help="continue runs/<run.name> from its checkpoint")
+    p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its checkpoint, with RUN_DIR/config.yaml as the config "
+                   "(--set changes values; the network, env and optimizer must stay); without RUN_DIR, continue "
+                   "<run.dir>/<run.name> of --config")
     p.add_argument("--eval-games", type=int, default=100,
                    help="games per seat against each baseline bot after training (0 = skip)")
     p = sub.add_parser("learner", help="run the learner against a Redis")
@@ -172,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "A `run.py compare` output folder adds its table and curves, then each of its runs.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories and/or compare output folders")
     p.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html of the first one)")
+    p = sub.add_parser("runs", help="list runs, or delete the Redis keys of a run that is over",
+                       description=RUNS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default="runs", help="the folder of run directories to list (default: runs)")
+    p.add_argument("--redis-url", help="also list the runs whose keys are in this shared Redis "
+                   "(default: $IMPALA_REDIS_URL)")
+    p.add_argument("--delete", metavar="RUN_NAME", help="delete every key of run RUN_NAME from --redis-url; "
+                   "refused while the run is live (a launcher, learner or league manager holds its lease)")
+    p = sub.add_parser("config", help="print the resolved config of --config and --set (YAML, no secrets)")
+    _config_args(p)
     return parser
 
 
@@ -208,12 +233,13 @@ def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
 
 
 def _new_run_dir(cfg: Config, resume: bool) -> Path:
-    """runs/<name>; a fresh run never reuses a directory: it takes <name>-2, <name>-3, ... instead."""
+    """runs/<name>; a fresh run never reuses a directory: it takes <name>-2, <name>-3, ... instead.
+    Only picks the path: `_claim_run_dir` creates and locks it."""
     base = Path(cfg.run.dir)
     run_dir = base / cfg.run.name
     if resume:
-        if not (run_dir / "checkpoints").is_dir():
-            raise ConfigError(f"--resume: no checkpoint under {run_dir}; check run.name and run.dir")
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume: no run directory {run_dir}; check run.name and run.dir")
         return run_dir
     k = 2
     name = cfg.run.name
@@ -222,6 +248,72 @@ def _new_run_dir(cfg: Config, resume: bool) -> Path:
         k += 1
     cfg.run.name = name
     return base / name
+
+
+def _train_config(args: argparse.Namespace) -> Config:
+    """`train`'s config: --config + --set, or with `--resume RUN_DIR` that run's own config.yaml + --set
+    (run.dir and run.name then come from RUN_DIR)."""
+    if not isinstance(args.resume, str):
+        return _load(args)
+    if args.help_config:
+        return _load(args)
+    run_dir = Path(args.resume)
+    if args.config:
+        raise ConfigError("--resume RUN_DIR reads RUN_DIR/config.yaml: drop --config (change values with --set), "
+                          "or use --config with a bare --resume")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+    from experiment import load_config
+
+    cfg = load_config(run_dir / "config.yaml", args.overrides)
+    cfg.run.dir, cfg.run.name = str(run_dir.parent), run_dir.name
+    return cfg
+
+
+@contextlib.contextmanager
+def _run_lease(client, cfg: Config):
+    """On a shared Redis, hold `{run}:launcher` for the run's life, and check that no learner or league
+    manager of another launcher (or started by hand) holds this run name, before anything is created or
+    started. Raises LeaseHeld naming the holder; a killed run's leases are waited for until they lapse."""
+    import time
+
+    from distributed.ownership import holder
+    from distributed.transport import LearnerLease, LeaseHeld
+    from league.players import learner_players, namespace
+
+    lease = LearnerLease(client, cfg.run.name, holder(), role="launcher")
+    lease.acquire()
+    try:
+        keys = [f"{namespace(cfg.run.name, p)}:learner" for p in learner_players(cfg)] + [f"{cfg.run.name}:league"]
+        deadline = time.monotonic() + LearnerLease.TTL_MS / 1000 + 1
+        while (held := [k for k in keys if client.exists(k)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if held:
+            other = (client.get(held[0]) or b"?").decode(errors="replace")
+            raise LeaseHeld(f"run '{cfg.run.name}' is live on this Redis: {held[0]} is held by {other}; one owner "
+                            "per run: stop that run, or choose another run.name")
+        yield
+    finally:
+        lease.release()
+
+
+def _claim_run_dir(run_dir: Path, resume: bool):
+    """Create a fresh run's directory (never an existing one) and lock it (distributed/ownership.py).
+    Returns the held RunLock; raises RunDirLocked naming the owner of a live run."""
+    from distributed.ownership import RunLock
+
+    if not resume:
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise ConfigError(f"{run_dir} was created by someone else while this run started; start it again") from None
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {run_dir}: {e.strerror}; check run.dir") from None
+    return RunLock(run_dir).acquire()
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").rglob("latest.safetensors"))
 
 
 def _check_resumable(cfg: Config, run_dir: Path) -> None:
@@ -255,21 +347,61 @@ def _write_run_config(run_dir: Path, cfg: Config, where: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from distributed.launcher import EmbeddedRedis, supervise
+    import signal
+
     from distributed.transport import connect
 
-    cfg = _load(args)
+    # Until the launcher takes over: a SIGTERM or a closed terminal (SIGHUP) stops start-up as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    resume = args.resume is not None
+    cfg = _train_config(args)
     _require_game(cfg)
     if args.eval_games > MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
     url = _redis_url(args, cfg)
-    if url:
-        connect(url)  # fail fast with a clear message
+    client = connect(url) if url else None  # fail fast with a clear message
     from distributed.learner import pick_device
 
     pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
-    run_dir = _new_run_dir(cfg, args.resume)
-    if args.resume:
+    run_dir = _new_run_dir(cfg, resume)
+    with _run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
+        lock = _claim_run_dir(run_dir, resume)
+        code = None
+        try:
+            code, finished = _train(args, cfg, run_dir, url, resume)
+        finally:
+            if not resume and (code is None or code >= 128) and not _has_checkpoint(run_dir):
+                # Nothing to resume: a directory left here would only push the next run to <name>-2.
+                import shutil
+
+                shutil.rmtree(run_dir, ignore_errors=True)
+                log.info("removed %s: the run stopped before its first checkpoint", run_dir)
+            lock.release()
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if finished and code >= 128:
+        log.info("the run reached its end (the signal came while its learner was closing); no final evaluation: "
+                 "`run.py evaluate --checkpoint %s` plays it", checkpoint)
+    elif not finished and _has_checkpoint(run_dir) and code in (0, *range(128, 160)):
+        log.info("stopped before the end of the run; `run.py train --resume %s` continues it", run_dir)
+    if finished and code == 0 and checkpoint.exists() and args.eval_games > 0:
+        if cfg.env.name.startswith("sc2:"):
+            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
+                     "checkpoint: %s", checkpoint)
+        else:
+            _final_evaluation(cfg, checkpoint, args.eval_games, run_dir)
+    return code
+
+
+def _train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None, resume: bool) -> tuple[int, bool]:
+    """The run itself, in its locked directory: config file, Redis, supervision. Returns supervise's
+    (exit code, finished)."""
+    from distributed.launcher import EmbeddedRedis, supervise
+
+    if resume:
+        if not _has_checkpoint(run_dir):  # checked once the directory is ours: a live run has none yet
+            raise ConfigError(f"--resume: no checkpoint under {run_dir}: the run stopped before its first one; "
+                              "start it again without --resume")
         _check_resumable(cfg, run_dir)
     config_path = run_dir / "config.yaml"
     _write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
@@ -282,49 +414,79 @@ def cmd_train(args: argparse.Namespace) -> int:
         view = LiveView(cfg, run_dir / "metrics.jsonl")
     with view or contextlib.nullcontext():
         if url:
-            code, finished = supervise(cfg, config_path, run_dir, url, args.resume, view)
-        else:
-            with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
-                log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
-                code, finished = supervise(cfg, config_path, run_dir, server.url, args.resume, view)
-    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
-    if not finished and code == 0:
-        log.info("stopped before the end of the run; `run.py train --config %s --resume --set run.name=%s` "
-                 "continues it", args.config, cfg.run.name)
-    if finished and checkpoint.exists() and args.eval_games > 0:
-        if cfg.env.name.startswith("sc2:"):
-            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
-                     "checkpoint: %s", checkpoint)
-        else:
-            _final_evaluation(checkpoint, args.eval_games)
-    return code
+            return supervise(cfg, config_path, run_dir, url, resume, view)
+        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
+            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+            return supervise(cfg, config_path, run_dir, server.url, resume, view)
 
 
-def _final_evaluation(checkpoint: Path, games: int) -> None:
+def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path) -> None:
+    """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone),
+    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`)."""
     from agents.policy import load_policy
     from evaluation.evaluate import episode_returns, evaluate
 
     policy = load_policy(checkpoint)
+    record = {**_checkpoint_facts(checkpoint), "seed": 0, "games": games}
     if len(policy.spec.seats) == 1:
         r = episode_returns(policy, games)
+        record["episodes"] = r
         log.info("greedy policy over %d episodes: mean return %.1f (std %.1f, min %.1f, max %.1f)", games,
                  r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
         log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
+        record_final_evaluation(cfg, run_dir, record)
         return
     strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
     board = policy.spec.name in strongest
+    record["opponents"] = {}
     for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
         result = evaluate(policy, opponent, games)
+        record["opponents"][opponent] = result["seats"]
         rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
                           for seat, r in result["seats"].items())
         log.info("greedy policy vs %s over %d games per seat: %s", opponent, games, rates)
     log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
+    record_final_evaluation(cfg, run_dir, record)
+
+
+def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
+    """The one place the final evaluation of `train` is kept: RUN_DIR/evaluation.json (shown by
+    `run.py report`), and its numbers in the run's trackers (wandb, TensorBoard) as
+    `final_evaluation/<opponent>/<seat>/<rate>` (one-agent envs: `final_evaluation/episodes/<stat>`)."""
+    from analysis.runs import EVALUATION_FILE
+    from tracking import log_final_evaluation
+
+    (run_dir / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    log.info("final evaluation saved to %s", run_dir / EVALUATION_FILE)
+    results = {"episodes": record["episodes"]} if "episodes" in record else record.get("opponents", {})
+    log_final_evaluation(cfg, run_dir, _flat(results), step=record.get("step"))
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, float]:
+    """{"a": {"b": 1}} -> {"a/b": 1}: the numbers of a nested dict under slash-joined keys."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _checkpoint_facts(checkpoint: str | Path) -> dict:
+    """The checkpoint's path, update step and frames (from its metadata; None where it has none)."""
+    from agents.checkpoint import read_checkpoint
+
+    meta = json.loads(read_checkpoint(checkpoint)[1]["meta"])
+    return {"checkpoint": str(checkpoint), "step": meta.get("step"), "frames": meta.get("frames")}
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
     from distributed.learner import run_learner
+    from distributed.ownership import exit_with_launcher
 
+    exit_with_launcher("learner")
     cfg = _load(args)
     url = _redis_url(args, cfg)
     if not url:
@@ -360,9 +522,11 @@ def _player(args: argparse.Namespace, cfg: Config) -> str:
 
 
 def cmd_league(args: argparse.Namespace) -> int:
+    from distributed.ownership import exit_with_launcher
     from distributed.transport import connect
     from league.manager import run_league
 
+    exit_with_launcher("league manager")
     cfg = _load(args)
     if not cfg.league.enabled:
         raise ConfigError("the league manager needs league.enabled=true")
@@ -377,7 +541,9 @@ def cmd_league(args: argparse.Namespace) -> int:
 
 def cmd_actor(args: argparse.Namespace) -> int:
     from distributed.actor import run_actor
+    from distributed.ownership import exit_with_launcher
 
+    exit_with_launcher(f"actor {args.actor_id}")
     cfg = _load(args)
     _require_game(cfg)
     if args.actor_id is not None and args.actor_id < 0:
@@ -443,6 +609,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if len(policy.spec.seats) == 1:
         result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample,
                                  record_dir=args.record, name=name)
+        result.update(_checkpoint_facts(args.checkpoint), seed=args.seed)
         if args.json:
             _emit_json(result, args.json)
         if args.json != "-":
@@ -455,6 +622,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--opponent: {e}") from None
     result = evaluate(policy, opponent, args.games, seed=args.seed, greedy=not args.sample,
                       record_dir=args.record, name=name)
+    result.update(_checkpoint_facts(args.checkpoint), seed=args.seed)
     if args.json:
         _emit_json(result, args.json)
     if args.json != "-":
@@ -575,21 +743,53 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from analysis.runs import delete_run_keys, list_redis_runs, list_run_dirs
+
+    url = args.redis_url or os.environ.get("IMPALA_REDIS_URL")
+    if args.delete:
+        if not url:
+            raise ConfigError("--delete removes a run's keys from a shared Redis: pass --redis-url")
+        from distributed.transport import connect
+
+        deleted = delete_run_keys(connect(url), args.delete)
+        print(f"deleted {deleted} keys of run '{args.delete}'")
+        return 0
+    rows = list_run_dirs(Path(args.dir))
+    print(f"{args.dir}/: {len(rows) or 'no'} run director{'y' if len(rows) == 1 else 'ies'}")
+    for row in rows:
+        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} frames")
+    if url:
+        from distributed.transport import connect
+
+        remote = list_redis_runs(connect(url))
+        print(f"Redis: {len(remote) or 'no'} run{'' if len(remote) == 1 else 's'}")
+        for row in remote:
+            print(f"  {row['name']:<28} {row['state']:<34} {row['keys']:>6} keys {row['bytes'] / 1e6:>9.1f} MB")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(to_yaml(without_secrets(_load(args))), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
     from agents.checkpoint import CheckpointError
+    from distributed.ownership import RunDirLocked
     from distributed.transport import LeaseHeld, RedisUnavailable
     from evaluation.replays import ReplayError
     from evaluation.tournament import PlayerError, TournamentError
 
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
                 "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
-                "report": cmd_report}
+                "report": cmd_report, "runs": cmd_runs, "config": cmd_config}
     try:
         return commands[args.role](args)
     except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,
-            TournamentError) as e:
+            TournamentError, RunDirLocked) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside the launcher's own handling (start-up, final evaluation)

@@ -58,8 +58,8 @@ def figures(run: Run) -> dict[str, float | None]:
     and last records, or since the start with one record, / publish_every)."""
     recs = run.records
     rate = None
-    if len(recs) >= 2 and recs[-1]["time"] > recs[0]["time"]:
-        rate = (recs[-1]["step"] - recs[0]["step"]) / (recs[-1]["time"] - recs[0]["time"])
+    if len(recs) >= 2 and run.elapsed(recs[-1]) > run.elapsed(recs[0]):
+        rate = (recs[-1]["step"] - recs[0]["step"]) / (run.elapsed(recs[-1]) - run.elapsed(recs[0]))
     elif recs and run.elapsed(recs[-1]) > 0:  # one record: updates since the start (a resumed run overstates)
         rate = recs[-1]["step"] / run.elapsed(recs[-1])
     if rate is not None:
@@ -116,8 +116,22 @@ def architecture(run: Run) -> Figure:
     return fig
 
 
+def _broken(run: Run, records: list[dict], x, y) -> tuple[list[float], list[float]]:
+    """x(r), y(r) of `records` with a NaN between the learner processes of a resumed run, so that the
+    time it was stopped is not drawn as a line."""
+    xs, ys = [], []
+    for segment in run.segments(records):
+        if xs:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs += [x(r) for r in segment]
+        ys += [y(r) for r in segment]
+    return xs, ys
+
+
 def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> Figure | None:
-    """One line per key of `keys` that the records have, against frames or elapsed seconds."""
+    """One line per key of `keys` that the records have, against frames or the run's training seconds
+    (a resumed run's learner processes as separate pieces of one line)."""
     present = [k for k in keys if any(k in r for r in run.records)]
     if not present:
         return None
@@ -125,7 +139,8 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for k in present:
         recs = [r for r in run.records if k in r]
-        ax.plot([r["frames"] if x == "frames" else run.elapsed(r) for r in recs], [r[k] for r in recs], ".-", label=k)
+        ax.plot(*_broken(run, recs, (lambda r: r["frames"]) if x == "frames" else run.elapsed, lambda r: r[k]),
+                ".-", label=k)
     ax.set_xlabel("env frames" if x == "frames" else "wall clock (s)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -141,12 +156,12 @@ def throughput(run: Run) -> Figure | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    t = [run.elapsed(r) for r in run.records]
-    ax.plot(t, [r["sps"] for r in run.records], ".-", color="C0", label="SPS")
+    ax.plot(*_broken(run, run.records, run.elapsed, lambda r: r["sps"]), ".-", color="C0", label="SPS")
     ax.set_xlabel("wall clock (s)")
     ax.set_ylabel("SPS (env frames / s)", color="C0")
     twin = ax.twinx()
-    twin.plot(t, [r.get("queue_depth", 0) for r in run.records], ".-", color="C3", label="queue depth")
+    twin.plot(*_broken(run, run.records, run.elapsed, lambda r: r.get("queue_depth", 0)), ".-", color="C3",
+              label="queue depth")
     twin.set_ylabel("queue depth (stream entries)", color="C3")
     ax.set_title("throughput")
     ax.grid(alpha=0.3)
@@ -189,7 +204,7 @@ def league_figures(run: Run) -> list[Figure]:
         members = sorted({m for r in ratings for m in r.get("elo", {})})
         for m in members:
             rows = [r for r in ratings if m in r.get("elo", {})]
-            ax.plot([r["time"] - run.start for r in rows], [r["elo"][m] for r in rows], label=m)
+            ax.plot([max(0.0, r["time"] - run.start) for r in rows], [r["elo"][m] for r in rows], label=m)
         ax.set_xlabel("wall clock (s)")
         ax.set_ylabel("Elo")
         ax.set_title("league Elo over time")
@@ -265,7 +280,27 @@ def run_sections(run: Run, k: int) -> list[str]:
     for name, figs in run_figures(run).items():
         body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
         out.append(_section(f"run{k}-{name}", f"{run.name}: {TITLES[name]}", body))
+    if run.evaluation is not None:
+        out.append(_section(f"run{k}-evaluation", f"{run.name}: final evaluation", [evaluation_table(run.evaluation)]))
     return out
+
+
+def evaluation_table(record: dict) -> str:
+    """evaluation.json as HTML: the checkpoint's step, frames and the games' seed, then per opponent and
+    seat the win/draw/loss rates (one-agent envs: the episodes' returns)."""
+    head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
+            f"{record.get('frames') or 0:,} frames; greedy, seed {record.get('seed')}, {record.get('games')} "
+            f"{'episodes' if 'episodes' in record else 'games per seat'}</p>")
+    if "episodes" in record:
+        e = record["episodes"]
+        return head + (f"<table><tr><th>mean return</th><th>std</th><th>min</th><th>max</th></tr><tr>"
+                       f"<td>{e['mean_return']:.1f}</td><td>{e['std_return']:.1f}</td><td>{e['min_return']:.1f}</td>"
+                       f"<td>{e['max_return']:.1f}</td></tr></table>")
+    rows = "".join(f"<tr><td>{html.escape(opponent)}</td><td>{html.escape(seat)}</td><td>{r['win_rate']:.1%}</td>"
+                   f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td></tr>"
+                   for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
+    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th></tr>"
+                   f"{rows}</table>")
 
 
 def log_figures(run: Run, tracker) -> None:

@@ -20,11 +20,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import redis
 
 from config import Config
+from distributed.ownership import OWNER_ENV
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, connect, run_done_key
 from league.players import MAIN, learner_players, namespace
@@ -195,21 +196,25 @@ _PRCTL = _find_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """preexec_fn of every child: SIGTERM it when the launcher dies, even by SIGKILL (Linux), so that
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn of every child: send it `sig` when the launcher dies, even by SIGKILL (Linux), so that
     no redis-server, learner or actor outlives it. The children are in their own sessions, so
     nothing else would stop them; elsewhere the launcher's own cleanup covers every ordinary exit."""
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig))
 
 
 def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0,
            view: "LiveView | None" = None) -> subprocess.Popen:
     """Start `run.py role` as a child; with a live view its output goes through the view."""
-    env = dict(os.environ, **{REDIS_URL_ENV: redis_url}, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **{REDIS_URL_ENV: redis_url, OWNER_ENV: str(os.getpid())}, PYTHONUNBUFFERED="1")
 
     def setup() -> None:
-        _die_with_parent()
+        # SIGKILL, not SIGTERM: a learner's SIGTERM means "write a final checkpoint", and the run directory
+        # is no longer its own once the launcher (which holds its lock) is dead. The signal comes when the
+        # launcher's thread that started the child ends, while the rest of the process may still be
+        # ending, so a check of the parent could not tell in time (see distributed/ownership.py).
+        _die_with_parent(signal.SIGKILL)
         if nice:
             os.nice(nice)
             try:  # with autogroup scheduling each session is weighed by its group's niceness instead
@@ -226,14 +231,27 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
     return proc
 
 
-def _stop(proc: subprocess.Popen, timeout: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+STOP_TIMEOUT_S = {"actor": 10.0, "other": 60.0}  # SIGTERM to SIGKILL; learners may be writing a checkpoint
+
+
+def _stop_all(procs: dict[str, subprocess.Popen], forced: "Callable[[], bool]") -> None:
+    """SIGTERM every process of `procs` at once and wait for them: actors get STOP_TIMEOUT_S["actor"],
+    learners and the league manager (which write their files) STOP_TIMEOUT_S["other"], before a SIGKILL.
+    Once `forced()` turns true (a second Ctrl-C), whatever is left is killed at once."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    while True:
+        left = {name: p for name, p in procs.items() if p.poll() is None}
+        if not left:
+            return
+        late = [p for name, p in left.items()
+                if time.monotonic() - start > STOP_TIMEOUT_S["actor" if name.startswith("actor") else "other"]]
+        for proc in left.values() if forced() else late:
             proc.kill()
             proc.wait()
+        time.sleep(0.05)
 
 
 def _describe_exit(code: int) -> str:
@@ -276,8 +294,11 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
     main learner ends. With `view` (a terminal), the children's output and the progress go through it.
 
-    Returns (exit code, finished): 0 and True when the learner finished the run, 0 and False after a
-    clean Ctrl-C / SIGTERM, a positive code and False when the learner died or the workers kept crashing.
+    Returns (exit code, finished). finished: the main learner reached the end of the run (its done key is
+    set), also when a signal came while it was closing. The code: 0 after the end; 128 + the signal's
+    number after SIGINT (130), SIGTERM or SIGHUP, which stop every child and let the learners write a
+    final checkpoint (a second one kills them at once); a positive code when the learner died or the
+    workers kept crashing.
     """
     client = connect(redis_url, retry_s=cfg.run.redis_retry_s)
     client.delete(run_done_key(cfg.run.name))
@@ -286,17 +307,20 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
             ParamStore(client, namespace(cfg.run.name, player)).clear()
         LeagueStore(client, cfg.run.name).clear_opponents()
         client.delete(f"{cfg.run.name}:results")
-    interrupted = False
+    received: list[int] = []  # the stop signals, in order
     failure = ""
 
-    def on_signal(*_: object) -> None:
-        nonlocal interrupted
-        interrupted = True
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if len(received) == 2:
+            # print, not log: a handler may interrupt a log call of this thread
+            print(f"{signal.Signals(signum).name} again: killing every process of the run now (the learners "
+                  "keep their last checkpoint on disk)", file=sys.stderr, flush=True)
 
-    # Installed before the first child exists, and kept until the last one is stopped: a Ctrl-C
-    # (even a second one) must never leave children running in their own sessions.
-    old_int = signal.signal(signal.SIGINT, on_signal)
-    old_term = signal.signal(signal.SIGTERM, on_signal)
+    # Installed before the first child exists, and kept until the last one is stopped: a Ctrl-C, a
+    # SIGTERM or a closed terminal (SIGHUP) must never leave children running in their own sessions.
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
     learner = None
     commands = worker_commands(cfg, run_dir, resume)
     workers: dict[str, subprocess.Popen] = {}
@@ -310,7 +334,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                  learner.pid,
                  ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
         restarts = 0
-        while learner.poll() is None and not interrupted and not failure:
+        while learner.poll() is None and not received and not failure:
             for name, proc in list(workers.items()):
                 code = proc.poll()
                 if code is None:
@@ -336,29 +360,28 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                 view.refresh()
             time.sleep(0.5)
     finally:
-        if interrupted or failure:
+        if received or failure:
             log.info("stopping: learners write a final checkpoint")
-        # Learners and the manager first (they write their files), then the actors.
-        for name, proc in workers.items():
-            if not name.startswith("actor") and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        if learner is not None:
-            _stop(learner, timeout=60)
-        for name, proc in workers.items():
-            _stop(proc, timeout=60 if not name.startswith("actor") else 10)
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        everyone = dict(workers, **({"learner": learner} if learner is not None else {}))
+        _stop_all(everyone, forced=lambda: len(received) > 1)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
     if failure:
         log.error("%s", failure)
         return 1, False
-    if interrupted:
-        return 0, False
+    if received:
+        try:
+            finished = bool(client.exists(run_done_key(cfg.run.name)))  # ended while the learner was closing
+        except redis.RedisError:
+            finished = False
+        return 128 + received[0], finished
     code = learner.returncode
     if code != 0:
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
+                else "It wrote no checkpoint: start the run again")
         log.error("the learner (pid %d) %s (see its output above); the actors are stopped. %s", learner.pid,
-                  _describe_exit(code), "`run.py train --resume` continues from its last checkpoint" if has_checkpoint
-                  else "It wrote no checkpoint: start the run again")
+                  _describe_exit(code), hint)
         return (code if code > 0 else 1), False
     try:
         return 0, bool(client.exists(run_done_key(cfg.run.name)))

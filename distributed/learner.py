@@ -30,6 +30,7 @@ from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll
 from distributed.ingest import Prefetcher
+from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    TrajectoryStream, connect, redis_outages, run_done_key)
@@ -43,6 +44,7 @@ from tracking import Tracker, start_tracking
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
+COUNTERS = ("produced", "trained", "dead_lettered", "duplicates")  # delivery counts that only grow
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
@@ -310,7 +312,8 @@ def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float
     """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
     (as in the IMPALA experiments, Espeholt et al. 2018) over the run's budget: progress is the larger of
     frames / run.total_frames and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
-    `elapsed_s` counts from this learner's start, as run.max_minutes does."""
+    `elapsed_s` is the run's training time so far, as run.max_minutes counts it: a resumed learner starts
+    from the seconds its checkpoint recorded, so the schedule and the budget go on where they stopped."""
     lr = cfg.learner.learning_rate
     if cfg.learner.lr_schedule == "constant":
         return lr
@@ -360,6 +363,15 @@ class Learner:
         self.unrolls_trained = 0
         self.restored_trained: int | None = None
         self.rolled_back = 0
+        self.elapsed_before = 0.0  # training seconds of earlier processes of this run (from the checkpoint)
+        self.started: float | None = None  # monotonic start of this process's training
+        self.started_at = time.time()
+        self.finished = False
+        # Delivery counters of metrics.jsonl continue across a resume: on a new Redis (an embedded one is
+        # new every run) they start again from 0, so the checkpoint's values are added (`count_rolled_back`).
+        self.restored_counters: dict[str, int] = {}
+        self.counter_base: dict[str, int] = {}
+        self.last_counters: dict[str, int] = {}
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
         if resume and self.checkpoint_path.exists():
             self.restore()
@@ -404,6 +416,8 @@ class Learner:
             step, frames = int(meta["step"]), int(meta["frames"])
             self.restored_resets = int(meta.get("league_resets", 0))
             self.restored_trained = int(meta.get("unrolls_trained", 0))
+            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+            self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
                                   f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
@@ -413,11 +427,23 @@ class Learner:
         self.step, self.frames = step, frames
         log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
 
+    def elapsed(self) -> float:
+        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
+        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
+
     def checkpoint(self) -> None:
+        """Save model, optimizer and counters, unless the run directory is no longer ours (the launcher
+        that owns it died: a new owner may have resumed the run meanwhile)."""
+        if not owns_run_dir():
+            log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label,
+                        self.checkpoint_path)
+            return
         save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": self.step, "frames": self.frames, "params_version": self.step,
                          "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
-                         "env": self.spec.name, "time": time.time()})
+                         "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
+                         "counters": self.last_counters or self.counter_base,
+                         "finished": self.finished})
 
     def stop(self, *_: object) -> None:
         self.stopping = True
@@ -536,19 +562,20 @@ class Learner:
         self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
         log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
-        start = last_ckpt = time.monotonic()
-        window = MetricsWindow(start)
+        self.started = last_ckpt = time.monotonic()
+        self.started_at = time.time()
+        window = MetricsWindow(self.started)
         depth = cfg.learner.prefetch_batches
         batches = Prefetcher(self.ingest, depth) if depth else None
         try:
             while not self.stopping and self.frames < cfg.run.total_frames:
-                if cfg.run.max_minutes and time.monotonic() - start > 60 * cfg.run.max_minutes:
+                if cfg.run.max_minutes and self.elapsed() > 60 * cfg.run.max_minutes:
                     log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
                     break
                 got = batches.get() if batches else self.ingest()
                 if got is None:
                     break
-                window = self.update(got, window, start)
+                window = self.update(got, window)
                 now = time.monotonic()
                 if now - last_ckpt >= cfg.learner.checkpoint_every_s:
                     self.checkpoint()
@@ -563,14 +590,13 @@ class Learner:
             self.log_metrics(window, time.monotonic())
         self.finish()
 
-    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
-               start: float) -> "MetricsWindow":
+    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow") -> "MetricsWindow":
         """Train on one ingested batch, ack it, and log the metrics window when it is due; returns the
         window to add the next update to."""
         ids, headers, batch = got
         frames = self.frames
         for group in self.optimizer.param_groups:
-            group["lr"] = scheduled_learning_rate(self.cfg, frames, time.monotonic() - start)
+            group["lr"] = scheduled_learning_rate(self.cfg, frames, self.elapsed())
         stats = self.train_on(batch)
         self.acknowledge(ids, headers)
         window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
@@ -584,6 +610,8 @@ class Learner:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
         died with the old process. They stay counted as trained; this counts and logs them."""
         self.unrolls_trained = self.trajectories.accounting()["trained"]
+        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
+            self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
         if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
             self.rolled_back = self.unrolls_trained - self.restored_trained
             log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
@@ -607,6 +635,7 @@ class Learner:
 
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted."""
+        self.finished = not self.stopping
         self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
@@ -615,7 +644,7 @@ class Learner:
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()
         if self.tracker:
-            if self.player == MAIN and self.report is not None:
+            if self.player == MAIN and self.report is not None and not self.stopping:  # interrupted: stop now
                 self.log_report_figures()
             self.tracker.finish()
 
@@ -639,8 +668,11 @@ class Learner:
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
         counts = self.trajectories.accounting()
+        counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
+        self.last_counters = {k: counts[k] for k in COUNTERS}
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
+            "elapsed_s": self.elapsed(), "learner_started": self.started_at,
             "queue_depth": counts["backlog"], "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,

@@ -32,6 +32,7 @@ from agents.checkpoint import CheckpointError, model_state, read_checkpoint, sav
 from agents.heads import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
+from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
 from envs.registry import env_spec
@@ -259,7 +260,10 @@ class LeagueManager:
 
     def save(self) -> None:
         """Write state.json atomically, then acknowledge the results it holds; every 10 s append the
-        ratings to ratings.jsonl. A crash loses no result: unacknowledged ones are read again on resume."""
+        ratings to ratings.jsonl. A crash loses no result: unacknowledged ones are read again on resume.
+        Writes nothing once the launcher that owned the run directory is gone."""
+        if not owns_run_dir():
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.state(), indent=1) + "\n")

@@ -88,10 +88,13 @@ def test_evaluate_prints_per_seat_rates_as_json(finished_run):
     tmp, name, _ = finished_run
     checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), "evaluate", "--checkpoint", str(checkpoint),
-                           "--opponent", "tactical", "--games", "20", "--json"],
+                           "--opponent", "tactical", "--games", "20", "--seed", "5", "--json"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
+    meta = json.loads(read_checkpoint(checkpoint)[1]["meta"])
+    assert (result["step"], result["frames"], result["seed"]) == (meta["step"], meta["frames"], 5)
+    assert result["checkpoint"] == str(checkpoint)
     assert set(result["seats"]) == {"player_1", "player_2"}
     for seat in result["seats"].values():
         assert seat["games"] == 20 and seat["wins"] + seat["draws"] + seat["losses"] == 20

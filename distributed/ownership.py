@@ -1,0 +1,132 @@
+"""One owner per run: an OS file lock on the run directory, held by `run.py train` for the run's life,
+and the check its children make before they write into that directory.
+
+The lock is `fcntl.flock` on `<run dir>/run.lock`, which names its holder (host and pid). The kernel
+drops it when the holder exits, however it exits (kill -9 included), so a lock is never stale; the
+file itself stays. Children (learners, the league manager) do not hold it: they get the launcher's pid
+in `IMPALA_RUN_OWNER`. On Linux they die with the launcher (PR_SET_PDEATHSIG with SIGKILL, see
+launcher._spawn); elsewhere `exit_with_launcher` ends them within a second, and before writing a
+checkpoint or the league's state they check `owns_run_dir()`, so a child that outlives a killed launcher
+never writes into a directory that a new `train --resume` may own by then.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("ownership")
+
+LOCK_NAME = "run.lock"
+OWNER_ENV = "IMPALA_RUN_OWNER"  # pid of the launcher that holds the run directory's lock
+WATCH_EVERY_S = 0.5
+
+
+class RunDirLocked(RuntimeError):
+    """The run directory is locked by another live process; the message names its host and pid."""
+
+
+def holder() -> str:
+    """This process as a lock or lease holder: 'host pid N'."""
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _describe(path: Path) -> str:
+    """Who holds the lock at `path`, from what the holder wrote into it."""
+    for _ in range(10):  # the holder writes its name just after it takes the lock
+        try:
+            owner = json.loads(path.read_text())
+            return f"{owner['host']} pid {owner['pid']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.05)
+    return "another process"
+
+
+class RunLock:
+    """An exclusive flock on `<run_dir>/run.lock`, held until `release()` (or the process ends)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.file = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock without waiting. Raises RunDirLocked naming the holder if it is taken."""
+        f = self.path.open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise RunDirLocked(f"{self.run_dir} is in use by a run of {_describe(self.path)}: one process owns a "
+                               "run directory; stop that run first (Ctrl-C), or start a new run") from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}) + "\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def release(self) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """'host pid N' of the process that holds `run_dir`'s lock, None if nobody does (a listing's look:
+    it takes the lock for an instant when it is free)."""
+    path = Path(run_dir) / LOCK_NAME
+    if not path.is_file():
+        return None
+    with path.open("r") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe(path)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def launcher_pid() -> int | None:
+    """The pid of the launcher that owns this process's run directory (None: started by hand)."""
+    value = os.environ.get(OWNER_ENV)
+    return int(value) if value and value.isdigit() else None
+
+
+def owns_run_dir() -> bool:
+    """May this process write into its run directory? A child of `run.py train` may while that launcher
+    (which holds the lock) is its parent; a process started by hand relies on its Redis lease."""
+    owner = launcher_pid()
+    return owner is None or os.getppid() == owner
+
+
+def exit_with_launcher(label: str) -> None:
+    """In a child of `run.py train`: a daemon thread that ends this process within WATCH_EVERY_S of the
+    launcher's death, where PR_SET_PDEATHSIG does not exist (not Linux). It writes nothing: the run
+    directory is no longer ours."""
+    owner = launcher_pid()
+    if owner is None:
+        return
+
+    def watch() -> None:
+        while os.getppid() == owner:
+            time.sleep(WATCH_EVERY_S)
+        log.error("%s (pid %d): the launcher (pid %d) is gone; stopping without writing into the run directory",
+                  label, os.getpid(), owner)
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

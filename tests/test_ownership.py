@@ -1,0 +1,215 @@
+"""One owner per run, and how a run ends (docs/architecture.md, "Ownership and endings"): the run
+directory's lock, the launcher's lease on a shared Redis, `run.py runs`, and the launcher's signals
+(SIGINT, SIGTERM, SIGHUP, a second Ctrl-C, kill -9), with real processes, a real Redis and real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distributed.ownership import RunLock
+from tests.test_faults import _alive, _descendants, _read_until, _wait_gone
+from tests.test_faults import _start_train as _start_faults_train
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINING = r"learner: frames [\d,]+/"  # the learner's first metrics line: it is in its training loop
+
+
+def _start_train(tmp_path: Path, run_name: str, *extra: str) -> subprocess.Popen:
+    """test_faults' endless tic-tac-toe run, with a metrics line every second."""
+    return _start_faults_train(tmp_path, run_name, "--set", "run.log_every_s=1", *extra)
+
+
+def run_py(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+def _finish(proc: subprocess.Popen, lines: list[str], sig: int = signal.SIGINT) -> tuple[str, float]:
+    """Send `sig` to a running launcher; returns its whole output and the seconds it took to exit."""
+    start = time.monotonic()
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=60)[0]
+    return "".join(lines) + out, time.monotonic() - start
+
+
+# -- one owner per run ------------------------------------------------------------------------------
+
+def test_resuming_a_live_run_is_refused_with_its_owners_host_and_pid(tmp_path, run_name):
+    proc = _start_train(tmp_path, run_name)
+    lines: list[str] = []
+    try:
+        _read_until(proc, TRAINING, lines)
+        metrics = (tmp_path / run_name / "metrics.jsonl").read_text()
+        second = run_py("train", "--resume", str(tmp_path / run_name), "--eval-games", "0")
+        out, _ = _finish(proc, lines)
+    finally:
+        proc.kill()
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"in use by a run of {socket.gethostname()} pid {proc.pid}" in second.stderr
+    assert "started the learner" not in second.stdout  # refused before anything started
+    assert (tmp_path / run_name / "metrics.jsonl").read_text().startswith(metrics)
+    assert proc.returncode == 130, out
+
+
+def test_a_second_train_of_a_live_run_name_on_a_shared_redis_is_refused_before_anything_is_made(
+        tmp_path, redis_server, redis_client, run_name):
+    first, second_dir = tmp_path / "host-a", tmp_path / "host-b"  # two machines' run.dir, one Redis
+    proc = _start_train(first, run_name, "--redis-url", redis_server.url)
+    lines: list[str] = []
+    try:
+        _read_until(proc, TRAINING, lines)
+        producers = set(redis_client.hgetall(f"{run_name}:traj:produced"))
+        second = run_py("train", "--config", str(REPO / "configs/tictactoe.yaml"), "--redis-url", redis_server.url,
+                        "--set", f"run.name={run_name}", "--set", f"run.dir={second_dir}", "--set",
+                        "run.wandb_mode=disabled", "--set", "actor.num_actors=1", timeout=60)
+        after = set(redis_client.hgetall(f"{run_name}:traj:produced"))
+        out, _ = _finish(proc, lines)
+    finally:
+        proc.kill()
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"another launcher ({socket.gethostname()} pid {proc.pid}) is running for run '{run_name}'" in second.stderr
+    assert not second_dir.exists()  # no half-made run directory
+    assert after == producers and "started the" not in second.stdout  # no actor of the second run sent a thing
+    assert proc.returncode == 130, out
+
+
+def test_runs_lists_local_directories_and_shared_redis_runs_and_deletes_only_a_run_that_is_over(
+        tmp_path, redis_server, redis_client, run_name):
+    base = tmp_path / "runs"
+    for name, meta in (("done", {"frames": 3200, "finished": True}), ("halted", {"frames": 640, "finished": False}),
+                       ("busy", None)):
+        (base / name / "checkpoints").mkdir(parents=True)
+        (base / name / "config.yaml").write_text("env:\n  name: tictactoe\n")
+        if meta:
+            (base / name / "checkpoints" / "latest.json").write_text(json.dumps(meta))
+    over, live = f"{run_name}-over", f"{run_name}-live"
+    redis_client.set(f"{over}:done", 1)
+    redis_client.xadd(f"{over}:traj", {"data": b"x" * 1000})
+    redis_client.set(f"{live}:learner", "elsewhere pid 7", px=60_000)
+    redis_client.xadd(f"{live}:traj", {"data": b"x"})
+    with RunLock(base / "busy"):
+        listing = run_py("runs", "--dir", str(base), "--redis-url", redis_server.url)
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.startswith("  ")}
+    assert "finished" in rows["done"] and "3,200 frames" in rows["done"]
+    assert "stopped" in rows["halted"]
+    assert f"live ({socket.gethostname()} pid {os.getpid()})" in rows["busy"]
+    assert "finished" in rows[over] and "2 keys" in rows[over]
+    assert "live (elsewhere pid 7)" in rows[live]
+
+    refused = run_py("runs", "--redis-url", redis_server.url, "--delete", live)
+    assert refused.returncode == 2 and "is live" in refused.stderr and "elsewhere pid 7" in refused.stderr
+    assert redis_client.exists(f"{live}:traj")
+    deleted = run_py("runs", "--redis-url", redis_server.url, "--delete", over)
+    assert deleted.returncode == 0 and "deleted 2 keys" in deleted.stdout, deleted.stderr
+    assert not list(redis_client.scan_iter(match=f"{over}:*"))
+    assert run_py("runs", "--help").returncode == 0
+
+
+# -- signals and endings ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_the_run_within_seconds_with_a_checkpoint_and_exit_code_128_plus_n(tmp_path, run_name, sig):
+    proc = _start_train(tmp_path, run_name, "--set", "run.wandb_mode=offline")
+    lines: list[str] = []
+    try:
+        _read_until(proc, TRAINING, lines)
+        children = _descendants(proc.pid)
+        out, took = _finish(proc, lines, sig)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, out
+    assert took < 8, f"took {took:.1f} s\n{out}"
+    assert "learner done" in out and (tmp_path / run_name / "checkpoints" / "latest.safetensors").exists()
+    assert f"`run.py train --resume {tmp_path / run_name}` continues it" in out
+    assert "Traceback" not in out
+    assert not _wait_gone(children, timeout=5), "children outlived the launcher"
+
+
+def test_a_second_ctrl_c_kills_every_process_at_once_and_says_so(tmp_path, run_name):
+    proc = _start_train(tmp_path, run_name)
+    lines: list[str] = []
+    try:
+        _read_until(proc, r"actor 0 \(pid \d+\): 2 x tictactoe", lines)
+        children = _descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out = "".join(lines) + proc.communicate(timeout=30)[0]
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert "SIGINT again: killing every process of the run now" in out
+    assert took < 5, f"took {took:.1f} s"
+    assert not _wait_gone(children, timeout=2), "children outlived the launcher"
+
+
+def test_ctrl_c_before_the_first_checkpoint_leaves_no_directory_and_offers_no_resume(tmp_path, run_name):
+    proc = _start_train(tmp_path, run_name)
+    lines: list[str] = []
+    try:
+        _read_until(proc, r"started the learner", lines)  # the children are still starting
+        out, _ = _finish(proc, lines)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert not (tmp_path / run_name).exists(), out
+    assert "--resume" not in out and "stopped before its first checkpoint" in out
+    again = _start_train(tmp_path, run_name)  # the next run takes the name, not <name>-2
+    lines = []
+    try:
+        _read_until(again, r"run directory", lines)
+        again.send_signal(signal.SIGINT)
+        again.communicate(timeout=60)
+    finally:
+        again.kill()
+    assert f"run directory {tmp_path / run_name}\n" in "".join(lines)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["embedded-redis", "shared-redis"])
+def test_children_of_a_killed_launcher_stop_within_seconds_and_write_nothing(tmp_path, redis_server, run_name, shared):
+    extra = ["--redis-url", redis_server.url] if shared else []
+    proc = _start_train(tmp_path, run_name, "--set", "learner.checkpoint_every_s=600", *extra)
+    lines: list[str] = []
+    checkpoint = tmp_path / run_name / "checkpoints" / "latest.safetensors"
+    try:
+        _read_until(proc, r"actor 0 \(pid \d+\): 2 x tictactoe", lines)
+        time.sleep(1.0)  # training
+        children = _descendants(proc.pid)
+        before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else None
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    left = _wait_gone(children, timeout=5)
+    assert not left, "still running 5 s after the launcher died: " + " ".join(
+        Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ") for p in _alive(left))
+    time.sleep(0.5)
+    assert (checkpoint.stat().st_mtime_ns if checkpoint.exists() else None) == before  # nothing written
+
+
+def test_a_run_that_ended_while_its_learner_was_closing_is_reported_as_finished(tmp_path, run_name):
+    # With wandb on, the learner spends seconds closing after it sets the run's done key.
+    proc = _start_train(tmp_path, run_name, "--set", "run.total_frames=600", "--set", "run.wandb_mode=offline")
+    lines: list[str] = []
+    try:
+        _read_until(proc, r"learner done:", lines)
+        out, _ = _finish(proc, lines)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert "the run reached its end" in out and "stopped before the end" not in out
+    assert "--resume" not in out
