@@ -392,6 +392,7 @@ class Learner:
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
         # Entry ids and unroll ids of batches the ingest thread has read but the update has not acked.
         self.in_flight: set = set()
+        self.in_flight_unrolls = 0
         self.in_flight_lock = threading.Lock()
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
@@ -523,7 +524,15 @@ class Learner:
 
     def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
         """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
-        marking it in flight until `acknowledge`. None when stopping."""
+        marking it in flight until `acknowledge`. None when stopping.
+
+        It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
+        ends there leaves no unroll delivered and unacked."""
+        frames_per_unroll = self.cfg.actor.unroll_length
+        while self.frames + frames_per_unroll * self.in_flight_unrolls >= self.cfg.run.total_frames:
+            if self.stopping or not self.reading:
+                return None
+            time.sleep(0.005)
         got = self.next_batch()
         if got is None:
             return None
@@ -531,6 +540,7 @@ class Learner:
         uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         with self.in_flight_lock:
             self.in_flight.update(ids, uids)
+            self.in_flight_unrolls += len(ids)
         return ids, headers, self.prepare(payloads)
 
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
@@ -539,6 +549,7 @@ class Learner:
         self.unrolls_trained = self.trajectories.ack(ids, uids)
         with self.in_flight_lock:
             self.in_flight.difference_update(ids, uids)
+            self.in_flight_unrolls -= len(ids)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:

@@ -9,10 +9,11 @@ import logging
 import pytest
 
 from agents.network import ActorCritic
-from config import ConfigError, load_config
+from config import ConfigError
 from distributed.actor import Actor
 from distributed.params import ParamStore
 from envs.registry import env_spec, make_env
+from experiment import load_config
 
 DUEL = "pettingzoo:tests.duel_env"
 RPS = "pettingzoo:pettingzoo.classic.rps_v2"
