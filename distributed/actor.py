@@ -27,7 +27,7 @@ from config import Config, ConfigError
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
-                                   connect, run_done_key)
+                                   actor_id_key, connect, run_done_key)
 from envs.registry import env_spec, make_env
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
@@ -41,11 +41,6 @@ RUN_OVER_CHECK_S = 0.5  # the run's done key is looked up at most this often
 
 
 MAX_ACTOR_ID = 100_000  # far beyond any run: no free id below it means ids are not being released
-
-
-def actor_id_key(run: str, actor_id: int) -> str:
-    """`{run}:actor:{id}`: the lease that makes actor id `actor_id` one process's in run `run`."""
-    return f"{run}:actor:{actor_id}"
 
 
 def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,

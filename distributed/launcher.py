@@ -27,7 +27,7 @@ import redis
 from config import Config
 from distributed.ownership import OWNER_ENV
 from distributed.params import ParamStore
-from distributed.transport import RedisUnavailable, connect, run_done_key
+from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
 from league.players import MAIN, learner_players, namespace
 from league.store import LeagueStore
 
@@ -284,6 +284,17 @@ def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple
     return commands
 
 
+def _release_dead_actor_id(client: redis.Redis, run: str, args: list[str], pid: int) -> None:
+    """Delete the id lease of actor process `pid`, which the launcher has seen exit: left to lapse, it
+    would keep the restarted actor waiting a lease lifetime for its own id."""
+    if "--actor-id" not in args:
+        return
+    key = actor_id_key(run, int(args[args.index("--actor-id") + 1]))
+    holder = client.get(key)
+    if holder is not None and holder.decode().startswith(f"{socket.gethostname()} pid {pid} "):
+        client.delete(key)
+
+
 def _restart_args(role: str, args: list[str]) -> list[str]:
     """A restarted learner or league manager continues from its own files."""
     return args if role == "actor" or "--resume" in args else args + ["--resume"]
@@ -354,6 +365,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                         break
                     log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
                     role, args, nice = commands[name]
+                    _release_dead_actor_id(client, cfg.run.name, args, proc.pid)
                     commands[name] = (role, _restart_args(role, args), nice)
                     workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice, view)
             if view is not None:

@@ -621,5 +621,10 @@ class LeaseHeld(RuntimeError):
     """Another learner holds the run; the message names it."""
 
 
+def actor_id_key(run: str, actor_id: int) -> str:
+    """`{run}:actor:{id}`: the lease that makes actor id `actor_id` one process's in run `run`."""
+    return f"{run}:actor:{actor_id}"
+
+
 def run_done_key(run: str) -> str:
     return f"{run}:done"

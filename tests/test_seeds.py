@@ -13,7 +13,8 @@ import gymnasium
 import numpy as np
 
 from config import load_config
-from distributed.actor import Actor, ActorSeeds, actor_id_key
+from distributed.actor import Actor, ActorSeeds
+from distributed.transport import actor_id_key
 from envs.base import EpisodeSeeds
 
 REPO = Path(__file__).resolve().parent.parent
