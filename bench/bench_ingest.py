@@ -89,6 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as server:
         cfg = load_config(REPO / args.config, [*args.overrides, "run.name=ingest", f"run.dir={tmp}",
                                                "run.wandb_mode=disabled"])
+        B = cfg.learner.batch_size
+        args.entries = -(-args.entries // B) * B  # whole batches: the learner waits for a full last one
         (Path(tmp) / "ingest").mkdir()
         client = connect(server.url)
         key = TrajectoryStream(client, "ingest").key

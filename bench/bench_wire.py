@@ -54,6 +54,7 @@ def actor_unrolls(config: str, overrides: list[str], count: int) -> tuple[list[d
             time.sleep(0.1)
         actor.stop()
         thread.join(60)
+        actor.close()  # its id lease, whose keeper thread would otherwise outlive this Redis
         uspec = UnrollSpec(spec, cfg.actor.unroll_length)
         entries = client.xrange("wire:traj", count=count)
         return [decode_unroll(fields[b"data"], uspec)[1] for _, fields in entries], uspec

@@ -144,9 +144,15 @@ class ParameterServer(Learner):
         self.batch_size = 1  # A3C: every gradient is applied as soon as it arrives
         self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
 
-    def decode(self, data: bytes) -> tuple[dict, tuple[dict, dict[str, torch.Tensor]]]:
-        header, grads = decode_gradients(data, self.shapes)
-        return header, (header, grads)
+    def decode(self, entries: list[bytes]) -> list[tuple[dict, tuple[dict, dict[str, torch.Tensor]]] | DecodeError]:
+        out: list = []
+        for data in entries:
+            try:
+                header, grads = decode_gradients(data, self.shapes)
+                out.append((header, (header, grads)))
+            except DecodeError as e:
+                out.append(e)
+        return out
 
     def prepare(self, payloads: list) -> list:
         return payloads  # gradients are applied as they are

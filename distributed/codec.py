@@ -146,6 +146,36 @@ def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
     Raises:
       DecodeError: with the reason, for anything that does not match `spec` exactly.
     """
+    (decoded,) = decode_unrolls([data], spec)
+    if isinstance(decoded, DecodeError):
+        raise decoded
+    return decoded
+
+
+def decode_unrolls(entries: list[bytes], spec: UnrollSpec) -> list[tuple[dict[str, Any], dict[str, np.ndarray]] | DecodeError]:
+    """Parse and validate a batch of unrolls: for each entry, (header, arrays) as `decode_unroll` returns
+    them, or the DecodeError that says why it is rejected (the others are unaffected).
+
+    The structure (header, dtypes, shapes, sizes) is checked entry by entry before any bytes are
+    touched; the values (finite floats, actions, masks and flags in range) are checked for the whole
+    batch at once, a few numpy passes over all B unrolls rather than a dozen per unroll.
+    """
+    out: list = []
+    for data in entries:
+        try:
+            out.append(_parse_unroll(data, spec))
+        except DecodeError as e:
+            out.append(e)
+    parsed = [i for i, item in enumerate(out) if not isinstance(item, DecodeError)]
+    if parsed:
+        for i, reason in zip(parsed, _value_errors([out[i][1] for i in parsed], spec)):
+            if reason is not None:
+                out[i] = DecodeError(reason)
+    return out
+
+
+def _parse_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(header, arrays) of one unroll whose structure matches `spec`; its values are not checked yet."""
     msg = unpack_message(data, ("header", "arrays"))
     header, body = msg["header"], msg["arrays"]
     _check_header(header, spec)
@@ -155,15 +185,14 @@ def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
                           f"step is truncated, got {got}")
     compressed = header["compression"] == "zstd"
     arrays = {name: _decode_array(name, body[name], *spec.arrays[name], compressed) for name in spec.arrays}
-    if arrays["truncated"].max() > 1 or (arrays["truncated"] > arrays["done"]).any():
-        raise DecodeError("truncated must be 0 or 1, and 1 only where done is 1")
-    n = int(arrays["truncated"].sum())  # at most T: the final observations' count is bounded before decoding
+    # At most T: the final observations' count is bounded before they are decoded. A `truncated` that is
+    # not 0/1, or 1 where done is not, is rejected with the values (`_value_errors`).
+    n = int(np.count_nonzero(arrays["truncated"]))
     for name, (dtype, shape) in spec.final_arrays.items():
         if name not in body and n:
             raise DecodeError(f"{n} steps are truncated but the unroll has no '{name}'")
         arrays[name] = (_decode_array(name, body[name], dtype, (n, *shape), compressed) if name in body
                         else np.zeros((0, *shape), dtype))
-    _check_values(arrays, spec)
     return header, arrays
 
 
@@ -187,18 +216,19 @@ def _check_header(header: Any, spec: UnrollSpec) -> None:
 
 
 def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...], compressed: bool) -> np.ndarray:
+    nbytes = dtype.itemsize * math.prod(shape)
+    if type(item) is list and len(item) == 3 and item[0] == dtype.str and item[1] == list(shape) \
+            and type(item[2]) is bytes:  # the common case in one test; the reason is found below
+        data = _decompress(name, item[2], nbytes) if compressed else item[2]
+        if len(data) == nbytes:
+            return np.ndarray(shape, dtype, buffer=data)
+        raise DecodeError(f"array '{name}' has {len(data)} bytes, shape {list(shape)} needs {nbytes}")
     if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
             and isinstance(item[1], list) and isinstance(item[2], bytes)):
         raise DecodeError(f"array '{name}' must be [dtype, shape, bytes]")
     if item[0] != dtype.str:
         raise DecodeError(f"array '{name}' has dtype '{item[0]}', expected '{dtype.str}'")
-    if item[1] != list(shape):
-        raise DecodeError(f"array '{name}' has shape {item[1]}, expected {list(shape)}")
-    nbytes = dtype.itemsize * math.prod(shape)
-    data = _decompress(name, item[2], nbytes) if compressed else item[2]
-    if len(data) != nbytes:
-        raise DecodeError(f"array '{name}' has {len(data)} bytes, shape {list(shape)} needs {nbytes}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    raise DecodeError(f"array '{name}' has shape {item[1]}, expected {list(shape)}")
 
 
 def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
@@ -218,20 +248,46 @@ def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
         raise DecodeError(f"array '{name}' does not decompress: {e}") from None
 
 
-def _check_values(arrays: dict[str, np.ndarray], spec: UnrollSpec) -> None:
-    A = spec.env.num_actions
-    for name, array in arrays.items():
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise DecodeError(f"array '{name}' has non-finite values")
-    action = arrays["action"]
-    if action.min() < 0 or (action.max() >= A if action.ndim == 1 else (action >= spec.env.action_heads).any()):
-        raise DecodeError(f"action out of range [0, {spec.env.action_heads or A})")
-    if action.ndim == 2:  # multi-head: the mask is over head 0
-        action = action[:, 0]
-    if arrays["done"].max() > 1 or arrays["action_mask"].max() > 1:
-        raise DecodeError("done and action_mask must be 0 or 1")
-    if not arrays["action_mask"][np.arange(len(action)), action].all():
-        raise DecodeError("an action is illegal under its own action_mask")
+def _value_errors(unrolls: list[dict[str, np.ndarray]], spec: UnrollSpec) -> list[str | None]:
+    """For each of B structurally valid unrolls, the first reason its values are invalid, or None.
+
+    Each check runs once over the B unrolls concatenated ([B * rows, ...]) and is reduced per unroll:
+    the rows of a per-step array are its T or T+1 steps, those of a final array its N_b observations.
+    """
+    B, A, heads = len(unrolls), spec.env.num_actions, spec.env.action_heads
+    T = spec.unroll_length
+
+    def rows(name: str) -> np.ndarray:
+        return np.concatenate([u[name] for u in unrolls])
+
+    checks: list[tuple[str, np.ndarray]] = []
+    truncated, done = rows("truncated").reshape(B, T), rows("done").reshape(B, T)
+    checks.append(("truncated must be 0 or 1, and 1 only where done is 1",
+                   ((truncated > 1) | (truncated > done)).any(1)))
+    finals = np.repeat(np.arange(B), [np.count_nonzero(u["truncated"]) for u in unrolls])  # owner of each final row
+    for name, (dtype, _) in {**spec.arrays, **spec.final_arrays}.items():
+        if dtype.kind != "f":
+            continue
+        if name in spec.arrays:
+            bad = ~np.isfinite(rows(name)).reshape(B, -1).all(1)
+        else:
+            bad = np.zeros(B, bool)
+            if len(finals):
+                bad[finals[~np.isfinite(rows(name)).reshape(len(finals), -1).all(1)]] = True
+        checks.append((f"array '{name}' has non-finite values", bad))
+    action = rows("action").reshape(B, T, -1)  # [B, T, 1] or [B, T, H]
+    checks.append((f"action out of range [0, {heads or A})",
+                   ((action < 0) | (action >= (A if heads is None else np.asarray(heads)))).any((1, 2))))
+    mask = rows("action_mask").reshape(B, T + 1, A)
+    checks.append(("done and action_mask must be 0 or 1", (done > 1).any(1) | (mask > 1).any((1, 2))))
+    head0 = np.clip(action[:, :, 0], 0, A - 1)  # multi-head: the mask is over head 0
+    legal = np.take_along_axis(mask[:, :T], head0[:, :, None], 2)
+    checks.append(("an action is illegal under its own action_mask", ~legal.all((1, 2))))
+    reasons: list[str | None] = [None] * B
+    for reason, bad in checks:
+        for b in np.flatnonzero(bad):
+            reasons[b] = reasons[b] or reason
+    return reasons
 
 
 def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:

@@ -28,7 +28,7 @@ from agents.checkpoint import (CheckpointError, load_optimizer_state, model_stat
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.codec import DecodeError, UnrollSpec, decode_unroll
+from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
@@ -486,14 +486,12 @@ class Learner:
                 with self.in_flight_lock:  # our pending entries include the prefetched batches
                     entries = [(entry_id, data) for entry_id, data in entries if entry_id not in self.in_flight]
             decoded = []
-            for entry_id, data in entries:
-                try:
-                    header, payload = self.decode(data)
-                except DecodeError as e:
-                    self.trajectories.dead_letter(entry_id, data, str(e))
-                    log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), e)
+            for (entry_id, data), got in zip(entries, self.decode([data for _, data in entries])):
+                if isinstance(got, DecodeError):
+                    self.trajectories.dead_letter(entry_id, data, str(got))
+                    log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), got)
                     continue
-                decoded.append((entry_id, header, payload))
+                decoded.append((entry_id, *got))
             duplicate = [False] * len(decoded)
             if self.detects_duplicates:
                 # Checked together with the batch so far: both copies may be read into one batch.
@@ -513,9 +511,9 @@ class Learner:
                     unrolls.append(payload)
         return ids, headers, unrolls
 
-    def decode(self, data: bytes) -> tuple[dict, object]:
-        """(header, payload) of one stream entry. Raises DecodeError."""
-        return decode_unroll(data, self.unroll_spec)
+    def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
+        """(header, payload) of each stream entry, or the DecodeError that rejects it."""
+        return decode_unrolls(entries, self.unroll_spec)
 
     def prepare(self, unrolls: list) -> object:
         """What `train_on` takes, made from B decoded payloads in the ingest thread: the stacked batch,

@@ -7,6 +7,7 @@ Every malformed input starts from that unroll's msgpack map and changes one thin
 
 from __future__ import annotations
 
+import re
 import time
 import tracemalloc
 
@@ -24,6 +25,7 @@ from distributed.codec import (
     DecodeError,
     UnrollSpec,
     decode_unroll,
+    decode_unrolls,
     decode_weights,
     encode_unroll,
     encode_weights,
@@ -210,6 +212,27 @@ MALFORMED = {
 def test_malformed_input_raises_decode_error_naming_the_problem(data, reason):
     with pytest.raises(DecodeError, match=reason):
         decode_unroll(data, USPEC)
+
+
+def test_a_batch_rejects_exactly_its_malformed_entries_each_with_its_own_reason():
+    """The batched value checks reduce per unroll: every malformed entry of MALFORMED, each between two
+    valid unrolls (one of them with a different reward), is rejected with the reason it gets alone, and
+    the valid ones decode to their own arrays."""
+    entries, expected = [], []
+    for k, (data, reason) in enumerate(MALFORMED.values()):
+        rewarded = {**UNROLL, "reward": np.full(T, k, np.float32)}
+        entries += [encode(rewarded), data]
+        expected += [k, reason]
+    entries.append(encode())
+    expected.append(None)
+    for got, want in zip(decode_unrolls(entries, USPEC), expected, strict=True):
+        if isinstance(want, str):
+            assert isinstance(got, DecodeError) and re.search(want, str(got)), (want, got)
+        else:
+            header, arrays = got
+            assert header["unroll_id"] == HEADER["unroll_id"]
+            np.testing.assert_array_equal(arrays["reward"], UNROLL["reward"] if want is None else np.full(T, want))
+            np.testing.assert_array_equal(arrays["obs"], UNROLL["obs"])
 
 
 def test_unroll_length_mismatch_against_spec():

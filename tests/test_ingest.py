@@ -66,7 +66,7 @@ def test_a_copy_of_a_prefetched_unroll_is_skipped_before_its_batch_is_acked(tmp_
     ids2, headers2, batch2 = learner.ingest()
     assert not set(ids1) & set(ids2)
     assert [h["unroll_id"] for h in headers1 + headers2] == [
-        h["unroll_id"] for h in (learner.decode(d)[0] for d in (u1, u2, u3, u4))]
+        header["unroll_id"] for header, _ in learner.decode([u1, u2, u3, u4])]
     np.testing.assert_array_equal(batch2.reward[0].numpy(), [0.5, 0.25])
     stream = TrajectoryStream(redis_client, run_name)
     assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 1, "backlog": 4}

@@ -20,7 +20,7 @@ from pettingzoo.utils.env import ParallelEnv
 from agents.heads import DiscreteHead
 from config import LearnerConfig
 from distributed.actor import UnrollBuffer
-from distributed.codec import DecodeError, UnrollSpec, decode_unroll, encode_unroll
+from distributed.codec import DecodeError, UnrollSpec, decode_unroll, decode_unrolls, encode_unroll
 from distributed.learner import Batch, forward_batch, off_policy_targets
 from envs.aec import AECAdapter
 from envs.parallel import ParallelAdapter
@@ -223,6 +223,21 @@ def test_decoder_refuses_truncations_that_do_not_match_their_final_observations(
     missing = {k: v for k, v in unroll.items() if k != "final_obs"}
     with pytest.raises(DecodeError, match="1 steps are truncated but the unroll has no 'final_obs'"):
         decode_unroll(_encoded(missing), uspec)
+
+
+def test_a_non_finite_final_observation_rejects_only_its_own_unroll_in_a_batch():
+    """Final observations are concatenated over the batch ([sum N_b, ...]): a bad row must be charged to
+    the unroll it came from, not to its neighbours (which have 1 and 0 final observations)."""
+    adapter = ParallelAdapter(Watched, 0, [ENCODE] * 2, SPEC.agent_seats, A, name="watched")
+    unroll = play(adapter, SPEC, T=30)
+    uspec = UnrollSpec(SPEC, 30)
+    untruncated = dict(unroll, truncated=np.zeros(30, np.uint8))
+    del untruncated["final_obs"]
+    bad = dict(unroll, final_obs=np.array([[np.nan, 1.0]], np.float32))
+    got = decode_unrolls([_encoded(u) for u in (unroll, untruncated, bad, unroll)], uspec)
+    assert [isinstance(g, DecodeError) for g in got] == [False, False, True, False]
+    assert "'final_obs' has non-finite values" in str(got[2])
+    np.testing.assert_array_equal(got[3][1]["final_obs"], unroll["final_obs"])
 
 
 # -- real runs ---------------------------------------------------------------------------------------
