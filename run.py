@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
     p.add_argument("--player", default="main", help="which learner: main (default), main_exploiter_N or "
                    "league_exploiter_N (see league.* in --help-config)")
+    p.add_argument("--rank", type=int, default=0, help="with learner.num_learners=K: this learner's rank, 0..K-1 "
+                   "(0 publishes weights and writes checkpoints and metrics)")
+    p.add_argument("--dist-url", help="with learner.num_learners=K: the rendezvous of the K learners, "
+                   "tcp://<rank 0's host>:<free port>, the same for every rank")
     p = sub.add_parser("league", help="run the league manager against a Redis")
     _config_args(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
@@ -499,14 +503,20 @@ def cmd_learner(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
     from analysis.report import log_report  # the end-of-run figures; the learner imports no report code
+    from distributed.data_parallel import DataParallelError
 
-    if cfg.learner.algo == "a3c":
-        from distributed.a3c import ParameterServer
+    try:
+        if cfg.learner.algo == "a3c":
+            from distributed.a3c import ParameterServer
 
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
-                    report=log_report)
-    else:
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report)
+            run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
+                        report=log_report)
+        else:
+            run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
+                        rank=args.rank, dist_url=args.dist_url)
+    except DataParallelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,162 @@
+"""Several learners as one (distributed/data_parallel.py): K=2 ranks on gloo, each updating on its own
+batch with averaged gradients, end with the weights of one learner updating on the union of the batches."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from agents.heads import make_model, policy_head
+from config import AgentConfig, ConfigError, LearnerConfig, from_yaml_text, validate
+from distributed.data_parallel import DataParallelError, average_gradients, broadcast_state, join
+from distributed.learner import Batch, learn_step, make_optimizer
+from envs.registry import env_spec
+
+T, B, UPDATES = 5, 3, 4
+AGENT = AgentConfig(torso="mlp", hidden=32)
+# A small clip, so that clipping happens at every update (each stats["grad_norm"] is above it), and a
+# large Adam step: the ranks' and the union's weights part quickly if anything differs.
+LEARNER = LearnerConfig(learning_rate=1e-2, grad_norm_clip=0.05)
+
+
+def synthetic_batch(seed: int, spec) -> Batch:
+    """B valid tic-tac-toe unrolls: random boards, legal actions under random masks, behaviour logits
+    masked like an actor's, rewards and episode ends, one step cut by a time limit (with its final obs)."""
+    g = torch.Generator().manual_seed(seed)
+    A = spec.num_actions
+    mask = (torch.rand(T + 1, B, A, generator=g) < 0.6).to(torch.uint8)
+    mask[..., 0] = 1
+    logits = torch.randn(T, B, A, generator=g).masked_fill(mask[:-1] == 0, -1e9)
+    action = torch.multinomial(logits.softmax(-1).flatten(0, 1), 1, generator=g).view(T, B)
+    done = torch.rand(T, B, generator=g) < 0.2
+    truncated = torch.zeros(T, B, dtype=torch.bool)
+    truncated[2, 1] = done[2, 1] = True
+    obs = torch.randint(0, 2, (T + 1, B, *spec.obs_shape), generator=g, dtype=torch.int8)
+    return Batch(obs=obs, action_mask=mask, action=action, reward=torch.randn(T, B, generator=g), done=done,
+                 behaviour_logits=logits, truncated=truncated,
+                 final_obs=torch.randint(0, 2, (1, *spec.obs_shape), generator=g, dtype=torch.int8),
+                 final_t=torch.tensor([2]), final_b=torch.tensor([1]))
+
+
+def union(a: Batch, b: Batch) -> Batch:
+    """Two batches concatenated along B (final observations re-indexed to b's columns)."""
+    return Batch(obs=torch.cat([a.obs, b.obs], 1), action_mask=torch.cat([a.action_mask, b.action_mask], 1),
+                 action=torch.cat([a.action, b.action], 1), reward=torch.cat([a.reward, b.reward], 1),
+                 done=torch.cat([a.done, b.done], 1), behaviour_logits=torch.cat([a.behaviour_logits,
+                                                                                  b.behaviour_logits], 1),
+                 truncated=torch.cat([a.truncated, b.truncated], 1), final_obs=torch.cat([a.final_obs, b.final_obs]),
+                 final_t=torch.cat([a.final_t, b.final_t]), final_b=torch.cat([a.final_b, b.final_b + B]))
+
+
+def _rank(rank: int, url: str, out: str) -> None:
+    """One of two learner ranks: a model seeded by rank (rank 0 also one update alone, so it has Adam
+    moments), rank 0's state broadcast, UPDATES updates on batch (update, rank) with averaged gradients,
+    the agreement on stopping, then rank 1 dies and rank 0's next collective must fail, not hang."""
+    torch.set_num_threads(1)
+    spec = env_spec("tictactoe")
+    group = join(rank, 2, url, torch.device("cpu"), timeout_s=30)
+    torch.manual_seed(rank)
+    model = make_model(spec, AGENT)
+    optimizer = make_optimizer(model, LEARNER)
+    if rank == 0:
+        learn_step(model, optimizer, synthetic_batch(99, spec), LEARNER, policy_head(spec))
+    meta = broadcast_state(model, optimizer, {"step": 1 if rank == 0 else 0}, group, torch.device("cpu"))
+    norms = []
+    for update in range(UPDATES):
+        stats = learn_step(model, optimizer, synthetic_batch(100 * update + rank, spec), LEARNER, policy_head(spec),
+                           reduce_gradients=lambda m: average_gradients(m, group))
+        norms.append(stats["grad_norm"])
+    agreed = group.agree((rank == 1, False), 0.25 if rank == 0 else 7.0, torch.device("cpu"))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{out}/rank{rank}.safetensors")
+    Path(f"{out}/rank{rank}.json").write_text(json.dumps({"meta": meta, "norms": norms, "agreed": agreed}))
+    if rank == 1:
+        import os
+
+        os._exit(3)  # dies without a goodbye, as a killed learner would
+    started = time.monotonic()
+    try:
+        time.sleep(0.5)
+        group.agree((False,), 0.0, torch.device("cpu"))
+        error = ""
+    except DataParallelError as e:
+        error = str(e)
+    Path(f"{out}/rank0-death.json").write_text(json.dumps({"error": error, "seconds": time.monotonic() - started}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_hold_the_weights_of_one_learner_on_the_union_of_their_batches(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [ctx.Process(target=_rank, args=(rank, url, str(tmp_path))) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    assert [p.exitcode for p in procs] == [0, 3]
+
+    spec = env_spec("tictactoe")
+    torch.manual_seed(0)
+    reference = make_model(spec, AGENT)
+    optimizer = make_optimizer(reference, LEARNER)
+    learn_step(reference, optimizer, synthetic_batch(99, spec), LEARNER, policy_head(spec))
+    norms = []
+    for update in range(UPDATES):
+        both = union(synthetic_batch(100 * update, spec), synthetic_batch(100 * update + 1, spec))
+        norms.append(learn_step(reference, optimizer, both, LEARNER, policy_head(spec))["grad_norm"])
+
+    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    for name, expected in reference.state_dict().items():
+        assert torch.equal(ranks[0][name], ranks[1][name]), name  # identical on both ranks, bit for bit
+        torch.testing.assert_close(ranks[0][name], expected, atol=1e-6, rtol=0)
+    info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # Clipped on the global gradient: both ranks saw the union's norm, above the clip at every update.
+    for r in range(2):
+        assert info[r]["norms"] == pytest.approx(norms, rel=1e-5)
+    assert min(norms) > LEARNER.grad_norm_clip
+    assert info[1]["meta"] == {"step": 1}  # rank 0's counters reached rank 1
+    # Rank 1 alone wanted to stop: both stop; rank 0's value (the learning rate) reaches both.
+    assert info[0]["agreed"] == info[1]["agreed"] == [[True, False], 0.25]
+    death = json.loads((tmp_path / "rank0-death.json").read_text())
+    assert "collective failed" in death["error"] and death["seconds"] < 25
+
+
+def test_one_learner_has_no_process_group():
+    group = join(0, 1, None, torch.device("cpu"))
+    assert not group.distributed and group.agree((True, False), 0.5, torch.device("cpu")) == ((True, False), 0.5)
+    model = torch.nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    before = model.weight.grad.clone()
+    average_gradients(model, group)
+    assert torch.equal(model.weight.grad, before)
+
+
+def _cfg(*lines: str):
+    return from_yaml_text("\n".join(lines))
+
+
+@pytest.mark.parametrize("yaml, message", [
+    ("learner: {num_learners: 0}", "learner.num_learners must be in [1, 64]"),
+    ("learner: {num_learners: 65}", "learner.num_learners must be in [1, 64]"),
+    ("learner: {num_learners: 2, algo: a3c}", "learner.num_learners > 1 needs learner.algo=impala"),
+    ("learner: {num_learners: 2}\nleague: {enabled: true, main_exploiters: 1}",
+     "learner.num_learners > 1 is not supported with league exploiters"),
+])
+def test_num_learners_is_validated(yaml, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        validate(_cfg(yaml))
+
+
+def test_num_learners_with_a_league_without_exploiters_is_valid():
+    validate(_cfg("learner: {num_learners: 4}\nleague: {enabled: true}"))
