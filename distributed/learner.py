@@ -423,6 +423,7 @@ class Learner:
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.batch_size = cfg.learner.batch_size  # stream entries per update
         # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
+        self.lease: LearnerLease | None = None  # rank 0's, taken in run()
         self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
         # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
@@ -867,7 +868,12 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
                                f"{learner.step} written to {learner.checkpoint_path}; `--resume` continues") from None
     except DataParallelError as e:
         # The update that failed has not stepped: the weights are those of the last update every rank made.
-        learner.checkpoint()
+        try:
+            learner.checkpoint_trained()
+            if rank == 0 and learner.lease is not None:
+                learner.lease.release()  # so that `--resume` needs not wait for it to lapse
+        except redis.RedisError:
+            learner.checkpoint()
         written = f"; checkpoint at update {learner.step} written to {learner.checkpoint_path}" if rank == 0 else ""
         raise DataParallelError(f"{e}{written}; `run.py train --resume RUN_DIR` continues") from None
     finally:
