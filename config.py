@@ -361,6 +361,12 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
     return ConfigError(f"{prefix}{where}: {e}".splitlines()[0])
 
 
+def learners_in_flight(learner: LearnerConfig) -> int:
+    """Unrolls that K data-parallel learners may hold read but unacked while the last of them still waits
+    for its batch: (K - 1) * (prefetch_batches + 1) * B + B."""
+    return ((learner.num_learners - 1) * (learner.prefetch_batches + 1) + 1) * learner.batch_size
+
+
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError.
 
@@ -425,6 +431,12 @@ def validate(cfg: Config) -> None:
         (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
         (0 <= cfg.learner.prefetch_batches <= 64, "learner.prefetch_batches must be in [0, 64]"),
         (1 <= cfg.learner.num_learners <= MAX_LEARNERS, f"learner.num_learners must be in [1, {MAX_LEARNERS}]"),
+        # Unacked entries count against the mark: K-1 ranks may each hold prefetch_batches + 1 batches while the
+        # last one still needs its B, and they wait for it in the next all-reduce.
+        (cfg.learner.num_learners == 1 or cfg.actor.high_water_mark >= learners_in_flight(cfg.learner),
+         f"actor.high_water_mark must be >= (learner.num_learners - 1) * (learner.prefetch_batches + 1) * "
+         f"learner.batch_size + learner.batch_size = {learners_in_flight(cfg.learner)}: K-1 learners may hold "
+         "that many unrolls unacked while the last one waits for its batch"),
         (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
          "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,

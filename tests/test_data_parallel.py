@@ -137,16 +137,19 @@ def _cfg(*lines: str):
     ("learner: {num_learners: 0}", "learner.num_learners must be in [1, 64]"),
     ("learner: {num_learners: 65}", "learner.num_learners must be in [1, 64]"),
     ("learner: {num_learners: 2, algo: a3c}", "learner.num_learners > 1 needs learner.algo=impala"),
+    ("learner: {num_learners: 3, batch_size: 32, prefetch_batches: 2}\nactor: {high_water_mark: 223}",
+     "actor.high_water_mark must be >= .* = 224"),
     ("learner: {num_learners: 2}\nleague: {enabled: true, main_exploiters: 1}",
      "learner.num_learners > 1 is not supported with league exploiters"),
 ])
 def test_num_learners_is_validated(yaml, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         validate(_cfg(yaml))
 
 
 def test_num_learners_with_a_league_without_exploiters_is_valid():
-    validate(_cfg("learner: {num_learners: 4}\nleague: {enabled: true}"))
+    validate(_cfg("learner: {num_learners: 2}\nleague: {enabled: true}"))
+    validate(_cfg("learner: {num_learners: 3, batch_size: 32, prefetch_batches: 2}\nactor: {high_water_mark: 224}"))
 
 
 REPO = Path(__file__).resolve().parent.parent
