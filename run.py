@@ -301,6 +301,22 @@ def _run_lease(client, cfg: Config):
         lease.release()
 
 
+def _check_learner_gpus(cfg: Config, device) -> None:
+    """`run.py train` starts its K learners on this machine: on CUDA each needs a GPU of its own (NCCL
+    refuses two ranks on one GPU). Raises ConfigError."""
+    import torch
+
+    learners = cfg.learner.num_learners
+    if learners == 1 or device.type != "cuda":
+        return
+    if device.index is not None:
+        raise ConfigError(f"learner.num_learners={learners} on one machine takes one GPU per learner: set "
+                          f"learner.device=cuda (learner rank r takes GPU r), not {cfg.learner.device}")
+    if learners > torch.cuda.device_count():
+        raise ConfigError(f"learner.num_learners={learners} needs one GPU per learner and this machine has "
+                          f"{torch.cuda.device_count()}: lower it, or set learner.device=cpu")
+
+
 def _claim_run_dir(run_dir: Path, resume: bool):
     """Create a fresh run's directory (never an existing one) and lock it (distributed/ownership.py).
     Returns the held RunLock; raises RunDirLocked naming the owner of a live run."""
@@ -367,7 +383,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     client = connect(url) if url else None  # fail fast with a clear message
     from distributed.learner import pick_device
 
-    pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+    device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+    _check_learner_gpus(cfg, device)
     run_dir = _new_run_dir(cfg, resume)
     with _run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
         lock = _claim_run_dir(run_dir, resume)
@@ -492,6 +509,11 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
     exit_with_launcher("learner")
     cfg = _load(args)
+    if cfg.learner.num_learners == 1 and (args.rank or args.dist_url):
+        raise ConfigError("--rank and --dist-url are for several learners: set learner.num_learners")
+    if not 0 <= args.rank < cfg.learner.num_learners:
+        raise ConfigError(f"--rank {args.rank} is not in [0, {cfg.learner.num_learners}) "
+                          f"(learner.num_learners={cfg.learner.num_learners})")
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the learner needs a Redis: pass --redis-url or set run.redis_url")

@@ -422,8 +422,8 @@ class Learner:
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.batch_size = cfg.learner.batch_size  # stream entries per update
+        self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
         # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
-        self.lease: LearnerLease | None = None  # rank 0's, taken in run()
         self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
         # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.

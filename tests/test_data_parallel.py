@@ -218,3 +218,14 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     assert counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["duplicates"] + counts["backlog"]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == sorted(x["step"] for x in records)  # one writer: rank 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rank", "2", "--set", "learner.num_learners=2"], "--rank 2 is not in [0, 2)"),
+    (["--dist-url", "tcp://127.0.0.1:1"], "--rank and --dist-url are for several learners"),
+])
+def test_run_py_learner_refuses_a_rank_outside_the_group(extra, message, capsys):
+    import run
+
+    code = run.main(["learner", "--config", str(REPO / "configs/tictactoe.yaml"), *extra])
+    assert code == 2 and message in capsys.readouterr().err
