@@ -525,7 +525,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
     from analysis.report import log_report  # the end-of-run figures; the learner imports no report code
-    from distributed.data_parallel import DataParallelError
+    from distributed.data_parallel import PEER_LOST_EXIT, DataParallelError
 
     try:
         if cfg.learner.algo == "a3c":
@@ -538,7 +538,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
                         rank=args.rank, dist_url=args.dist_url)
     except DataParallelError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return PEER_LOST_EXIT
     return 0
 
 

@@ -39,6 +39,11 @@ log = logging.getLogger("data_parallel")
 COLLECTIVE_TIMEOUT_S = 600.0
 
 
+# The exit code of `run.py learner` when its collective or rendezvous failed: it is not the cause of a
+# failed run but a peer's casualty, so the launcher names the rank that exited otherwise.
+PEER_LOST_EXIT = 3
+
+
 class DataParallelError(RuntimeError):
     """A collective or the rendezvous failed: a peer rank died, or did not arrive within the timeout."""
 
@@ -53,6 +58,7 @@ class Group:
 
     @staticmethod
     def single() -> "Group":
+        """One learner: no process group."""
         return Group()
 
     @property
@@ -77,6 +83,7 @@ class Group:
         return tuple(f > 0 for f in out[:-1]), out[-1]
 
     def close(self) -> None:
+        """Leave the process group (nothing with one learner)."""
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
 

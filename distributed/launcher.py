@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 import redis
 
 from config import Config
+from distributed.data_parallel import PEER_LOST_EXIT
 from distributed.ownership import OWNER_ENV
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
@@ -297,11 +298,12 @@ def learner_rank_args(cfg: Config, run_dir: Path, resume: bool) -> list[list[str
 
 
 def _failed_rank(ranks: list[subprocess.Popen]) -> str | None:
-    """Which of the learner ranks 1..K-1 (`ranks[r - 1]`) exited with an error, if any: the cause of a
-    failed run (rank 0 then fails too, in its next collective)."""
+    """Which of the learner ranks 1..K-1 (`ranks[r - 1]`) exited with an error of its own, if any: the
+    cause of a failed run. Ranks that exited with PEER_LOST_EXIT (their collective failed because
+    another rank was gone; rank 0 too) are its casualties, not its cause."""
     for rank, proc in enumerate(ranks, start=1):
         code = proc.poll()
-        if code is not None and code != 0:
+        if code is not None and code not in (0, PEER_LOST_EXIT):
             return f"learner rank {rank} (pid {proc.pid}) {_describe_exit(code)}"
     return None
 
@@ -407,7 +409,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         _stop_all(everyone, forced=lambda: len(received) > 1)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
-    if not failure and not received and learner is not None and learner.returncode:
+    if not failure and not received and learner is not None and learner.returncode == PEER_LOST_EXIT:
         failure = _failed_rank(ranks) or ""  # rank 0 failed because this rank died first
     if failure:
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
@@ -425,8 +427,8 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
         hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
                 else "It wrote no checkpoint: start the run again")
-        log.error("the learner (pid %d) %s (see its output above); the actors are stopped. %s", learner.pid,
-                  _describe_exit(code), hint)
+        log.error("the learner (%spid %d) %s (see its output above); the actors are stopped. %s",
+                  "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
         return (code if code > 0 else 1), False
     try:
         return 0, bool(client.exists(run_done_key(cfg.run.name)))

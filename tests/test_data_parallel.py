@@ -229,3 +229,20 @@ def test_run_py_learner_refuses_a_rank_outside_the_group(extra, message, capsys)
 
     code = run.main(["learner", "--config", str(REPO / "configs/tictactoe.yaml"), *extra])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_the_launcher_blames_the_rank_that_failed_not_the_ones_whose_collective_failed_after_it():
+    import subprocess
+    import sys
+
+    from distributed.data_parallel import PEER_LOST_EXIT
+    from distributed.launcher import _failed_rank
+
+    def exited(code: int) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        proc.wait()
+        return proc
+
+    casualty, culprit = exited(PEER_LOST_EXIT), exited(1)
+    assert _failed_rank([casualty, culprit]) == f"learner rank 2 (pid {culprit.pid}) exited with code 1"
+    assert _failed_rank([casualty, exited(0)]) is None
