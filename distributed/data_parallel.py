@@ -147,7 +147,7 @@ def average_gradients(model: torch.nn.Module, group: Group) -> None:
     offset = 0
     for p, used in zip(params, flat[-len(params):].tolist()):
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone() if used else None
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype, copy=True) if used else None
         offset += n
 
 
