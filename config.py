@@ -30,6 +30,7 @@ MAX_BUFFERED_STEPS = 2_000_000
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 COMPRESSIONS = ("none", "zstd")  # transport.compression: how unroll arrays travel
 MAX_BATCH_SIZE = 4096  # a batch is acked in one Lua script, whose argument unpacking has a limit
+MAX_LEARNERS = 64  # data-parallel learner processes of one agent (learner.num_learners)
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
@@ -132,6 +133,9 @@ class LearnerConfig:
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
     prefetch_batches: int = _f(2, "batches read, decoded and stacked ahead of the update by the ingest thread; "
                                "0 = read in the update's own thread")
+    num_learners: int = _f(1, "K: learner processes that train the main agent as one (data parallel, "
+                           "torch.distributed): each reads its own B unrolls, gradients are averaged, so an "
+                           "update trains on K * B unrolls")
 
 
 @dataclass
@@ -357,6 +361,12 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
     return ConfigError(f"{prefix}{where}: {e}".splitlines()[0])
 
 
+def learners_in_flight(learner: LearnerConfig) -> int:
+    """Unrolls that K data-parallel learners may hold read but unacked while the last of them still waits
+    for its batch: (K - 1) * (prefetch_batches + 1) * B + B."""
+    return ((learner.num_learners - 1) * (learner.prefetch_batches + 1) + 1) * learner.batch_size
+
+
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError.
 
@@ -420,6 +430,15 @@ def validate(cfg: Config) -> None:
         # ... and it notices one only between reads: the launcher waits 60 s for its final checkpoint.
         (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
         (0 <= cfg.learner.prefetch_batches <= 64, "learner.prefetch_batches must be in [0, 64]"),
+        (1 <= cfg.learner.num_learners <= MAX_LEARNERS, f"learner.num_learners must be in [1, {MAX_LEARNERS}]"),
+        # Unacked entries count against the mark: K-1 ranks may each hold prefetch_batches + 1 batches while the
+        # last one still needs its B, and they wait for it in the next all-reduce.
+        (cfg.learner.num_learners == 1 or cfg.actor.high_water_mark >= learners_in_flight(cfg.learner),
+         f"actor.high_water_mark must be >= (learner.num_learners - 1) * (learner.prefetch_batches + 1) * "
+         f"learner.batch_size + learner.batch_size = {learners_in_flight(cfg.learner)}: K-1 learners may hold "
+         "that many unrolls unacked while the last one waits for its batch"),
+        (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
+         "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
          "learner.device must be auto, cpu, mps, cuda or cuda:N"),
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),
@@ -460,6 +479,9 @@ def validate(cfg: Config) -> None:
         (0 <= league.opponent_temperature <= 100, "league.opponent_temperature must be in [0, 100]"),
         (league.enabled or not (league.main_exploiters or league.league_exploiters),
          "exploiters need league.enabled=true"),
+        (cfg.learner.num_learners == 1 or not (league.main_exploiters or league.league_exploiters),
+         "learner.num_learners > 1 is not supported with league exploiters (league.main_exploiters, "
+         "league.league_exploiters): set them to 0 or learner.num_learners=1"),
     ]
     for key in ("snapshot_win_rate", "forgotten_below", "exploiter_reset_win_rate", "league_exploiter_reset_prob",
                 "exploiter_gives_up_below"):

@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
     p.add_argument("--player", default="main", help="which learner: main (default), main_exploiter_N or "
                    "league_exploiter_N (see league.* in --help-config)")
+    p.add_argument("--rank", type=int, default=0, help="with learner.num_learners=K: this learner's rank, 0..K-1 "
+                   "(0 publishes weights and writes checkpoints and metrics)")
+    p.add_argument("--dist-url", help="with learner.num_learners=K: the rendezvous of the K learners, "
+                   "tcp://<rank 0's host>:<free port>, the same for every rank")
     p = sub.add_parser("league", help="run the league manager against a Redis")
     _config_args(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
@@ -297,6 +301,22 @@ def _run_lease(client, cfg: Config):
         lease.release()
 
 
+def _check_learner_gpus(cfg: Config, device) -> None:
+    """`run.py train` starts its K learners on this machine: on CUDA each needs a GPU of its own (NCCL
+    refuses two ranks on one GPU). Raises ConfigError."""
+    import torch
+
+    learners = cfg.learner.num_learners
+    if learners == 1 or device.type != "cuda":
+        return
+    if device.index is not None:
+        raise ConfigError(f"learner.num_learners={learners} on one machine takes one GPU per learner: set "
+                          f"learner.device=cuda (learner rank r takes GPU r), not {cfg.learner.device}")
+    if learners > torch.cuda.device_count():
+        raise ConfigError(f"learner.num_learners={learners} needs one GPU per learner and this machine has "
+                          f"{torch.cuda.device_count()}: lower it, or set learner.device=cpu")
+
+
 def _claim_run_dir(run_dir: Path, resume: bool):
     """Create a fresh run's directory (never an existing one) and lock it (distributed/ownership.py).
     Returns the held RunLock; raises RunDirLocked naming the owner of a live run."""
@@ -363,7 +383,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     client = connect(url) if url else None  # fail fast with a clear message
     from distributed.learner import pick_device
 
-    pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+    device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+    _check_learner_gpus(cfg, device)
     run_dir = _new_run_dir(cfg, resume)
     with _run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
         lock = _claim_run_dir(run_dir, resume)
@@ -488,6 +509,11 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
     exit_with_launcher("learner")
     cfg = _load(args)
+    if cfg.learner.num_learners == 1 and (args.rank or args.dist_url):
+        raise ConfigError("--rank and --dist-url are for several learners: set learner.num_learners")
+    if not 0 <= args.rank < cfg.learner.num_learners:
+        raise ConfigError(f"--rank {args.rank} is not in [0, {cfg.learner.num_learners}) "
+                          f"(learner.num_learners={cfg.learner.num_learners})")
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the learner needs a Redis: pass --redis-url or set run.redis_url")
@@ -499,14 +525,20 @@ def cmd_learner(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
     from analysis.report import log_report  # the end-of-run figures; the learner imports no report code
+    from distributed.data_parallel import PEER_LOST_EXIT, DataParallelError
 
-    if cfg.learner.algo == "a3c":
-        from distributed.a3c import ParameterServer
+    try:
+        if cfg.learner.algo == "a3c":
+            from distributed.a3c import ParameterServer
 
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
-                    report=log_report)
-    else:
-        run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report)
+            run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
+                        report=log_report)
+        else:
+            run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
+                        rank=args.rank, dist_url=args.dist_url)
+    except DataParallelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return PEER_LOST_EXIT
     return 0
 
 

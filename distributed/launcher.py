@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 import redis
 
 from config import Config
+from distributed.data_parallel import PEER_LOST_EXIT
 from distributed.ownership import OWNER_ENV
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
@@ -284,6 +285,29 @@ def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple
     return commands
 
 
+def learner_rank_args(cfg: Config, run_dir: Path, resume: bool) -> list[list[str]]:
+    """`run.py learner` arguments of the main agent's learners, rank 0 first: one learner, or with
+    `learner.num_learners` = K, K ranks that meet at a free loopback port that rank 0 will listen on
+    (distributed/data_parallel.py; on several machines: rank 0's address and an open port)."""
+    args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    size = cfg.learner.num_learners
+    if size == 1:
+        return [args]
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    return [args + ["--rank", str(rank), "--dist-url", url] for rank in range(size)]
+
+
+def _failed_rank(ranks: list[subprocess.Popen]) -> str | None:
+    """Which of the learner ranks 1..K-1 (`ranks[r - 1]`) exited with an error of its own, if any: the
+    cause of a failed run. Ranks that exited with PEER_LOST_EXIT (their collective failed because
+    another rank was gone; rank 0 too) are its casualties, not its cause."""
+    for rank, proc in enumerate(ranks, start=1):
+        code = proc.poll()
+        if code is not None and code not in (0, PEER_LOST_EXIT):
+            return f"learner rank {rank} (pid {proc.pid}) {_describe_exit(code)}"
+    return None
+
+
 def _release_dead_actor_id(client: redis.Redis, run: str, args: list[str], pid: int) -> None:
     """Delete the id lease of actor process `pid`, which the launcher has seen exit: left to lapse, it
     would keep the restarted actor waiting a lease lifetime for its own id."""
@@ -335,17 +359,23 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     learner = None
     commands = worker_commands(cfg, run_dir, resume)
     workers: dict[str, subprocess.Popen] = {}
+    ranks: list[subprocess.Popen] = []  # learner ranks 1..K-1 of learner.num_learners (rank 0 is `learner`)
     try:
-        learner = _spawn("learner", config_path, redis_url,
-                         ["--run-dir", str(run_dir)] + (["--resume"] if resume else []), view=view)
+        learner_args = learner_rank_args(cfg, run_dir, resume)
+        learner = _spawn("learner", config_path, redis_url, learner_args[0], view=view)
+        ranks = [_spawn("learner", config_path, redis_url, args, view=view) for args in learner_args[1:]]
         for name, (role, args, nice) in commands.items():
             workers[name] = _spawn(role, config_path, redis_url, args, nice, view)
         # With learner.algo=a3c the learner process is A3C's parameter server (run.py learner picks it).
         log.info("started the %s (pid %d) and %s", "parameter server" if cfg.learner.algo == "a3c" else "learner",
                  learner.pid,
-                 ", ".join(f"{name} (pid {p.pid})" for name, p in workers.items()))
+                 ", ".join([f"learner rank {r} (pid {p.pid})" for r, p in enumerate(ranks, start=1)]
+                           + [f"{name} (pid {p.pid})" for name, p in workers.items()]))
         restarts = 0
         while learner.poll() is None and not received and not failure:
+            failure = _failed_rank(ranks) or ""  # a rank cannot rejoin its group: the run stops, --resume goes on
+            if failure:
+                break
             for name, proc in list(workers.items()):
                 code = proc.poll()
                 if code is None:
@@ -374,12 +404,17 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     finally:
         if received or failure:
             log.info("stopping: learners write a final checkpoint")
-        everyone = dict(workers, **({"learner": learner} if learner is not None else {}))
+        everyone = dict(workers, **({"learner": learner} if learner is not None else {}),
+                        **{f"learner rank {r}": p for r, p in enumerate(ranks, start=1)})
         _stop_all(everyone, forced=lambda: len(received) > 1)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
+    if not failure and not received and learner is not None and learner.returncode == PEER_LOST_EXIT:
+        failure = _failed_rank(ranks) or ""  # rank 0 failed because this rank died first
     if failure:
-        log.error("%s", failure)
+        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        hint = f"; `run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint and ranks else ""
+        log.error("%s%s", failure, hint)
         return 1, False
     if received:
         try:
@@ -392,8 +427,8 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
         hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
                 else "It wrote no checkpoint: start the run again")
-        log.error("the learner (pid %d) %s (see its output above); the actors are stopped. %s", learner.pid,
-                  _describe_exit(code), hint)
+        log.error("the learner (%spid %d) %s (see its output above); the actors are stopped. %s",
+                  "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
         return (code if code > 0 else 1), False
     try:
         return 0, bool(client.exists(run_done_key(cfg.run.name)))

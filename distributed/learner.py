@@ -29,6 +29,8 @@ from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
+from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
+                                       join)
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
@@ -291,12 +293,19 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg
 
 
 def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig,
-               head: Head | None = None) -> dict[str, float]:
+               head: Head | None = None,
+               reduce_gradients: Callable[[torch.nn.Module], None] | None = None) -> dict[str, float]:
     """One IMPALA update on `batch` (loss: `actor_critic_loss`). Returns the losses, grad_norm,
-    skipped_update and the V-trace diagnostics as floats."""
+    skipped_update and the V-trace diagnostics as floats (the losses and diagnostics: of this batch).
+
+    `reduce_gradients(model)`, with several learners (distributed/data_parallel.py), averages the
+    gradients over them between the backward pass and the clip, so the clip and the step see the
+    gradient of the union of their batches."""
     loss, parts = actor_critic_loss(model, batch, cfg, head)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if reduce_gradients is not None:
+        reduce_gradients(model)
     step = optimizer_step(model, optimizer, cfg)
     return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step}
 
@@ -344,7 +353,12 @@ class Learner:
 
     detects_duplicates = True  # skip unrolls delivered twice (by unroll_id; see TrajectoryStream.duplicates)
 
-    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN):
+    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
+                 rank: int = 0, dist_url: str | None = None):
+        """`rank` and `dist_url` (tcp://host:port): this process's place among `learner.num_learners`
+        learners of the main agent (distributed/data_parallel.py); unused with one learner. Joining the
+        process group blocks until every rank has joined. Raises ConfigError, CheckpointError,
+        DataParallelError."""
         self.cfg = cfg
         self.player = player
         self.label = "learner" if player == MAIN else f"learner {player}"
@@ -352,6 +366,15 @@ class Learner:
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
         self.device = pick_device(cfg.learner.device)
+        # Several learners (data parallel): rank 0 is the learner of one; the others only train.
+        if cfg.learner.num_learners > 1 and dist_url is None:
+            raise ConfigError(f"learner.num_learners={cfg.learner.num_learners}: each learner needs its --rank and "
+                              "the rendezvous --dist-url tcp://<rank 0 host>:<port> (run.py train passes both)")
+        self.device = cuda_device_for(rank, self.device)
+        self.group = join(rank, cfg.learner.num_learners, dist_url, self.device) if dist_url else Group.single()
+        if self.group.distributed:
+            self.label += f" rank {rank}"
+        self.reduce_gradients = (lambda model: average_gradients(model, self.group)) if self.group.distributed else None
         torch.manual_seed(cfg.run.seed)
         self.model = make_model(self.spec, cfg.agent).to(self.device)
         self.head = policy_head(self.spec)
@@ -373,7 +396,9 @@ class Learner:
         self.counter_base: dict[str, int] = {}
         self.last_counters: dict[str, int] = {}
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
-        if resume and self.checkpoint_path.exists():
+        if resume and not self.group.is_main:
+            pass  # rank 0's state reaches this rank in sync_start
+        elif resume and self.checkpoint_path.exists():
             self.restore()
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
@@ -386,7 +411,7 @@ class Learner:
         # A reset asked for while this learner was down is applied at once (see follow_league).
         self.resets_seen = (self.restored_resets if self.restored_resets is not None
                             else self.league.reset_count(player))
-        self.consumer = f"learner-{socket.gethostname()}"
+        self.consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
@@ -397,7 +422,9 @@ class Learner:
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
         self.batch_size = cfg.learner.batch_size  # stream entries per update
-        self.metrics_file = metrics_path(self.run_dir, player).open("a")
+        self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
+        # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
+        self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
         # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
         self.report: Callable[[Path, Tracker], None] | None = None
@@ -434,7 +461,9 @@ class Learner:
 
     def checkpoint(self) -> None:
         """Save model, optimizer and counters, unless the run directory is no longer ours (the launcher
-        that owns it died: a new owner may have resumed the run meanwhile)."""
+        that owns it died: a new owner may have resumed the run meanwhile). Rank 0 alone writes it."""
+        if not self.group.is_main:
+            return
         if not owns_run_dir():
             log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label,
                         self.checkpoint_path)
@@ -526,7 +555,7 @@ class Learner:
 
         It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
         ends there leaves no unroll delivered and unacked."""
-        frames_per_unroll = self.cfg.actor.unroll_length
+        frames_per_unroll = self.cfg.actor.unroll_length * self.group.size  # each rank reads as many
         while self.frames + frames_per_unroll * self.in_flight_unrolls >= self.cfg.run.total_frames:
             if self.stopping or not self.reading:
                 return None
@@ -551,24 +580,34 @@ class Learner:
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint."""
+        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint.
+
+        Several learners (`learner.num_learners`) run this loop in step: they agree before every update
+        whether to go on (`Group.agree`), so they stop at the same update, and all-reduce the gradients in it.
+        Raises DataParallelError when a peer rank is gone."""
         cfg = self.cfg
+        main = self.group.is_main
         self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}")
-        if not self.lease.acquire(should_stop=lambda: self.stopping):
+        acquired = self.lease.acquire(should_stop=lambda: self.stopping) if main else True
+        (refused,), _ = self.group.agree((not acquired,), 0.0, self.device)
+        if refused:
             self.metrics_file.close()
             return
+        self.sync_start()
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
-        if self.player == MAIN:
+        if self.player == MAIN and main:
             self.redis.delete(run_done_key(cfg.run.name))
         self.trajectories.ensure_group()
-        self.count_rolled_back()
+        if main:
+            self.count_rolled_back()
         claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
-        self.results.skip_to_end()
-        self.params.publish(self.model.state_dict(), self.step, self.frames)
-        self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
+        if main:
+            self.results.skip_to_end()
+            self.params.publish(self.model.state_dict(), self.step, self.frames)
+            self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
         log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
         self.started = last_ckpt = time.monotonic()
@@ -577,40 +616,68 @@ class Learner:
         depth = cfg.learner.prefetch_batches
         batches = Prefetcher(self.ingest, depth) if depth else None
         try:
-            while not self.stopping and self.frames < cfg.run.total_frames:
-                if cfg.run.max_minutes and self.elapsed() > 60 * cfg.run.max_minutes:
-                    log.info("reached run.max_minutes=%s", cfg.run.max_minutes)
+            while True:
+                got = None if self.reached_end() else batches.get() if batches else self.ingest()
+                # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
+                lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
+                (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
+                self.stopping = self.stopping or interrupted  # a signal to one rank stops them all
+                if stop:
                     break
-                got = batches.get() if batches else self.ingest()
-                if got is None:
-                    break
-                window = self.update(got, window)
                 now = time.monotonic()
                 if now - last_ckpt >= cfg.learner.checkpoint_every_s:
-                    self.checkpoint()
+                    self.checkpoint_trained()
                     last_ckpt = now
+                window = self.update(got, window, lr)
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
         finally:
             self.reading = False  # the ingest thread's read ends; what it prefetched stays pending
             if batches:
                 batches.close()
-        if window.stats:  # the last, partial window: a run shorter than run.log_every_s still gets a record
+        if window.stats and main:  # the last, partial window: a run shorter than run.log_every_s still gets a record
             self.log_metrics(window, time.monotonic())
         self.finish()
 
-    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow") -> "MetricsWindow":
-        """Train on one ingested batch, ack it, and log the metrics window when it is due; returns the
-        window to add the next update to."""
+    def reached_end(self) -> bool:
+        """This learner's own reasons to stop before the next update: a stop signal, run.total_frames
+        (the same on every rank: frames count every rank's unrolls), run.max_minutes."""
+        if self.stopping or self.frames >= self.cfg.run.total_frames:
+            return True
+        if self.cfg.run.max_minutes and self.elapsed() > 60 * self.cfg.run.max_minutes:
+            log.info("reached run.max_minutes=%s", self.cfg.run.max_minutes)
+            return True
+        return False
+
+    # -- several learners (distributed/data_parallel.py) -------------------------------------------
+    def sync_start(self) -> None:
+        """Give every rank rank 0's weights, optimizer state, update step, frames and training seconds
+        (fresh or resumed: identical initial weights too). Nothing with one learner."""
+        meta = broadcast_state(self.model, self.optimizer, {"step": self.step, "frames": self.frames,
+                                                            "elapsed_s": self.elapsed_before},
+                               self.group, self.device)
+        self.step, self.frames, self.elapsed_before = int(meta["step"]), int(meta["frames"]), float(meta["elapsed_s"])
+
+    def checkpoint_trained(self) -> None:
+        """`checkpoint` between updates. With several learners every rank has acked what it trained on
+        once they agreed to go on, so rank 0 records the run's trained count from Redis, not its own acks'."""
+        if self.group.distributed and self.group.is_main:
+            self.unrolls_trained = self.trajectories.accounting()["trained"]
+        self.checkpoint()
+
+    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
+               lr: float) -> "MetricsWindow":
+        """Train on one ingested batch at learning rate `lr`, ack it, and log the metrics window when it
+        is due; returns the window to add the next update to."""
         ids, headers, batch = got
         frames = self.frames
         for group in self.optimizer.param_groups:
-            group["lr"] = scheduled_learning_rate(self.cfg, frames, self.elapsed())
+            group["lr"] = lr
         stats = self.train_on(batch)
         self.acknowledge(ids, headers)
         window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
         now = time.monotonic()
-        if now - window.start < self.cfg.run.log_every_s:
+        if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
             return window
         self.log_metrics(window, now)
         return MetricsWindow(now)
@@ -628,23 +695,31 @@ class Learner:
                         self.rolled_back, self.restored_trained, self.unrolls_trained)
 
     def train_on(self, batch: Batch) -> dict[str, float]:
-        """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule."""
+        """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
+        With K learners the gradient is that of all K batches, and frames count K x B x T."""
         batch, unrolls = batch.to(self.device), batch.action.shape[1]
         if self.mirror:
             batch = batch.with_mirror(self.spec)
-        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head)
+        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])
         self.step += 1
-        self.frames += self.cfg.actor.unroll_length * unrolls
-        if self.step % self.cfg.learner.publish_every == 0:
+        self.frames += self.cfg.actor.unroll_length * unrolls * self.group.size
+        if self.step % self.cfg.learner.publish_every == 0 and self.group.is_main:
             self.params.publish(self.model.state_dict(), self.step, self.frames)
         return stats
 
     def finish(self) -> None:
-        """Checkpoint and publish the final weights; tell actors the run is over unless interrupted."""
+        """Checkpoint and publish the final weights; tell actors the run is over unless interrupted.
+        (Ranks other than 0 of several learners only log.)"""
         self.finished = not self.stopping
+        if not self.group.is_main:
+            log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
+            self.metrics_file.close()
+            return
+        if self.group.distributed:  # the run's trained count: every rank has acked (see checkpoint_trained)
+            self.unrolls_trained = self.trajectories.accounting()["trained"]
         self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
@@ -772,12 +847,14 @@ def _learner_return(episode: dict) -> float:
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
-                learner_class: type = Learner, report: Callable[[Path, Tracker], None] | None = None) -> None:
+                learner_class: type = Learner, report: Callable[[Path, Tracker], None] | None = None,
+                rank: int = 0, dist_url: str | None = None) -> None:
     """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
     cleanly (final checkpoint) on SIGTERM/SIGINT. `report(run_dir, tracker)`, if given, logs the
-    report's figures to the trackers at the end of the run."""
+    report's figures to the trackers at the end of the run. `rank`, `dist_url`: see `Learner`.
+    Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first)."""
     torch.set_num_threads(1)
-    learner = learner_class(cfg, redis_url, run_dir, resume, player)
+    learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.report = report
     signal.signal(signal.SIGTERM, learner.stop)
     signal.signal(signal.SIGINT, learner.stop)
@@ -787,3 +864,15 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         learner.checkpoint()  # keep what was learned: the checkpoint is a local file
         raise RedisUnavailable(f"the learner lost Redis ({type(e).__name__}: {e}); checkpoint at update "
                                f"{learner.step} written to {learner.checkpoint_path}; `--resume` continues") from None
+    except DataParallelError as e:
+        # The update that failed has not stepped: the weights are those of the last update every rank made.
+        try:
+            learner.checkpoint_trained()
+            if rank == 0 and learner.lease is not None:
+                learner.lease.release()  # so that `--resume` needs not wait for it to lapse
+        except redis.RedisError:
+            learner.checkpoint()
+        written = f"; checkpoint at update {learner.step} written to {learner.checkpoint_path}" if rank == 0 else ""
+        raise DataParallelError(f"{e}{written}; `run.py train --resume RUN_DIR` continues") from None
+    finally:
+        learner.group.close()
