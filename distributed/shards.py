@@ -308,12 +308,21 @@ class ShardedTrajectories:
         by_shard: dict[int, list[int]] = {}
         for i, entry in enumerate(entry_ids):
             by_shard.setdefault(entry.shard, []).append(i)
-        for s, index in by_shard.items():
-            stream, server = self.streams[s], self.server_of[s]
-            uids = [unroll_ids[i] for i in index]
-            scores = self._call(server, lambda: stream.r.zmscore(stream.seen_key, uids), [None] * len(uids))
-            for i, score in zip(index, scores):
-                seen[i] = score is not None or unroll_ids[i] in waiting
+        for server in self.servers:  # one round trip per server
+            mine = [(s, index) for s, index in by_shard.items() if self.server_of[s] is server]
+            if not mine:
+                continue
+
+            def lookup() -> list:
+                pipe = server.client.pipeline(transaction=False)
+                for s, index in mine:
+                    pipe.zmscore(self.streams[s].seen_key, [unroll_ids[i] for i in index])
+                return pipe.execute()
+
+            replies = self._call(server, lookup, [[None] * len(index) for _, index in mine])
+            for (s, index), scores in zip(mine, replies):
+                for i, score in zip(index, scores):
+                    seen[i] = score is not None or unroll_ids[i] in waiting
         out, earlier = [], set()
         for uid, dup in zip(unroll_ids, seen):
             out.append(dup or uid in earlier)
