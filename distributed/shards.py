@@ -28,6 +28,7 @@ need shard 0 tagged too, `RedisCluster` clients, and reads grouped by node rathe
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -101,6 +102,8 @@ class ShardedTrajectories:
         self.trained = [0] * shards  # each shard's trained count as last seen (an ack returns it)
         self.last_counts: list[dict[str, int] | None] = [None] * shards
         self.backlogs = [0] * shards  # per shard, as of the last `accounting`
+        # Deferred acks are kept by the update's thread (`ack`) and read by the ingest thread.
+        self.deferred_lock = threading.Lock()
 
     @property
     def shards(self) -> int:
@@ -134,8 +137,6 @@ class ShardedTrajectories:
                      time.monotonic() - server.down_since, server.shards)
             server.down_since, server.failures = None, 0
             server.outages += 1
-        if server.deferred:
-            self._flush_deferred(server)
         return result
 
     def _went_down(self, server: _Server, error: Exception) -> None:
@@ -228,7 +229,8 @@ class ShardedTrajectories:
             if not page:
                 shard, cursor = shard + 1, "0"
                 continue
-            waiting = set(server.deferred.get(shard, ((), ()))[0])
+            with self.deferred_lock:
+                waiting = set(server.deferred.get(shard, ((), ()))[0])
             entries = [(ShardEntry(shard, eid), data) for eid, data in page if eid not in waiting]
             if entries:
                 return entries
@@ -250,9 +252,9 @@ class ShardedTrajectories:
         """Ack and delete trained entries in their shards (`TrajectoryStream.ack`, one round trip per
         server). Acks for a server that is down are kept and sent once it is back. Returns the trained
         count of all shards (those not acked now as last seen)."""
-        for server in self.servers:
+        for server in self.servers:  # acks kept while a server was down go first, if it is back
             if server.deferred and self._up(server):
-                self._call(server, server.client.ping)  # sends them if it is back
+                self._flush_deferred(server)
         groups = self._by_shard(entry_ids, unroll_ids)
         for server in self.servers:
             mine = {s: g for s, g in groups.items() if self.server_of[s] is server}
@@ -274,28 +276,31 @@ class ShardedTrajectories:
         return True
 
     def _defer(self, server: _Server, groups: dict[int, tuple[list, list]]) -> None:
-        for s, (ids, uids) in groups.items():
-            kept_ids, kept_uids = server.deferred.setdefault(s, ([], []))
-            kept_ids += ids
-            kept_uids += uids
-        log.warning("shard server %s is down: %d acks wait for it (the entries stay pending there)",
-                    _where(server), sum(len(ids) for ids, _ in server.deferred.values()))
+        with self.deferred_lock:
+            first = not server.deferred
+            for s, (ids, uids) in groups.items():
+                kept_ids, kept_uids = server.deferred.setdefault(s, ([], []))
+                server.deferred[s] = (kept_ids + ids, kept_uids + uids)
+        if first:
+            log.warning("shard server %s is down: acks of unrolls trained on wait for it (the entries stay "
+                        "pending there)", _where(server))
 
     def _flush_deferred(self, server: _Server) -> None:
-        """Send the acks kept while `server` was down (it answered just now)."""
-        groups, server.deferred = server.deferred, {}
-        try:
-            self._ack_on(server, groups)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            server.deferred = groups
-            self._went_down(server, e)
+        """Send the acks kept while `server` was down, if it answers now (the update's thread only: it
+        alone adds to them)."""
+        with self.deferred_lock:
+            groups = dict(server.deferred)
+        if self._call(server, lambda: self._ack_on(server, groups), False) is False:
             return
+        with self.deferred_lock:
+            server.deferred = {}
         log.info("sent %d acks kept while shard server %s was down", sum(len(i) for i, _ in groups.values()),
                  _where(server))
 
     def in_flight_unroll_ids(self) -> set[str]:
         """Unroll ids trained on whose acks wait for a down server."""
-        return {uid for server in self.servers for _, uids in server.deferred.values() for uid in uids}
+        with self.deferred_lock:
+            return {uid for server in self.servers for _, uids in server.deferred.values() for uid in uids}
 
     def duplicates(self, unroll_ids: list[str], entry_ids: list[ShardEntry] | None = None) -> list[bool]:
         """For each unroll id (read from `entry_ids`, aligned), whether it is a duplicate delivery: trained

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 
-import numpy as np
+import msgpack
 import pytest
 from redis.crc import key_slot
 
@@ -19,6 +19,7 @@ from analysis.runs import delete_run_keys, list_redis_runs
 from config import ConfigError
 from distributed import shards as shards_module
 from distributed.launcher import EmbeddedRedis
+from distributed.shards import ShardedTrajectories, ShardEntry
 from distributed.transport import GROUP, TrajectoryStream, actor_shard, connect, shard_namespace, shard_urls
 from tests.background import Background
 from tests.test_faults import T, encode, small_config, valid_unroll
@@ -172,3 +173,45 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
         far.close()
     finally:
         other.stop()
+
+
+def test_acks_for_a_stopped_shard_server_wait_and_are_sent_when_it_is_back(redis_server, redis_client, run_name,
+                                                                           monkeypatch):
+    """Entries read from shard 1 just before its server stops: their ack is kept (the other shard's goes
+    through), they count as in flight (no pending re-read, a copy is a duplicate), and once the server is
+    back the kept ack lands: trained on shard 1, nothing pending, nothing trained twice."""
+    monkeypatch.setattr(shards_module, "SHARD_RETRY_S", 0.3)
+    monkeypatch.setattr(shards_module, "PROBE_MAX_S", 0.2)
+    other = EmbeddedRedis(password=redis_server.password)
+    try:
+        urls = [f"redis://127.0.0.1:{server.port}/0" for server in (redis_server, other)]
+        sharded = ShardedTrajectories(redis_client, redis_server.url, run_name, 2, urls, block_ms=50)
+        far = connect(other.url)
+        shard0, shard1 = TrajectoryStream(redis_client, run_name, shard=0), TrajectoryStream(far, run_name, shard=1)
+        send(shard0, 0, [1.0, 0.0])
+        send(shard1, 1, [1.0, 0.0])
+        sharded.ensure_group()
+        entries = sharded.read("c", 4, 50) + sharded.read("c", 4, 50)
+        assert sorted(e.shard for e, _ in entries) == [0, 0, 1, 1]
+        uids = [sharded_uid(data) for _, data in entries]
+        os.kill(other.proc.pid, signal.SIGTERM)
+        other.proc.wait(10)
+        sharded.ack([e for e, _ in entries], uids)
+        assert shard0.accounting()["trained"] == 2 and sharded.servers_down() == 1
+        assert sharded.duplicates(["1-tok-0"], [ShardEntry(1, b"0-0")]) == [True]  # trained, its ack waits
+        other.restart()
+        time.sleep(0.3)  # past the next probe
+        assert sharded.read("c", 4, 50, pending_after="0") == []  # kept entries are not handed out again
+        sharded.ack([], [])
+        assert sharded.servers_down() == 0
+        assert shard1.accounting() == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0,
+                                       "backlog": 0}
+        assert sharded.accounting()["trained"] == 4 and far.xpending(shard1.key, GROUP)["pending"] == 0
+        far.close()
+    finally:
+        other.stop()
+
+
+def sharded_uid(data: bytes) -> str:
+    """The unroll id in an entry's header."""
+    return msgpack.unpackb(data, raw=False)["header"]["unroll_id"]
