@@ -178,7 +178,7 @@ class TransportConfig:
     compression_level: int = _f(3, "zstd level, 1 (fastest) to 19 (smallest)")
     shards: int = _f(1, "trajectory streams per learner (1 to 256); actor i writes to shard i % shards, the "
                      "learner reads them all. Shard 0 keeps <run>:traj, <run>:traj:produced ...; shard s > 0 has "
-                     "{<run>:s<s>}:traj ... (a Redis Cluster hash tag per shard)")
+                     "{<run>:s<s>}:traj ... (a Redis Cluster hash tag per shard; on a cluster shard 0 is {<run>:s0})")
     shard_urls: List[str] = _f_list([], "Redis of each shard: shard s lives on shard_urls[s % len]; empty = all on "
                                     "the run's Redis. No password in these URLs (config.yaml keeps them): a shard "
                                     "server takes the password of the run's Redis URL")

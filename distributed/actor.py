@@ -27,7 +27,8 @@ from config import Config, ConfigError
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
-                                   actor_id_key, actor_shard, connect, run_done_key, shard_urls)
+                                   actor_id_key, actor_shard, connect, connect_shard, run_done_key,
+                                   shard_urls)
 from envs.registry import env_spec, make_env
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
@@ -325,7 +326,8 @@ class Actor:
         # This actor's trajectory shard (transport.shards): its own stream, backlog and high-water mark.
         self.shard = actor_shard(self.actor_id, cfg.transport.shards)
         shard_url = shard_urls(redis_url, cfg.transport.shards, cfg.transport.shard_urls)[self.shard]
-        shard_client = self.redis if shard_url == redis_url else connect(shard_url, retry_s=cfg.run.redis_retry_s)
+        shard_client = (self.redis if shard_url == redis_url
+                        else connect_shard(shard_url, retry_s=cfg.run.redis_retry_s))
         self.trajectories = TrajectoryStream(shard_client, own, shard=self.shard)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)

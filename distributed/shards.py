@@ -20,9 +20,11 @@ retried for run.redis_retry_s, then the learner exits (it holds the lease, param
 A shard host that does not answer at all (rather than refusing the connection) costs each probe up to two
 connect timeouts (5 s each), hence the growing probe interval.
 
-Redis Cluster is not supported yet: the keys of a shard s > 0 share one hash slot (`{<run>:s<s>}`), but
-shard 0 keeps the run's untagged keys, whose scripts would be refused as CROSSSLOT; a Cluster would
-need shard 0 tagged too, `RedisCluster` clients, and reads grouped by node rather than by URL.
+Redis Cluster: a shard URL that points at a cluster node gets a `RedisCluster` client
+(`transport.connect_shard`), every shard on it is tagged (shard 0 too: `{<run>:s0}`), and its shards are
+read with one XREADGROUP and acked with one script each (a cluster pipeline takes no EVAL). The run's own
+Redis (params, results, leases) must be a plain server; an outage of a cluster is left to redis-py's
+cluster client (node refresh and retries), not to `SHARD_RETRY_S`.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import redis
+from redis.cluster import RedisCluster
 
-from distributed.transport import GROUP, TrajectoryStream, _safe, connect, shard_urls
+from distributed.transport import GROUP, TrajectoryStream, _safe, connect_shard, shard_urls
 
 log = logging.getLogger("shards")
 
@@ -68,6 +71,7 @@ class _Server:
     failures: int = 0
     outages: int = 0
     rotate: int = 0  # first shard of the next partial read (count < shards here)
+    cluster: bool = False  # a Redis Cluster: one slot per shard, so one read and one ack script per shard
     deferred: dict[int, tuple[list[bytes], list[str]]] = field(default_factory=dict)  # shard -> acks to send
 
 
@@ -83,7 +87,7 @@ class ShardedTrajectories:
     def __init__(self, client: redis.Redis, run_url: str, namespace: str, shards: int = 1,
                  urls: list[str] | tuple[str, ...] = (), block_ms: int = 1000,
                  connect_to: Callable[[str, int], redis.Redis] | None = None):
-        connect_to = connect_to or (lambda url, block: connect(url, block_ms=block, retry_s=SHARD_RETRY_S))
+        connect_to = connect_to or (lambda url, block: connect_shard(url, block_ms=block, retry_s=SHARD_RETRY_S))
         self.servers: list[_Server] = []
         self.streams: list[TrajectoryStream] = []
         self.server_of: list[_Server] = []
@@ -91,7 +95,8 @@ class ShardedTrajectories:
         for s, url in enumerate(shard_urls(run_url, shards, urls)):
             if url not in by_url:
                 own = url == run_url
-                by_url[url] = _Server(url, client if own else connect_to(url, block_ms), [], not own)
+                shard_client = client if own else connect_to(url, block_ms)
+                by_url[url] = _Server(url, shard_client, [], not own, cluster=isinstance(shard_client, RedisCluster))
                 self.servers.append(by_url[url])
             server = by_url[url]
             server.shards.append(s)
@@ -195,7 +200,18 @@ class ShardedTrajectories:
             start = server.rotate % len(shards)
             chosen, per = (shards[start:] + shards[:start])[:count], 1
             server.rotate += count
+        if server.cluster:  # shards in different slots: one XREADGROUP each, blocking only if all are empty
+            return self._call(server, lambda: self._read_each(server, consumer, chosen, per, block_ms), [])
         return self._call(server, lambda: self._xreadgroup(server, consumer, chosen, per, block_ms), [])
+
+    def _read_each(self, server: _Server, consumer: str, shards: list[int], per: int, block_ms: int | None
+                   ) -> list[tuple[ShardEntry, bytes]]:
+        out = []
+        for s in shards:
+            out += self._xreadgroup(server, consumer, [s], per, None)
+        if not out and block_ms:
+            out = self._xreadgroup(server, consumer, shards[:1], per, min(block_ms, MULTI_SERVER_BLOCK_MS))
+        return out
 
     def _xreadgroup(self, server: _Server, consumer: str, shards: list[int], per: int, block_ms: int | None
                     ) -> list[tuple[ShardEntry, bytes]]:
@@ -268,6 +284,10 @@ class ShardedTrajectories:
         return sum(self.trained)
 
     def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list]]) -> bool:
+        if server.cluster:  # a cluster pipeline takes no EVAL: one script per shard
+            for s, (ids, uids) in groups.items():
+                self.trained[s] = self.streams[s].ack(ids, uids)
+            return True
         pipe = server.client.pipeline(transaction=False)
         for s, (ids, uids) in groups.items():
             self.streams[s].queue_ack(pipe, ids, uids)

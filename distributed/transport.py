@@ -17,6 +17,7 @@ still drains its old stream). Shard s > 0 has the same trajectory keys under the
   {run:s1}:traj, {run:s1}:traj:produced, :trained, :duplicates, :seen, {run:s1}:deadletter, :count
 The braces are a Redis Cluster hash tag: all keys of one shard hash to one slot (the Lua scripts below
 touch several of them) and different shards spread over slots. An exploiter P's shards are `{<run>:P:s<s>}`.
+On a Redis Cluster (`connect_shard`) shard 0 is tagged too: `{<run>:s0}:traj` ...
 `transport.shard_urls` places shard s on shard_urls[s % len] (else all on the run's Redis); results,
 params, leases and `done` stay on the run's Redis. The accounting below holds per shard, hence summed.
 
@@ -47,6 +48,7 @@ from typing import Any, Callable
 import msgpack
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
@@ -192,12 +194,28 @@ def _safe(url: str) -> str:
     return url
 
 
-def shard_namespace(namespace: str, shard: int) -> str:
+def shard_namespace(namespace: str, shard: int, cluster: bool = False) -> str:
     """Key prefix of trajectory shard `shard` of `namespace` (the run, or `{run}:{P}` for exploiter P).
 
     Shard 0 is `namespace` itself; shard s > 0 is `{<namespace>:s<s>}`, a Redis Cluster hash tag that
-    puts every key of the shard in one slot (see the module doc)."""
-    return namespace if shard == 0 else f"{{{namespace}:s{shard}}}"
+    puts every key of the shard in one slot (see the module doc). On a Redis Cluster (`cluster`) shard 0
+    is tagged too, `{<namespace>:s0}`: untagged keys spread over slots, and its scripts would be refused."""
+    return namespace if shard == 0 and not cluster else f"{{{namespace}:s{shard}}}"
+
+
+def connect_shard(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.Redis | RedisCluster:
+    """A client for the server of a trajectory shard (`transport.shard_urls`): `connect`'s, or a
+    `RedisCluster` client (redis-py's own reconnects and slot routing) when that server is a node of a
+    Redis Cluster. Raises RedisUnavailable as `connect`."""
+    client = connect(url, block_ms=block_ms, retry_s=retry_s)
+    try:
+        cluster = bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:  # an ACL user without INFO: a plain server, as far as we can tell
+        cluster = False
+    if not cluster:
+        return client
+    client.close()
+    return RedisCluster.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5)
 
 
 def actor_shard(actor_id: int, shards: int) -> int:
@@ -225,10 +243,10 @@ class TrajectoryStream:
     `name` gives another stream the same delivery rules (A3C's gradients: `{run}:grads`); `shard`
     names one of the run's trajectory shards (`shard_namespace`; 0: the run's own keys)."""
 
-    def __init__(self, client: redis.Redis, run: str, name: str = "traj", shard: int = 0):
+    def __init__(self, client: redis.Redis | RedisCluster, run: str, name: str = "traj", shard: int = 0):
         self.r = client
         self.shard = shard
-        prefix = shard_namespace(run, shard)
+        prefix = shard_namespace(run, shard, cluster=isinstance(client, RedisCluster))
         self.key = f"{prefix}:{name}"
         self.deadletter_key = f"{prefix}:deadletter"
         self.deadletter_count_key = f"{prefix}:deadletter:count"
@@ -298,7 +316,8 @@ class TrajectoryStream:
         group is created again (`recreate_lost_group`) and the read returns no entries; the caller goes on.
         Raises ValueError if `block_ms` is not below the client's socket timeout (see `connect`).
         """
-        timeout = self.r.connection_pool.connection_kwargs.get("socket_timeout")
+        pool = getattr(self.r, "connection_pool", None)  # (a RedisCluster client has one per node)
+        timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
         if pending_after is None and timeout is not None and block_ms / 1000 >= timeout:
             raise ValueError(f"a read blocking {block_ms} ms needs a socket timeout above {block_ms / 1000:g} s, this "
                              f"client's is {timeout:g} s: make the client with connect(url, block_ms={block_ms})")

@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import subprocess
 import time
 
 import msgpack
@@ -18,9 +20,10 @@ from redis.crc import key_slot
 from analysis.runs import delete_run_keys, list_redis_runs
 from config import ConfigError
 from distributed import shards as shards_module
-from distributed.launcher import EmbeddedRedis
+from distributed.launcher import EmbeddedRedis, redis_server_binary
 from distributed.shards import ShardedTrajectories, ShardEntry
-from distributed.transport import GROUP, TrajectoryStream, actor_shard, connect, shard_namespace, shard_urls
+from distributed.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard, shard_namespace,
+                                   shard_urls)
 from tests.background import Background
 from tests.test_faults import T, encode, small_config, valid_unroll
 
@@ -215,3 +218,67 @@ def test_acks_for_a_stopped_shard_server_wait_and_are_sent_when_it_is_back(redis
 def sharded_uid(data: bytes) -> str:
     """The unroll id in an entry's header."""
     return msgpack.unpackb(data, raw=False)["header"]["unroll_id"]
+
+
+@pytest.fixture
+def cluster_node(redis_server, tmp_path):
+    """A one-node Redis Cluster holding every slot, with the run's password: "redis://127.0.0.1:PORT/0"."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
+                             redis_server.password, "--cluster-enabled", "yes", "--cluster-config-file",
+                             f"nodes-{port}.conf", "--dir", str(tmp_path), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _answers(port, redis_server.password), 10, "the cluster node")
+        node = connect(f"redis://:{redis_server.password}@127.0.0.1:{port}/0")
+        node.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+        wait_for(lambda: node.cluster("info")["cluster_state"] == "ok", 10, "the cluster state")
+        node.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _answers(port: int, password: str) -> bool:
+    try:
+        return connect(f"redis://:{password}@127.0.0.1:{port}/0").ping()
+    except Exception:  # noqa: BLE001 (not up yet)
+        return False
+
+
+def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path, redis_server, redis_client,
+                                                                       cluster_node, run_name):
+    """Both shards on a Redis Cluster (shard_urls): shard 0 is tagged too, actors and learner get
+    RedisCluster clients, and the learner trains every unroll with the counts balanced per shard."""
+    from redis.cluster import RedisCluster
+
+    from distributed.actor import Actor
+    from distributed.learner import Learner
+
+    cfg = small_config(run_name, tmp_path, "transport.shards=2", "run.total_frames=100000",
+                       f"transport.shard_urls=[{cluster_node}]")
+    actor = Actor(cfg, redis_server.url, actor_id=1)
+    assert isinstance(actor.trajectories.r, RedisCluster) and actor.trajectories.key == f"{{{run_name}:s1}}:traj"
+    actor.version = 0
+    assert actor.send([valid_unroll(0.5), valid_unroll(-0.5)]) is False
+    actor.close()
+    cluster = connect_shard(shard_urls(redis_server.url, 2, [cluster_node])[0])
+    shard0 = TrajectoryStream(cluster, run_name, shard=0)
+    assert shard0.key == f"{{{run_name}:s0}}:traj" and shard_namespace(run_name, 0, cluster=True) == f"{{{run_name}:s0}}"
+    send(shard0, 0, [1.0, -1.0, 0.5, 0.0])
+    cluster.xadd(shard0.key, {"data": b"garbage"})
+    learner = Learner(cfg, redis_server.url, tmp_path / run_name)
+    thread = Background(learner.run)
+    thread.start()
+    shard1 = TrajectoryStream(cluster, run_name, shard=1)
+    wait_for(lambda: shard0.accounting()["backlog"] + shard1.accounting()["backlog"] == 0, 20, "both shards drained",
+             thread)
+    stop(learner, thread)
+    assert shard0.accounting() == {"produced": 4, "trained": 4, "dead_lettered": 1, "duplicates": 0, "backlog": 0}
+    assert shard1.accounting() == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
+    assert learner.frames == 6 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
+    assert not redis_client.exists(f"{run_name}:traj", f"{run_name}:traj:trained")  # nothing on the run's Redis
+    cluster.close()
