@@ -29,6 +29,7 @@ MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 COMPRESSIONS = ("none", "zstd")  # transport.compression: how unroll arrays travel
+MAX_SHARDS = 256  # transport.shards: one read per shard and Redis, one DeadConsumerSweeper claim each per minute
 MAX_BATCH_SIZE = 4096  # a batch is acked in one Lua script, whose argument unpacking has a limit
 MAX_LEARNERS = 64  # data-parallel learner processes of one agent (learner.num_learners)
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
@@ -179,6 +180,12 @@ class TransportConfig:
     compression: str = _f("none", "unroll arrays on the wire: none, or zstd (each array one zstd frame; the decoder "
                           "refuses a frame that declares more bytes than the array's shape needs)")
     compression_level: int = _f(3, "zstd level, 1 (fastest) to 19 (smallest)")
+    shards: int = _f(1, "trajectory streams per learner (1 to 256); actor i writes to shard i % shards, the "
+                     "learner reads them all. Shard 0 keeps <run>:traj, <run>:traj:produced ...; shard s > 0 has "
+                     "{<run>:s<s>}:traj ... (a Redis Cluster hash tag per shard; on a cluster shard 0 is {<run>:s0})")
+    shard_urls: List[str] = _f_list([], "Redis of each shard: shard s lives on shard_urls[s % len]; empty = all on "
+                                    "the run's Redis. No password in these URLs (config.yaml keeps them): a shard "
+                                    "server takes the password of the run's Redis URL")
 
 
 @dataclass
@@ -444,6 +451,15 @@ def validate(cfg: Config) -> None:
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),
         (cfg.transport.compression in COMPRESSIONS, f"transport.compression must be one of {', '.join(COMPRESSIONS)}"),
         (1 <= cfg.transport.compression_level <= 19, "transport.compression_level must be in [1, 19]"),
+        (1 <= cfg.transport.shards <= MAX_SHARDS,
+         f"transport.shards must be in [1, {MAX_SHARDS}] (got {cfg.transport.shards}): one trajectory stream per shard"),
+        (len(cfg.transport.shard_urls) <= cfg.transport.shards,
+         f"transport.shard_urls lists {len(cfg.transport.shard_urls)} servers for transport.shards="
+         f"{cfg.transport.shards}: the extra servers would get no shard; raise transport.shards or list fewer"),
+        (all(re.fullmatch(r"(redis|rediss)://[^@/?]+(/\d+)?|unix://[^@?]+", u) for u in cfg.transport.shard_urls),
+         "transport.shard_urls must be redis://host:port[/db], rediss://host:port[/db] or unix:///path, each without "
+         "user or password (config.yaml keeps them): shard servers take the password of the run's Redis URL; got "
+         + ", ".join(u.split("@")[-1] if "@" in u else u for u in cfg.transport.shard_urls)),
         (0 <= cfg.run.redis_retry_s <= 86_400, "run.redis_retry_s must be in [0, 86400]"),
         (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
         (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),

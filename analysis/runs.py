@@ -133,16 +133,18 @@ LIVE_SUFFIXES = (":launcher", ":learner", ":league")
 
 
 def _run_keys(client, run: str) -> list[bytes]:
-    return list(client.scan_iter(match=f"{run}:*", count=1000))
+    """Every key of `run`: `{run}:*`, and its trajectory shards s > 0, `{<run>:s<s>}:*` (transport.shard_namespace)."""
+    return list(client.scan_iter(match=f"{run}:*", count=1000)) + list(
+        client.scan_iter(match=f"{{{run}:*", count=1000))
 
 
 def list_redis_runs(client) -> list[dict]:
     """The runs that have keys in a shared Redis (a run name is the part of a key before its first
-    ':'): name, state (`live (holder)`, `finished`, `stopped`), number of keys and their bytes
+    ':', without the `{` of a shard's hash tag): name, state (`live (holder)`, `finished`, `stopped`), number of keys and their bytes
     (MEMORY USAGE; 0 where Redis refuses it)."""
     by_run: dict[str, list[bytes]] = {}
     for key in client.scan_iter(count=1000):
-        name = key.split(b":", 1)[0].decode(errors="replace")
+        name = key.split(b":", 1)[0].lstrip(b"{").decode(errors="replace")  # `{run:s1}:traj`: a shard's key
         by_run.setdefault(name, []).append(key)
     rows = []
     for name, keys in sorted(by_run.items()):
@@ -164,7 +166,8 @@ class RunIsLive(ConfigError):
 
 
 def delete_run_keys(client, run: str) -> int:
-    """Delete every key of run `run` (`{run}:*`) from a shared Redis; returns how many. Raises
+    """Delete every key of run `run` (`{run}:*` and its shards' `{<run>:s<s>}:*`) from a shared Redis (only
+    this one: shards on other servers, transport.shard_urls, are not reached); returns how many. Raises
     RunIsLive while a launcher, learner or league manager of the run holds its lease."""
     keys = _run_keys(client, run)
     live = [k for k in keys if k.decode(errors="replace").endswith(LIVE_SUFFIXES)]

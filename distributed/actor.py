@@ -27,7 +27,8 @@ from config import Config, ConfigError
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
-                                   actor_id_key, connect, run_done_key)
+                                   actor_id_key, actor_shard, connect, connect_shard, run_done_key,
+                                   shard_urls)
 from envs.registry import env_spec, make_env
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
@@ -322,7 +323,12 @@ class Actor:
         # policy as it is, others see the positions that off-policy moves lead to.
         self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
         own = namespace(cfg.run.name, player)
-        self.trajectories = TrajectoryStream(self.redis, own)
+        # This actor's trajectory shard (transport.shards): its own stream, backlog and high-water mark.
+        self.shard = actor_shard(self.actor_id, cfg.transport.shards)
+        shard_url = shard_urls(redis_url, cfg.transport.shards, cfg.transport.shard_urls)[self.shard]
+        shard_client = (self.redis if shard_url == redis_url
+                        else connect_shard(shard_url, retry_s=cfg.run.redis_retry_s))
+        self.trajectories = TrajectoryStream(shard_client, own, shard=self.shard)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)

@@ -79,8 +79,8 @@ class EmbeddedRedis:
     MAX_RESTARTS = 5  # by the watchdog: a server that keeps dying has a cause a restart will not fix
 
     def __init__(self, dir: str | Path | None = None, *, appendonly: bool = True,
-                 restart_on_exit: bool = False) -> None:
-        self.password = secrets.token_hex(16)
+                 restart_on_exit: bool = False, password: str | None = None) -> None:
+        self.password = password or secrets.token_hex(16)  # given: shard servers share the run's (transport.shard_urls)
         self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
         self.restarts = 0

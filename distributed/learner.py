@@ -34,8 +34,9 @@ from distributed.data_parallel import (DataParallelError, Group, average_gradien
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
+from distributed.shards import ShardedTrajectories
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
-                                   TrajectoryStream, connect, redis_outages, run_done_key)
+                                   connect, redis_outages, run_done_key)
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -404,7 +405,9 @@ class Learner:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         self.namespace = namespace(cfg.run.name, player)
-        self.trajectories = TrajectoryStream(self.redis, self.namespace)
+        # Every trajectory shard (transport.shards), read and acked as one stream; ids carry their shard.
+        self.trajectories = ShardedTrajectories(self.redis, redis_url, self.namespace, cfg.transport.shards,
+                                                cfg.transport.shard_urls, cfg.learner.read_block_ms)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
@@ -525,7 +528,7 @@ class Learner:
             if self.detects_duplicates:
                 # Checked together with the batch so far: both copies may be read into one batch.
                 uids = [h["unroll_id"] for h in headers] + [h["unroll_id"] for _, h, _ in decoded]
-                duplicate = self.trajectories.duplicates(uids)[len(headers):]
+                duplicate = self.trajectories.duplicates(uids, ids + [e for e, _, _ in decoded])[len(headers):]
                 with self.in_flight_lock:  # a copy of an unroll in a prefetched batch
                     duplicate = [d or h["unroll_id"] in self.in_flight for d, (_, h, _) in zip(duplicate, decoded)]
                 copies = [entry_id for (entry_id, _, _), dup in zip(decoded, duplicate) if dup]
@@ -764,6 +767,9 @@ class Learner:
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
         })
+        if getattr(self.trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
+            record["queue_depth_shards"] = list(self.trajectories.backlogs)
+            record["shard_servers_down"] = self.trajectories.servers_down()
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
             record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))

@@ -11,6 +11,16 @@ Keys (see docs/architecture.md):
   {run}:traj:seen      sorted set of the last SEEN_IDS trained unroll ids (score: the trained count)
   {run}:done        set by the learner when the run is over; actors exit when they see it
 
+Shards (`transport.shards` = S, `shard_namespace`): actor i writes to shard i % S, the learner reads every
+shard. Shard 0 is the keys above, unchanged (so S=1 is the unsharded run, and a run given more shards
+still drains its old stream). Shard s > 0 has the same trajectory keys under the prefix `{<run>:s<s>}`:
+  {run:s1}:traj, {run:s1}:traj:produced, :trained, :duplicates, :seen, {run:s1}:deadletter, :count
+The braces are a Redis Cluster hash tag: all keys of one shard hash to one slot (the Lua scripts below
+touch several of them) and different shards spread over slots. An exploiter P's shards are `{<run>:P:s<s>}`.
+On a Redis Cluster (`connect_shard`) shard 0 is tagged too: `{<run>:s0}:traj` ...
+`transport.shard_urls` places shard s on shard_urls[s % len] (else all on the run's Redis); results,
+params, leases and `done` stay on the run's Redis. The accounting below holds per shard, hence summed.
+
 Unread and pending unrolls are never trimmed: actors apply backpressure instead (`wait_for_room`), and
 the learner deletes an entry only after acknowledging it, i.e. after the update that used it.
 
@@ -38,6 +48,7 @@ from typing import Any, Callable
 import msgpack
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
@@ -183,15 +194,62 @@ def _safe(url: str) -> str:
     return url
 
 
+def shard_namespace(namespace: str, shard: int, cluster: bool = False) -> str:
+    """Key prefix of trajectory shard `shard` of `namespace` (the run, or `{run}:{P}` for exploiter P).
+
+    Shard 0 is `namespace` itself; shard s > 0 is `{<namespace>:s<s>}`, a Redis Cluster hash tag that
+    puts every key of the shard in one slot (see the module doc). On a Redis Cluster (`cluster`) shard 0
+    is tagged too, `{<namespace>:s0}`: untagged keys spread over slots, and its scripts would be refused."""
+    return namespace if shard == 0 and not cluster else f"{{{namespace}:s{shard}}}"
+
+
+def connect_shard(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.Redis | RedisCluster:
+    """A client for the server of a trajectory shard (`transport.shard_urls`): `connect`'s, or a
+    `RedisCluster` client (redis-py's own reconnects and slot routing) when that server is a node of a
+    Redis Cluster. Raises RedisUnavailable as `connect`."""
+    client = connect(url, block_ms=block_ms, retry_s=retry_s)
+    try:
+        cluster = bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:  # an ACL user without INFO: a plain server, as far as we can tell
+        cluster = False
+    if not cluster:
+        return client
+    client.close()
+    return RedisCluster.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5)
+
+
+def actor_shard(actor_id: int, shards: int) -> int:
+    """The shard actor `actor_id` writes to: actor_id % shards (ids are dense from 0, so shards fill evenly)."""
+    return actor_id % shards
+
+
+def shard_urls(run_url: str, shards: int, urls: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The Redis URL of each of `shards` shards: `urls[s % len(urls)]`, or `run_url` for all when `urls`
+    is empty. A shard URL carries no credentials (config.yaml keeps `transport.shard_urls`): it gets the
+    user and password of `run_url`."""
+    if not urls:
+        return [run_url] * shards
+    credentials = run_url.split("://", 1)[-1].rsplit("@", 1)[0] + "@" if "@" in run_url else ""
+    out = []
+    for s in range(shards):
+        url = urls[s % len(urls)]
+        scheme, rest = url.split("://", 1)
+        out.append(f"{scheme}://{credentials}{rest}" if "@" not in rest else url)
+    return out
+
+
 class TrajectoryStream:
     """The `{run}:traj` stream seen by actors (`add`, `wait_for_room`) and learners (`read`, `ack`).
-    `name` gives another stream the same delivery rules (A3C's gradients: `{run}:grads`)."""
+    `name` gives another stream the same delivery rules (A3C's gradients: `{run}:grads`); `shard`
+    names one of the run's trajectory shards (`shard_namespace`; 0: the run's own keys)."""
 
-    def __init__(self, client: redis.Redis, run: str, name: str = "traj"):
+    def __init__(self, client: redis.Redis | RedisCluster, run: str, name: str = "traj", shard: int = 0):
         self.r = client
-        self.key = f"{run}:{name}"
-        self.deadletter_key = f"{run}:deadletter"
-        self.deadletter_count_key = f"{run}:deadletter:count"
+        self.shard = shard
+        prefix = shard_namespace(run, shard, cluster=isinstance(client, RedisCluster))
+        self.key = f"{prefix}:{name}"
+        self.deadletter_key = f"{prefix}:deadletter"
+        self.deadletter_count_key = f"{prefix}:deadletter:count"
         self.produced_key = f"{self.key}:produced"
         self.trained_key = f"{self.key}:trained"
         self.duplicates_key = f"{self.key}:duplicates"
@@ -258,7 +316,8 @@ class TrajectoryStream:
         group is created again (`recreate_lost_group`) and the read returns no entries; the caller goes on.
         Raises ValueError if `block_ms` is not below the client's socket timeout (see `connect`).
         """
-        timeout = self.r.connection_pool.connection_kwargs.get("socket_timeout")
+        pool = getattr(self.r, "connection_pool", None)  # (a RedisCluster client has one per node)
+        timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
         if pending_after is None and timeout is not None and block_ms / 1000 >= timeout:
             raise ValueError(f"a read blocking {block_ms} ms needs a socket timeout above {block_ms / 1000:g} s, this "
                              f"client's is {timeout:g} s: make the client with connect(url, block_ms={block_ms})")
@@ -275,6 +334,18 @@ class TrajectoryStream:
         # An entry deleted while pending comes back with no fields; it has nothing to train on.
         return [(eid, (fields or {}).get(b"data", b"")) for eid, fields in reply[0][1]]
 
+    def recreate_if_lost(self) -> bool:
+        """After a read of several streams answered NOGROUP: recreate this stream's group if it is the
+        one gone, counting and logging the loss (`recreate_lost_group`). Returns whether it was."""
+        try:
+            self.r.xgroup_create(self.key, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+            return False
+        self._count_group_loss()
+        return True
+
     def recreate_lost_group(self) -> None:
         """Create the group again after it was found gone, and count and log the loss.
 
@@ -282,6 +353,9 @@ class TrajectoryStream:
         `backlog` count. A learner racing to recreate the group is fine (`ensure_group`).
         """
         self.ensure_group()
+        self._count_group_loss()
+
+    def _count_group_loss(self) -> None:
         self.group_losses += 1
         if self.last_backlog is None:
             lost = "an unknown number of unrolls"
@@ -327,6 +401,12 @@ class TrajectoryStream:
             return int(self.r.get(self.trained_key) or 0)
         return int(self.r.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key,
                                GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *unroll_ids))
+
+    def queue_ack(self, pipe: redis.client.Pipeline, entry_ids: list[bytes], unroll_ids: list[str] = ()) -> None:
+        """Queue `ack`'s script on `pipe` (several shards of one server acked in one round trip); the
+        pipeline's reply for it is the trained count after it."""
+        pipe.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS, len(entry_ids),
+                  *entry_ids, *unroll_ids)
 
     def duplicates(self, unroll_ids: list[str]) -> list[bool]:
         """For each id, whether it is a duplicate delivery: an unroll trained on already (among the last
