@@ -220,26 +220,58 @@ def sharded_uid(data: bytes) -> str:
     return msgpack.unpackb(data, raw=False)["header"]["unroll_id"]
 
 
+def _free_cluster_port() -> int:
+    """A loopback port that is free, and so is its cluster bus port (port + 10000)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+CLUSTER_NODES = 3
+
+
 @pytest.fixture
 def cluster_node(redis_server, tmp_path):
-    """A one-node Redis Cluster holding every slot, with the run's password: "redis://127.0.0.1:PORT/0"."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
-                             redis_server.password, "--cluster-enabled", "yes", "--cluster-config-file",
-                             f"nodes-{port}.conf", "--dir", str(tmp_path), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL)
+    """A three-node Redis Cluster on loopback, the slots split in three, with the run's password:
+    the URL of its first node, "redis://127.0.0.1:PORT/0" (a cluster client finds the others)."""
+    ports, procs = [], []
     try:
-        wait_for(lambda: _answers(port, redis_server.password), 10, "the cluster node")
-        node = connect(f"redis://:{redis_server.password}@127.0.0.1:{port}/0")
-        node.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-        wait_for(lambda: node.cluster("info")["cluster_state"] == "ok", 10, "the cluster state")
-        node.close()
-        yield f"redis://127.0.0.1:{port}/0"
+        for _ in range(CLUSTER_NODES):
+            port = _free_cluster_port()
+            ports.append(port)
+            procs.append(subprocess.Popen(
+                [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
+                 redis_server.password, "--masterauth", redis_server.password, "--cluster-enabled", "yes",
+                 "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000",
+                 "--dir", str(tmp_path), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
+        nodes = []
+        for i, port in enumerate(ports):
+            wait_for(lambda: _answers(port, redis_server.password), 10, "a cluster node")
+            node = connect(f"redis://:{redis_server.password}@127.0.0.1:{port}/0")
+            node.execute_command("CLUSTER", "ADDSLOTS", *range(i * 16384 // CLUSTER_NODES, (i + 1) * 16384 // CLUSTER_NODES))
+            nodes.append(node)
+        for port in ports[1:]:
+            nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        wait_for(lambda: all(n.cluster("info")["cluster_state"] == "ok" and
+                             int(n.cluster("info")["cluster_known_nodes"]) == CLUSTER_NODES for n in nodes),
+                 20, "the cluster state")
+        for node in nodes:
+            node.close()
+        yield f"redis://127.0.0.1:{ports[0]}/0"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
 
 
 def _answers(port: int, password: str) -> bool:
@@ -251,34 +283,45 @@ def _answers(port: int, password: str) -> bool:
 
 def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path, redis_server, redis_client,
                                                                        cluster_node, run_name):
-    """Both shards on a Redis Cluster (shard_urls): shard 0 is tagged too, actors and learner get
-    RedisCluster clients, and the learner trains every unroll with the counts balanced per shard."""
+    """Three shards on a three-node Redis Cluster (shard_urls): shard 0 is tagged too, each shard's keys
+    share a slot, shards spread over the nodes, actors and learner get RedisCluster clients, and the
+    learner trains every unroll with the counts balanced per shard."""
     from redis.cluster import RedisCluster
+    from redis.crc import key_slot
 
     from distributed.actor import Actor
     from distributed.learner import Learner
 
-    cfg = small_config(run_name, tmp_path, "transport.shards=2", "run.total_frames=100000",
+    # The tags spread: for a fixed run name, shards 0..2 fall on all three thirds of the slots.
+    assert {key_slot(f"{shard_namespace('run', s, cluster=True)}:traj".encode()) * 3 // 16384
+            for s in range(3)} == {0, 1, 2}
+    cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_frames=100000",
                        f"transport.shard_urls=[{cluster_node}]")
     actor = Actor(cfg, redis_server.url, actor_id=1)
     assert isinstance(actor.trajectories.r, RedisCluster) and actor.trajectories.key == f"{{{run_name}:s1}}:traj"
     actor.version = 0
     assert actor.send([valid_unroll(0.5), valid_unroll(-0.5)]) is False
     actor.close()
-    cluster = connect_shard(shard_urls(redis_server.url, 2, [cluster_node])[0])
+    cluster = connect_shard(shard_urls(redis_server.url, 3, [cluster_node])[0])
+    assert len(cluster.get_primaries()) == CLUSTER_NODES
     shard0 = TrajectoryStream(cluster, run_name, shard=0)
     assert shard0.key == f"{{{run_name}:s0}}:traj" and shard_namespace(run_name, 0, cluster=True) == f"{{{run_name}:s0}}"
     send(shard0, 0, [1.0, -1.0, 0.5, 0.0])
     cluster.xadd(shard0.key, {"data": b"garbage"})
+    shard1, shard2 = (TrajectoryStream(cluster, run_name, shard=s) for s in (1, 2))
+    send(shard2, 2, [0.25, -0.25])
+    for shard in (shard0, shard1, shard2):  # every key of a shard in its stream's slot
+        keys = [shard.key, shard.trained_key, shard.seen_key, shard.deadletter_key]
+        assert {key_slot(k.encode()) for k in keys} == {key_slot(shard.key.encode())}
     learner = Learner(cfg, redis_server.url, tmp_path / run_name)
     thread = Background(learner.run)
     thread.start()
-    shard1 = TrajectoryStream(cluster, run_name, shard=1)
-    wait_for(lambda: shard0.accounting()["backlog"] + shard1.accounting()["backlog"] == 0, 20, "both shards drained",
-             thread)
+    wait_for(lambda: sum(s.accounting()["backlog"] for s in (shard0, shard1, shard2)) == 0, 20,
+             "every shard drained", thread)
     stop(learner, thread)
     assert shard0.accounting() == {"produced": 4, "trained": 4, "dead_lettered": 1, "duplicates": 0, "backlog": 0}
     assert shard1.accounting() == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
-    assert learner.frames == 6 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
+    assert shard2.accounting() == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
+    assert learner.frames == 8 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
     assert not redis_client.exists(f"{run_name}:traj", f"{run_name}:traj:trained")  # nothing on the run's Redis
     cluster.close()
