@@ -553,7 +553,8 @@ class Learner:
     def run(self) -> None:
         """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint."""
         cfg = self.cfg
-        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}")
+        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}",
+                                  ttl_s=cfg.run.lease_ttl_s)
         if not self.lease.acquire(should_stop=lambda: self.stopping):
             self.metrics_file.close()
             return
