@@ -26,8 +26,9 @@ TRAINING = r"learner: frames [\d,]+/"  # the learner's first metrics line: it is
 
 
 def _start_train(tmp_path: Path, run_name: str, *extra: str) -> subprocess.Popen:
-    """test_faults' endless tic-tac-toe run, with a metrics line every second."""
-    return _start_faults_train(tmp_path, run_name, "--set", "run.log_every_s=1", *extra)
+    """test_faults' endless tic-tac-toe run, with a metrics line every 0.2 s (the first one comes as soon as the
+    learner is in its training loop, which the tests wait for)."""
+    return _start_faults_train(tmp_path, run_name, "--set", "run.log_every_s=0.2", *extra)
 
 
 def run_py(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
