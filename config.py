@@ -63,6 +63,8 @@ class RunConfig:
     log_every_s: float = _f(10.0, "seconds between progress lines and metrics records")
     redis_retry_s: float = _f(60.0, "seconds a process retries a lost Redis connection (backoff up to 2 s) "
                               "before it exits")
+    lease_ttl_s: float = _f(10.0, "seconds a lease on Redis (launcher, learner, league manager, actor id) outlives "
+                            "its holder's last refresh; a process taking a held one waits this long (+1 s) first")
 
 
 @dataclass
@@ -461,6 +463,7 @@ def validate(cfg: Config) -> None:
          "user or password (config.yaml keeps them): shard servers take the password of the run's Redis URL; got "
          + ", ".join(u.split("@")[-1] if "@" in u else u for u in cfg.transport.shard_urls)),
         (0 <= cfg.run.redis_retry_s <= 86_400, "run.redis_retry_s must be in [0, 86400]"),
+        (0.1 <= cfg.run.lease_ttl_s <= 3_600, "run.lease_ttl_s must be in [0.1, 3600]"),
         (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
         (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),
         # The name becomes a directory under run.dir and the prefix of every Redis key.

@@ -285,11 +285,11 @@ def _run_lease(client, cfg: Config):
     from distributed.transport import LearnerLease, LeaseHeld
     from league.players import learner_players, namespace
 
-    lease = LearnerLease(client, cfg.run.name, holder(), role="launcher")
+    lease = LearnerLease(client, cfg.run.name, holder(), role="launcher", ttl_s=cfg.run.lease_ttl_s)
     lease.acquire()
     try:
         keys = [f"{namespace(cfg.run.name, p)}:learner" for p in learner_players(cfg)] + [f"{cfg.run.name}:league"]
-        deadline = time.monotonic() + LearnerLease.TTL_MS / 1000 + 1
+        deadline = time.monotonic() + lease.TTL_MS / 1000 + 1
         while (held := [k for k in keys if client.exists(k)]) and time.monotonic() < deadline:
             time.sleep(0.2)
         if held:

@@ -45,7 +45,7 @@ MAX_ACTOR_ID = 100_000  # far beyond any run: no free id below it means ids are 
 
 
 def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
-                   holder: str) -> tuple[LearnerLease, int, int]:
+                   holder: str, ttl_s: float | None = None) -> tuple[LearnerLease, int, int]:
     """Register this process as an actor of `run`: (lease, actor id, start number).
 
     actor_id: the id asked for (`run.py actor --actor-id N`); if another live process holds it, this
@@ -53,6 +53,7 @@ def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
       it) and then refuses. None: the lowest id nobody holds, at once (several machines need not
       agree on ids beforehand).
     holder: names this process in the lease (host, pid and a token), shown to the one refused.
+    ttl_s: the lease's TTL (run.lease_ttl_s); None: LearnerLease.TTL_MS.
     The start number counts the processes that have held this id in this run (0 for the first): with
     the id it makes the actor's seeds (`ActorSeeds`) differ from every other process's, restarts
     included. The lease is kept alive by a thread until `lease.release()`.
@@ -61,14 +62,14 @@ def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
     """
     if actor_id is None:
         for candidate in range(MAX_ACTOR_ID):
-            lease = LearnerLease(client, run, holder, role=f"actor:{candidate}")
+            lease = LearnerLease(client, run, holder, role=f"actor:{candidate}", ttl_s=ttl_s)
             if lease.try_acquire():
                 actor_id = candidate
                 break
         else:
             raise LeaseHeld(f"run '{run}' has {MAX_ACTOR_ID} actors registered; none is free")
     else:
-        lease = LearnerLease(client, run, holder, role=f"actor:{actor_id}")
+        lease = LearnerLease(client, run, holder, role=f"actor:{actor_id}", ttl_s=ttl_s)
         try:
             lease.acquire()
         except LeaseHeld:
@@ -309,7 +310,8 @@ class Actor:
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         # The id is this process's alone while it runs (see claim_actor_id); the seeds derive from it.
         self.identity, self.actor_id, self.start = claim_actor_id(
-            self.redis, cfg.run.name, actor_id, f"{socket.gethostname()} pid {os.getpid()} ({self.token})")
+            self.redis, cfg.run.name, actor_id, f"{socket.gethostname()} pid {os.getpid()} ({self.token})",
+            ttl_s=cfg.run.lease_ttl_s)
         self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
         self.rng = torch.Generator().manual_seed(self.seeds.actions)
         self.np_rng = np.random.default_rng(self.seeds.opponents)

@@ -590,7 +590,8 @@ class Learner:
         Raises DataParallelError when a peer rank is gone."""
         cfg = self.cfg
         main = self.group.is_main
-        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}")
+        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}",
+                                  ttl_s=cfg.run.lease_ttl_s)
         acquired = self.lease.acquire(should_stop=lambda: self.stopping) if main else True
         (refused,), _ = self.group.agree((not acquired,), 0.0, self.device)
         if refused:

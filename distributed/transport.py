@@ -623,7 +623,10 @@ class LearnerLease:
                 "return 0")
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
-    def __init__(self, client: redis.Redis, run: str, holder: str, role: str = "learner"):
+    def __init__(self, client: redis.Redis, run: str, holder: str, role: str = "learner",
+                 ttl_s: float | None = None):
+        if ttl_s is not None:  # run.lease_ttl_s; TTL_MS (10 s) otherwise
+            self.TTL_MS = max(1, round(ttl_s * 1000))
         self.r = client
         self.run = run
         self.role = role

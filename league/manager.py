@@ -338,7 +338,7 @@ class LeagueManager:
     def run(self) -> None:
         done_key = run_done_key(self.cfg.run.name)
         self.lease = LearnerLease(self.redis, self.cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}",
-                                  role="league")
+                                  role="league", ttl_s=self.cfg.run.lease_ttl_s)
         if not self.lease.acquire(should_stop=lambda: self.stopping):
             return
         self.consume_results(pending=True)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ TRAINING = r"learner: frames [\d,]+/"  # the learner's first metrics line: it is
 
 
 def _start_train(tmp_path: Path, run_name: str, *extra: str) -> subprocess.Popen:
-    """test_faults' endless tic-tac-toe run, with a metrics line every second."""
-    return _start_faults_train(tmp_path, run_name, "--set", "run.log_every_s=1", *extra)
+    """test_faults' endless tic-tac-toe run, with a metrics line every 0.2 s (the first one comes as soon as the
+    learner is in its training loop, which the tests wait for)."""
+    return _start_faults_train(tmp_path, run_name, "--set", "run.log_every_s=0.2", *extra)
 
 
 def run_py(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -45,43 +47,57 @@ def _finish(proc: subprocess.Popen, lines: list[str], sig: int = signal.SIGINT) 
 
 # -- one owner per run ------------------------------------------------------------------------------
 
-def test_resuming_a_live_run_is_refused_with_its_owners_host_and_pid(tmp_path, run_name):
-    proc = _start_train(tmp_path, run_name)
-    lines: list[str] = []
-    try:
-        _read_until(proc, TRAINING, lines)
-        metrics = (tmp_path / run_name / "metrics.jsonl").read_text()
-        second = run_py("train", "--resume", str(tmp_path / run_name), "--eval-games", "0")
-        out, _ = _finish(proc, lines)
-    finally:
-        proc.kill()
-    assert second.returncode == 2, second.stdout + second.stderr
-    assert f"in use by a run of {socket.gethostname()} pid {proc.pid}" in second.stderr
-    assert "started the learner" not in second.stdout  # refused before anything started
-    assert (tmp_path / run_name / "metrics.jsonl").read_text().startswith(metrics)
-    assert proc.returncode == 130, out
-
-
-def test_a_second_train_of_a_live_run_name_on_a_shared_redis_is_refused_before_anything_is_made(
-        tmp_path, redis_server, redis_client, run_name):
-    first, second_dir = tmp_path / "host-a", tmp_path / "host-b"  # two machines' run.dir, one Redis
+@pytest.fixture(scope="class")
+def live(tmp_path_factory, redis_server):
+    """TestALiveRun's run: (launcher, host-a run.dir, run name) of a run in its training loop on the shared
+    Redis; stopped with Ctrl-C after the class's tests, which must end it with code 130."""
+    first = tmp_path_factory.mktemp("live") / "host-a"  # a machine's run.dir
+    run_name = f"test-live-{uuid.uuid4().hex[:8]}"
     proc = _start_train(first, run_name, "--redis-url", redis_server.url)
     lines: list[str] = []
     try:
         _read_until(proc, TRAINING, lines)
-        producers = set(redis_client.hgetall(f"{run_name}:traj:produced"))
-        second = run_py("train", "--config", str(REPO / "configs/tictactoe.yaml"), "--redis-url", redis_server.url,
-                        "--set", f"run.name={run_name}", "--set", f"run.dir={second_dir}", "--set",
-                        "run.wandb_mode=disabled", "--set", "actor.num_actors=1", timeout=60)
-        after = set(redis_client.hgetall(f"{run_name}:traj:produced"))
+        yield proc, first, run_name
         out, _ = _finish(proc, lines)
     finally:
         proc.kill()
-    assert second.returncode == 2, second.stdout + second.stderr
-    assert f"another launcher ({socket.gethostname()} pid {proc.pid}) is running for run '{run_name}'" in second.stderr
-    assert not second_dir.exists()  # no half-made run directory
-    assert after == producers and "started the" not in second.stdout  # no actor of the second run sent a thing
     assert proc.returncode == 130, out
+
+
+class TestALiveRun:
+    """A live run is refused a second owner: by its directory's lock, and on a shared Redis by its
+    launcher's lease. One run (on the shared Redis, so both apply) serves both tests."""
+
+    def test_resuming_a_live_run_is_refused_with_its_owners_host_and_pid(self, live):
+        proc, first, run_name = live
+        metrics = (first / run_name / "metrics.jsonl").read_text()
+        # The resume reads the run's config.yaml, which has no Redis URL: it would start an embedded Redis,
+        # so the directory's lock alone refuses it.
+        second = run_py("train", "--resume", str(first / run_name), "--eval-games", "0")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"in use by a run of {socket.gethostname()} pid {proc.pid}" in second.stderr
+        assert "started the learner" not in second.stdout  # refused before anything started
+        assert (first / run_name / "metrics.jsonl").read_text().startswith(metrics)
+        assert proc.poll() is None  # the first run goes on
+
+    def test_a_second_train_of_a_live_run_name_on_a_shared_redis_is_refused_before_anything_is_made(
+            self, live, tmp_path, redis_server, redis_client):
+        proc, _, run_name = live
+        second_dir = tmp_path / "host-b"  # another machine's run.dir, the same Redis
+        producers = set(redis_client.hgetall(f"{run_name}:traj:produced"))
+        # The second launcher waits one lease TTL (+1 s) for the first's lease to lapse before it refuses:
+        # a 1 s TTL makes that wait 2 s instead of 11; the first keeps its lease alive all along.
+        second = run_py("train", "--config", str(REPO / "configs/tictactoe.yaml"), "--redis-url", redis_server.url,
+                        "--set", f"run.name={run_name}", "--set", f"run.dir={second_dir}", "--set",
+                        "run.wandb_mode=disabled", "--set", "actor.num_actors=1", "--set", "run.lease_ttl_s=1",
+                        timeout=60)
+        after = set(redis_client.hgetall(f"{run_name}:traj:produced"))
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert (f"another launcher ({socket.gethostname()} pid {proc.pid}) is running for run '{run_name}'"
+                in second.stderr)
+        assert not second_dir.exists()  # no half-made run directory
+        assert after == producers and "started the" not in second.stdout  # no actor of the second run sent a thing
+        assert proc.poll() is None  # the first run goes on
 
 
 def test_runs_lists_local_directories_and_shared_redis_runs_and_deletes_only_a_run_that_is_over(

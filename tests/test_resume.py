@@ -2,8 +2,8 @@
 time budget that go on where they stopped, counters that continue, the final evaluation kept in
 evaluation.json and shown by the report, and `run.py config`.
 
-One run of about 6 s of training (run.max_minutes=0.1, embedded Redis), resumed by its directory for 6 s
-more (run.max_minutes=0.2 in all), is shared by the tests of this module.
+One run of about 3 s of training (run.max_minutes=0.05, embedded Redis), resumed by its directory for 3 s
+more (run.max_minutes=0.1 in all), is shared by the tests of this module.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from analysis.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
 LR = 1e-3
+BUDGET_S = 6.0  # the run's time budget in all: run.max_minutes=0.1; the first run stops at half of it
 
 
 def run_py(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -36,13 +37,13 @@ def resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     first = run_py("train", "--config", str(REPO / "configs/tictactoe.yaml"), "--eval-games", "0",
                    "--set", "run.name=sched", "--set", f"run.dir={tmp}", "--set", "run.wandb_mode=disabled",
-                   "--set", "run.total_frames=100000000", "--set", "run.max_minutes=0.1", "--set", "run.log_every_s=1",
+                   "--set", "run.total_frames=100000000", "--set", "run.max_minutes=0.05", "--set", "run.log_every_s=1",
                    "--set", "learner.lr_schedule=linear", "--set", f"learner.learning_rate={LR}",
                    "--set", "actor.num_actors=1", "--set", "actor.num_envs=4", "--set", "agent.hidden=16")
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp / "sched"
     before = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    second = run_py("train", "--resume", str(run_dir), "--set", "run.max_minutes=0.2", "--eval-games", "3")
+    second = run_py("train", "--resume", str(run_dir), "--set", "run.max_minutes=0.1", "--eval-games", "3")
     assert second.returncode == 0, second.stdout + second.stderr
     after = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     return run_dir, before, after, second
@@ -53,7 +54,7 @@ def test_resume_by_directory_alone_continues_the_run_with_its_own_config(resumed
     assert f"resumed from {run_dir / 'checkpoints' / 'latest.safetensors'} at update {before['step']}" in second.stdout
     assert after["step"] > before["step"] and after["frames"] > before["frames"]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["run"]["max_minutes"] == 0.2 and saved["learner"]["lr_schedule"] == "linear"  # --set applied
+    assert saved["run"]["max_minutes"] == 0.1 and saved["learner"]["lr_schedule"] == "linear"  # --set applied
     assert not (run_dir.parent / "sched-2").exists()
 
 
@@ -65,15 +66,17 @@ def test_resume_by_directory_refuses_a_config_file_beside_it(resumed):
 
 def test_a_resumed_run_continues_its_learning_rate_schedule_and_its_time_budget(resumed):
     run_dir, before, after, _ = resumed
-    assert 6 <= before["elapsed_s"] < 8  # run.max_minutes=0.1 of training
-    # The budget is the run's: 0.2 minutes in all, not 0.2 more.
-    assert 12 <= after["elapsed_s"] < 14
+    assert BUDGET_S / 2 <= before["elapsed_s"] < BUDGET_S / 2 + 2  # run.max_minutes=0.05 of training
+    # The budget is the run's: 0.1 minutes in all, not 0.1 more.
+    assert BUDGET_S <= after["elapsed_s"] < BUDGET_S + 2
     records = load_run(run_dir).records
     resumed_records = [r for r in records if r["learner_started"] != records[0]["learner_started"]]
     first = resumed_records[0]
-    # linear: lr * (1 - elapsed / 12 s); the resumed learner starts at elapsed >= 6 s, so at half or less.
-    assert first["learning_rate"] <= LR * (1 - before["elapsed_s"] / 12) + 1e-9
-    assert first["learning_rate"] == pytest.approx(LR * (1 - first["elapsed_s"] / 12), rel=0.05, abs=2e-5)
+    # linear: lr * (1 - elapsed / 6 s); the resumed learner starts at elapsed >= 3 s, so at half or less.
+    assert first["learning_rate"] <= LR * (1 - before["elapsed_s"] / BUDGET_S) + 1e-9
+    # Within 5 % or 0.24 s of the schedule (2e-5 of the learning rate when the budget was 12 s).
+    assert first["learning_rate"] == pytest.approx(LR * (1 - first["elapsed_s"] / BUDGET_S), rel=0.05,
+                                                   abs=LR * 0.24 / BUDGET_S)
 
 
 def test_counters_and_the_time_axis_continue_across_the_resume_and_the_gap_is_not_drawn(resumed):

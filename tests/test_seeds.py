@@ -85,11 +85,12 @@ def test_an_actor_id_is_one_process_s_and_a_taken_one_is_refused(tmp_path, redis
         assert (auto.actor_id, auto.start) == (1, 0)
         holder = redis_client.get(actor_id_key(run_name, 0)).decode()
         assert f"pid {os.getpid()} ({first.token})" in holder
-        # A second actor asking for id 0 waits one lease TTL for it, then is refused, naming the holder.
+        # A second actor asking for id 0 waits one lease TTL for it, then is refused, naming the holder
+        # (its TTL set to 1 s: the wait is 2 s, not 11; the first's lease, refreshed, never lapses).
         proc = subprocess.run(
             [sys.executable, str(REPO / "run.py"), "actor", "--set", f"run.name={run_name}",
              "--set", "env.name=gym:CartPole-v1", "--set", "agent.torso=mlp", "--set", "actor.num_envs=1",
-             "--actor-id", "0"],
+             "--set", "run.lease_ttl_s=1", "--actor-id", "0"],
             env=dict(os.environ, IMPALA_REDIS_URL=redis_url), cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert f"actor id 0 of run '{run_name}' is taken by {holder}" in proc.stderr

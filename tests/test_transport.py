@@ -336,12 +336,12 @@ def test_a_second_learner_is_refused_and_a_dead_ones_lease_lapses(redis_client, 
     from distributed.transport import LearnerLease, LeaseHeld
 
     def lease(holder: str) -> LearnerLease:
-        lease = LearnerLease(redis_client, run_name, holder)
-        lease.TTL_MS = 600
-        return lease
+        return LearnerLease(redis_client, run_name, holder, ttl_s=0.6)  # run.lease_ttl_s
 
+    assert LearnerLease(redis_client, run_name, "default").TTL_MS == 10_000
     first = lease("host-a pid 1")
     assert first.acquire()
+    assert first.TTL_MS == 600 and 0 < redis_client.pttl(first.key) <= 600
     time.sleep(1.0)  # longer than the TTL: the holder's thread keeps the lease alive
     start = time.monotonic()
     with pytest.raises(LeaseHeld, match=f"another learner \\(host-a pid 1\\) is running for run '{run_name}'"):
