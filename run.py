@@ -65,6 +65,8 @@ wall-clock budget (--minutes) and the same seeds, then compare them.
                        counts for both: the IMPALA paper's Table 1 question (throughput)
   --study corrections  learner.correction = vtrace | is1 | epsilon | none, with the actors acting on
                        weights --lag published versions old (actor.weight_delay): its Table 2
+  --study actors       actor.num_actors = 1, 2, 4, ... up to this machine's cores (--actors to
+                       choose): learner-consumed SPS against actors, plotted in sps_vs_actors.png
 
 Every variant x seed is a normal `run.py train` run (without a league) in
 OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
@@ -170,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="train several configurations for the same wall clock and compare them",
                        description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(p)
-    p.add_argument("--study", default="algos", help="algos (IMPALA vs A3C, default) or corrections")
+    p.add_argument("--study", default="algos", help="algos (IMPALA vs A3C, default), corrections or actors")
+    p.add_argument("--actors", type=int, nargs="+", help="actors study: the actor counts (default 1, 2, 4, ... "
+                   "up to the cores)")
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
     p.add_argument("--frames", type=int, help="also end each run at this many env frames (default: only the budget)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
@@ -723,8 +727,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     import time
 
-    from analysis.compare import STUDIES, markdown_table, plan, run_study
-    from config import MAX_WEIGHT_DELAY
+    from analysis.compare import STUDIES, actor_counts, markdown_table, plan, run_study
+    from config import MAX_ACTORS, MAX_WEIGHT_DELAY
     from envs.registry import env_spec
     from evaluation.bots import make_bot
 
@@ -751,8 +755,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             make_bot(args.eval_opponent, cfg.env.name)
         except ValueError as e:
             raise ConfigError(f"--eval-opponent: {e}") from None
+    actors = args.actors or actor_counts(os.cpu_count() or 1)
+    if any(not 1 <= n <= MAX_ACTORS for n in actors):
+        raise ConfigError(f"--actors must be in [1, {MAX_ACTORS}]")
     try:
-        variants = plan(args.study, args.lag, args.variants)
+        variants = plan(args.study, args.lag, args.variants, sorted(set(actors)))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.frames, args.lag,

@@ -26,16 +26,28 @@ from config import CORRECTIONS
 log = logging.getLogger("compare")
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("algos", "corrections")
+STUDIES = ("algos", "corrections", "actors")
 SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
 UNLIMITED_FRAMES = 10**15
 FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
 
 
-def plan(study: str, lag: int, only: list[str] | None = None) -> dict[str, list[str]]:
+def actor_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... up to `cores` (and `cores` itself): the actor counts of the actors study."""
+    counts = [1]
+    while counts[-1] * 2 <= cores:
+        counts.append(counts[-1] * 2)
+    return counts + ([cores] if counts[-1] != cores else [])
+
+
+def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] = (1, 2, 4)) -> dict[str, list[str]]:
     """Variant name -> config overrides (`section.key=value`) for `study`, limited to the variants in
-    `only` (in the study's order) where given. Raises ValueError for an unknown study or variant."""
-    if study == "algos":
+    `only` (in the study's order) where given; `actors`: the actor counts of the actors study (variants
+    `actors<N>`). Raises ValueError for an unknown study or variant."""
+    if study == "actors":
+        variants = {f"actors{n}": ["learner.algo=impala", "league.enabled=false", f"actor.num_actors={n}"]
+                    for n in actors}
+    elif study == "algos":
         variants = {"impala": ["learner.algo=impala", "league.enabled=false"],
                     "a3c": ["learner.algo=a3c", "league.enabled=false"]}
     elif study == "corrections":
@@ -196,11 +208,42 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
     return paths
 
 
+def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
+    """sps_vs_actors.png: learner-consumed SPS (mean over seeds) against the actor count of each
+    variant (`summary["actors"]`: variant -> count), beside linear scaling from the fewest actors."""
+    points = sorted((summary["actors"][name], v["sps"]) for name, v in summary["variants"].items()
+                    if v["sps"] is not None and name in summary.get("actors", {}))
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs, ys = zip(*points)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, ys, "o-", label="learner-consumed SPS")
+    ax.plot(xs, [ys[0] * x / xs[0] for x in xs], "--", color="grey", label=f"linear from {xs[0]} actor(s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("actor processes")
+    ax.set_ylabel("env steps per second")
+    ax.set_title("SPS against actors")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sps_vs_actors.png", dpi=100)
+    plt.close(fig)
+    return out / "sps_vs_actors.png"
+
+
 def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", meta: dict | None = None) -> dict:
-    """compare.json, compare.md and the curve PNGs in `out`; returns the summary."""
+    """compare.json, compare.md and the curve PNGs in `out` (with `meta["actors"]`, variant -> actor
+    count, also the SPS-against-actors plot); returns the summary."""
     summary = summarize(runs, metric)
     summary.update(meta or {})
-    summary["plots"] = [p.name for p in plot_curves(runs, summary["metric"], out)]
+    scaling = plot_sps_against_actors(summary, out) if summary.get("actors") else None
+    summary["plots"] = [p.name for p in [*([scaling] if scaling else []), *plot_curves(runs, summary["metric"], out)]]
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "compare.md").write_text(markdown_table(summary))
     return summary
@@ -236,4 +279,6 @@ def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path
         raise RuntimeError(f"every run of the study failed; see the logs in {out}")
     return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
                                               "minutes": minutes, "lag": lag if study == "corrections" else None,
-                                              "eval_opponent": eval_opponent if eval_games else None})
+                                              "eval_opponent": eval_opponent if eval_games else None,
+                                              **({"actors": {name: int(name.removeprefix("actors")) for name in runs}}
+                                                 if study == "actors" else {})})

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from agents.network import ActorCritic
-from analysis.compare import plan, summarize, write_outputs
+from analysis.compare import actor_counts, plan, summarize, write_outputs
+from analysis.report import compare_section
 from analysis.runs import load_run
 from config import load_config, to_yaml
 from agents.checkpoint import model_state, read_checkpoint
@@ -70,6 +71,22 @@ def test_table_values_match_a_hand_computation(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["frames"] == 600
     assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
+
+
+def test_the_actors_study_plots_sps_against_actors_and_the_report_shows_it(tmp_path):
+    assert actor_counts(1) == [1] and actor_counts(2) == [1, 2] and actor_counts(6) == [1, 2, 4, 6]
+    variants = plan("actors", 0, actors=[1, 2, 4])
+    assert list(variants) == ["actors1", "actors2", "actors4"] and "actor.num_actors=4" in variants["actors4"]
+    for overrides in variants.values():
+        assert load_config(REPO / "configs/tictactoe.yaml", overrides).actor.num_actors == int(overrides[-1][-1])
+    runs = {f"actors{n}": [_fake_run(tmp_path, f"actors{n}-seed0", 1000.0, [(10, 100 * n, 10 * n, 0.0),
+                                                                              (20, 200 * n, 10 * n, 0.0)])]
+            for n in (1, 2, 4)}
+    out = write_outputs(runs, tmp_path, meta={"study": "actors", "actors": {f"actors{n}": n for n in (1, 2, 4)}})
+    assert [out["variants"][f"actors{n}"]["sps"] for n in (1, 2, 4)] == [10, 20, 40]
+    assert out["plots"][0] == "sps_vs_actors.png" and (tmp_path / "sps_vs_actors.png").read_bytes()[:4] == b"\x89PNG"
+    page = compare_section(tmp_path, 0)
+    assert page.count("<img") == len(out["plots"]) == 3 and "study actors" in page
 
 
 def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
