@@ -26,39 +26,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.netns import linked_namespaces, namespaces_refused  # noqa: E402
 from distributed.launcher import redis_server_binary  # noqa: E402
 from distributed.transport import TrajectoryStream, connect  # noqa: E402
 from experiment import load_config  # noqa: E402
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @contextmanager
 def two_hosts(mbit: float):
-    """(server namespace, actor namespace, server address, actor's link device): a veth link shaped to
-    `mbit` each way."""
-    tag = secrets.token_hex(3)
-    server_ns, actor_ns = f"bw-srv-{tag}", f"bw-act-{tag}"
-    server_ip, actor_ip = "10.232.7.1", "10.232.7.2"
-    made = []
-    try:
-        for ns in (server_ns, actor_ns):
-            ip("netns", "add", ns)
-            made.append(ns)
-            ip("-n", ns, "link", "set", "lo", "up")
-        ip("link", "add", f"vs{tag}", "netns", server_ns, "type", "veth", "peer", "name", f"va{tag}", "netns", actor_ns)
-        for ns, dev, addr in ((server_ns, f"vs{tag}", server_ip), (actor_ns, f"va{tag}", actor_ip)):
-            ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            # A token bucket on each end's egress: the link's rate in both directions.
+    """(server namespace, actor namespace, server address, actor's link device): a veth link shaped
+    to `mbit` each way (a token bucket on each end's egress)."""
+    with linked_namespaces(secrets.token_hex(3), 232) as link:
+        for ns, dev in ((link.server_ns, link.server_dev), (link.actor_ns, link.actor_dev)):
             subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
                             "burst", "64kb", "latency", "200ms"], check=True, capture_output=True, text=True)
-        yield server_ns, actor_ns, server_ip, f"va{tag}"
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        yield link.server_ns, link.actor_ns, link.server_ip, link.actor_dev
 
 
 def tx_bytes(ns: str, dev: str) -> int:
@@ -125,8 +107,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds of each run not measured")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        sys.exit("bench_bandwidth needs root and iproute2 (ip, tc) to make network namespaces")
+    why = namespaces_refused() or (None if shutil.which("tc") else "no `tc` command (iproute2)")
+    if why:
+        sys.exit(f"bench_bandwidth needs root and iproute2 (ip, tc): {why}")
     cfg = load_config(args.config, args.overrides)
     results = {c: measure(args.config, args.overrides, c, args.mbit, args.seconds, args.warmup) for c in ("none", "zstd")}
     print(f"env {cfg.env.name}, {cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, T={cfg.actor.unroll_length}, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.netns import ip, linked_namespaces, namespaces_refused
 from distributed.launcher import redis_server_binary
 from distributed.transport import TrajectoryStream, connect
 from tests.test_delivery import _wait
@@ -29,50 +29,15 @@ REPO = Path(__file__).resolve().parent.parent
 CUT_S = 13.0  # longer than the actors' socket timeout (11 s): their commands fail and are retried
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def namespaces_refused() -> str | None:
-    """Why this machine cannot run the test, or None."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2)"
-    trial = f"impala-trial-{os.getpid()}"
-    try:
-        ip("netns", "add", trial)
-    except subprocess.CalledProcessError as e:
-        return f"`ip netns add` refused here: {e.stderr.strip()}"
-    ip("netns", "del", trial)
-    return None
-
-
 @pytest.fixture
-def two_hosts(run_name, tmp_path):
-    """(server namespace, actor namespace, server address, Redis unix socket for this test's client)."""
+def two_hosts(run_name):
+    """(server namespace, actor namespace, server address, the actor's link device)."""
     why = namespaces_refused()
     if why:
         pytest.skip(why)
     tag = run_name[-8:]
-    server_ns, actor_ns = f"impala-srv-{tag}", f"impala-act-{tag}"
-    subnet = 16 + int(tag, 16) % 200
-    server_ip, actor_ip = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
-    made = []
-    try:
-        for ns in (server_ns, actor_ns):
-            ip("netns", "add", ns)
-            made.append(ns)
-            ip("-n", ns, "link", "set", "lo", "up")
-        ip("link", "add", f"vs{tag}", "netns", server_ns, "type", "veth", "peer", "name", f"va{tag}", "netns", actor_ns)
-        ip("-n", server_ns, "addr", "add", f"{server_ip}/30", "dev", f"vs{tag}")
-        ip("-n", actor_ns, "addr", "add", f"{actor_ip}/30", "dev", f"va{tag}")
-        ip("-n", server_ns, "link", "set", f"vs{tag}", "up")
-        ip("-n", actor_ns, "link", "set", f"va{tag}", "up")
-        yield server_ns, actor_ns, server_ip, f"va{tag}"
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with linked_namespaces(tag, 16 + int(tag, 16) % 200) as link:
+        yield link.server_ns, link.actor_ns, link.server_ip, link.actor_dev
 
 
 def test_actors_in_another_namespace_resume_after_the_link_is_cut_and_restored(two_hosts, tmp_path, run_name):
