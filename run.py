@@ -64,13 +64,18 @@ wall-clock budget (--minutes) and the same seeds, then compare them.
   --study algos        IMPALA against A3C (learner.algo=impala | a3c), with the config's actor
                        counts for both: the IMPALA paper's Table 1 question (throughput)
   --study corrections  learner.correction = vtrace | is1 | epsilon | none, with the actors acting on
-                       weights --lag published versions old (actor.weight_delay): its Table 2
+                       weights --lag published versions old (actor.weight_delay): its Table 2;
+                       with --replay each correction also with experience replay (variant
+                       <correction>-replay: learner.replay_fraction = --replay-fraction, default
+                       0.5; the memory is learner.replay_memory_mb, settable with --set)
   --study actors       actor.num_actors = 1, 2, 4, ... up to this machine's cores (--actors to
                        choose): learner-consumed SPS against actors, plotted in sps_vs_actors.png
 
 Every variant x seed is a normal `run.py train` run (without a league) in
 OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
-per variant (means over seeds; per-seed rows in the JSON):
+per variant (means over seeds; per-seed rows in the JSON). Scores read `mean ± h`: h is the
+half-width of the 95% confidence interval of the mean over seeds (Student t, n - 1 degrees of
+freedom), "-" with one seed; compare.json has the mean, h (<score>_ci95) and the per-seed values:
   SPS             env frames per second the learner (A3C: parameter server) trained on, mean
   SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
   frames          env frames trained on by the end of the budget
@@ -88,6 +93,7 @@ episode_return (the learning seat's return: the score of single-agent envs such 
 
   run.py compare --config configs/tictactoe.yaml --minutes 10 --seeds 0 1 2
   run.py compare --config configs/cartpole.yaml --study corrections --lag 20 --minutes 5 --seeds 0 1 2
+  run.py compare --config configs/cartpole.yaml --study corrections --replay --lag 20 --minutes 1 --seeds 0 1 2 3 4
 """
 
 
@@ -182,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: all")
     p.add_argument("--lag", type=int, default=20, help="corrections study: actor.weight_delay, in published "
                    "versions (default 20)")
+    p.add_argument("--replay", action="store_true", help="corrections study: also run each correction with "
+                   "experience replay (variants <correction>-replay), as in the second half of IMPALA's Table 2")
+    p.add_argument("--replay-fraction", type=float, help="with --replay: learner.replay_fraction of the replay "
+                   "variants, the share of each batch drawn from replayed unrolls (default 0.5)")
     p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
                    "league_score, else episode_return)")
     p.add_argument("--out", help="output folder (default <run.dir>/compare-<study>-<date>-<time>); must not exist")
@@ -729,6 +739,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from analysis.compare import STUDIES, actor_counts, markdown_table, plan, run_study
     from config import MAX_ACTORS, MAX_WEIGHT_DELAY
+    from experiment import load_config
     from envs.registry import env_spec
     from evaluation.bots import make_bot
 
@@ -743,6 +754,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--lag must be in [0, {MAX_WEIGHT_DELAY}]")
     if not args.seeds or any(not 0 <= s < 2**31 for s in args.seeds):
         raise ConfigError("--seeds must be in [0, 2**31)")
+    if args.replay_fraction is not None and not args.replay:
+        raise ConfigError("--replay-fraction needs --replay")
+    replay_fraction = (0.5 if args.replay_fraction is None else args.replay_fraction) if args.replay else None
+    if replay_fraction is not None and not 0 < replay_fraction <= 1:
+        raise ConfigError("--replay-fraction must be in (0, 1]: 0 would be the variant without replay")
     out = Path(args.out) if args.out else Path(cfg.run.dir) / f"compare-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists():
         raise ConfigError(f"--out {out} exists; compare writes into a new folder")
@@ -759,11 +775,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if any(not 1 <= n <= MAX_ACTORS for n in actors):
         raise ConfigError(f"--actors must be in [1, {MAX_ACTORS}]")
     try:
-        variants = plan(args.study, args.lag, args.variants, sorted(set(actors)))
+        variants = plan(args.study, args.lag, args.variants, sorted(set(actors)), replay_fraction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    for name, overrides in variants.items():  # a variant this code base cannot train fails now, not after hours
+        try:
+            load_config(args.config, [*args.overrides, *overrides])
+        except ConfigError as e:
+            raise ConfigError(f"variant {name}: {e}") from None
     summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.frames, args.lag,
-                        args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games)
+                        args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games,
+                        replay_fraction)
     print(markdown_table(summary))
     print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and the plots; `run.py report {out}` shows them")
     return 0

@@ -4,9 +4,13 @@ same wall-clock budget and seeds; then a table (markdown + JSON) and learning-cu
 Studies (IMPALA paper: Table 1 throughput against A3C, Table 2 off-policy corrections):
   algos        IMPALA against A3C with the config's actor counts (learner.algo=impala | a3c)
   corrections  learner.correction = vtrace | is1 | epsilon | none, at a policy lag of `lag`
-               published versions (actor.weight_delay)
-Both studies train without a league (A3C has none, and the corrections are compared on equal terms).
-Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`.
+               published versions (actor.weight_delay); with `replay_fraction` each correction also
+               with experience replay (`<correction>-replay`, learner.replay_fraction), Table 2's
+               second half
+  actors       actor.num_actors = 1, 2, 4, ...
+The studies train without a league (A3C has none, and the corrections are compared on equal terms).
+Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`. Scores are
+reported as the mean over seeds with a 95% confidence interval (Student t), see `mean_and_interval`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ STUDIES = ("algos", "corrections", "actors")
 SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
 UNLIMITED_FRAMES = 10**15
 FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
+REPLAY_SUFFIX = "-replay"  # `vtrace-replay`: a run name, so no '+' (run.name allows letters, digits, . _ -)
+CONFIDENCE = 0.95
+# Per-seed scores: the summary holds their mean, its interval's half-width and the values themselves.
+SCORES = ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames", "final_eval_score")
 
 
 def actor_counts(cores: int) -> list[int]:
@@ -40,10 +48,16 @@ def actor_counts(cores: int) -> list[int]:
     return counts + ([cores] if counts[-1] != cores else [])
 
 
-def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] = (1, 2, 4)) -> dict[str, list[str]]:
+def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] = (1, 2, 4),
+         replay_fraction: float | None = None) -> dict[str, list[str]]:
     """Variant name -> config overrides (`section.key=value`) for `study`, limited to the variants in
     `only` (in the study's order) where given; `actors`: the actor counts of the actors study (variants
-    `actors<N>`). Raises ValueError for an unknown study or variant."""
+    `actors<N>`); `replay_fraction`: corrections study only, each correction is followed by
+    `<correction>-replay`, the same with `learner.replay_fraction=replay_fraction` (the share of each
+    batch drawn from replayed unrolls). Raises ValueError for an unknown study or variant, or a
+    replay fraction for another study."""
+    if replay_fraction is not None and study != "corrections":
+        raise ValueError(f"--replay belongs to the corrections study (IMPALA's Table 2), not to {study!r}")
     if study == "actors":
         variants = {f"actors{n}": ["learner.algo=impala", "league.enabled=false", f"actor.num_actors={n}"]
                     for n in actors}
@@ -51,8 +65,12 @@ def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] 
         variants = {"impala": ["learner.algo=impala", "league.enabled=false"],
                     "a3c": ["learner.algo=a3c", "league.enabled=false"]}
     elif study == "corrections":
-        variants = {c: ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
-                        f"actor.weight_delay={lag}"] for c in CORRECTIONS}
+        variants = {}
+        for c in CORRECTIONS:  # with replay right after without: the table shows them side by side
+            variants[c] = ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
+                           f"actor.weight_delay={lag}"]
+            if replay_fraction is not None:
+                variants[c + REPLAY_SUFFIX] = [*variants[c], f"learner.replay_fraction={replay_fraction}"]
     else:
         raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
     unknown = sorted(set(only or ()) - set(variants))
@@ -129,12 +147,29 @@ def _mean(values: list) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def mean_and_interval(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean over the seeds of the values present (None: that seed had no score) and the half-width of
+    its CONFIDENCE interval, Student t with n - 1 degrees of freedom: t(0.975, n - 1) * s / sqrt(n),
+    s the sample standard deviation. The half-width is None below two values (no spread to measure)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    mean = float(np.mean(present))
+    if len(present) < 2:
+        return mean, None
+    from scipy import stats  # here, not at the top: it takes a second to import, and only summaries need it
+
+    t = stats.t.ppf(0.5 + CONFIDENCE / 2, len(present) - 1)
+    return mean, float(t * np.std(present, ddof=1) / np.sqrt(len(present)))
+
+
 def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     """The comparison of `runs` (variant -> its runs, one per seed).
 
     Equal wall clock = the shortest run's last record (seconds from its start); equal frames = the
     fewest frames any run reached. Variant rows are means over seeds; `sps_ratio` divides each
-    variant's SPS by the first variant's.
+    variant's SPS by the first variant's. Each score of SCORES also has `<score>_ci95` (the half-width
+    of its 95% interval, see `mean_and_interval`) and `<score>_per_seed` (in the order of `seeds`).
     """
     every = [r for rs in runs.values() for r in rs]
     key = score_key([rec for r in every for rec in r.records], metric)
@@ -145,8 +180,12 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     for name, rs in runs.items():
         rows = [run_summary(r, key, equal_seconds, equal_frames) for r in rs]
         variants[name] = {field: _mean([row[field] for row in rows]) for field in
-                          ("sps", "frames", "wall_s", "policy_lag", "final_score", "score_at_equal_wall_clock",
-                           "score_at_equal_frames", "final_eval_score")}
+                          ("sps", "frames", "wall_s", "policy_lag")}
+        variants[name]["seeds"] = [row["seed"] for row in rows]
+        for field in SCORES:
+            per_seed = [row[field] for row in rows]
+            variants[name][field], variants[name][f"{field}_ci95"] = mean_and_interval(per_seed)
+            variants[name][f"{field}_per_seed"] = per_seed
         variants[name]["runs"] = rows
     first = next(iter(variants.values()), {}).get("sps")
     for v in variants.values():
@@ -154,27 +193,72 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants}
 
 
+# (key, title, format); format None: a score of SCORES, shown as `mean ± half-width` (see `cell`).
 COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"), ("frames", "frames", "{:,.0f}"),
-           ("policy_lag", "policy lag", "{:.1f}"), ("final_score", "final score", "{:.3f}"),
-           ("score_at_equal_wall_clock", "score at equal wall clock", "{:.3f}"),
-           ("score_at_equal_frames", "score at equal frames", "{:.3f}"),
-           ("final_eval_score", "final score vs bot", "{:.3f}")]
+           ("policy_lag", "policy lag", "{:.1f}"), ("final_score", "final score", None),
+           ("score_at_equal_wall_clock", "score at equal wall clock", None),
+           ("score_at_equal_frames", "score at equal frames", None),
+           ("final_eval_score", "final score vs bot", None)]
+INTERVAL_NOTE = (f"Scores are means over seeds ± the half-width of the {CONFIDENCE:.0%} confidence interval of "
+                 "the mean (Student t with n - 1 degrees of freedom, n = the seeds with a score); `± -`: one seed, "
+                 "no interval.")
+
+
+def score_text(mean: float, half: float | None) -> str:
+    """`mean ± half`, both with the decimals the larger of the two calls for (none from 100 up, one
+    from 10, else three: returns of 117 and win rates of 0.512 both read well); `mean ± -` without
+    an interval."""
+    size = max(abs(mean), half or 0.0)
+    digits = 0 if size >= 100 else 1 if size >= 10 else 3
+    return f"{mean:.{digits}f} ± " + ("-" if half is None else f"{half:.{digits}f}")
+
+
+def cell(variant: dict, key: str, fmt: str | None) -> str:
+    """The text of column `key` (format `fmt`, see COLUMNS) in a variant's row of a summary; '-' when
+    it has no value."""
+    value = variant.get(key)
+    if value is None:
+        return "-"
+    if fmt is not None:
+        return fmt.format(value)
+    if f"{key}_ci95" not in variant:  # a compare.json written before the intervals: the mean alone
+        return f"{value:.3f}"
+    return score_text(value, variant[f"{key}_ci95"])
 
 
 def markdown_table(summary: dict) -> str:
-    """The variants as a markdown table, with a line saying what the score and the equal points are."""
+    """The variants as a markdown table, with a line saying what the score, the interval and the equal
+    points are; with replay variants also the final scores in Table 2's layout (see `replay_table`)."""
     head = "| variant | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
     for name, v in summary["variants"].items():
-        cells = ["-" if v[k] is None else fmt.format(v[k]) for k, _, fmt in COLUMNS]
+        cells = [cell(v, k, fmt) for k, _, fmt in COLUMNS]
         lines.append(f"| {name} | {len(v['runs'])} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Score: `{summary['metric'] or 'none recorded'}` from metrics.jsonl, mean of the last {SMOOTH} "
                  f"records up to the point; equal wall clock = {summary['equal_wall_clock_s']:.0f} s, equal frames "
-                 f"= {summary['equal_frames']:,}. Means over seeds."
+                 f"= {summary['equal_frames']:,}. {INTERVAL_NOTE}"
                  + (f" Final score vs bot: the last checkpoint, greedy, against {summary['eval_opponent']}, wins "
                     "+ draws / 2 in both seats." if summary.get("eval_opponent") else ""))
-    return "\n".join(lines) + "\n"
+    pairs = replay_table(summary)
+    return "\n".join(lines + ([""] + pairs if pairs else [])) + "\n"
+
+
+def replay_table(summary: dict) -> list[str]:
+    """The final score of each correction without and with replay, one row per correction (the layout
+    of the paper's Table 2), as markdown lines; none when the summary has no `<variant>-replay`."""
+    rows = [(name, v, summary["variants"].get(name + REPLAY_SUFFIX)) for name, v in summary["variants"].items()
+            if not name.endswith(REPLAY_SUFFIX)]
+    if not any(replayed for _, _, replayed in rows):
+        return []
+    fraction = summary.get("replay_fraction")
+    lines = [f"| correction | final score, no replay | final score, with replay"
+             + (f" ({fraction:.0%} of each batch replayed)" if fraction is not None else "") + " |",
+             "|---|---|---|"]
+    for name, v, replayed in rows:
+        lines.append(f"| {name} | {cell(v, 'final_score', None)} | "
+                     f"{'-' if replayed is None else cell(replayed, 'final_score', None)} |")
+    return lines
 
 
 def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[Path]:
@@ -245,15 +329,16 @@ def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", m
     scaling = plot_sps_against_actors(summary, out) if summary.get("actors") else None
     summary["plots"] = [p.name for p in [*([scaling] if scaling else []), *plot_curves(runs, summary["metric"], out)]]
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "compare.md").write_text(markdown_table(summary))
+    (out / "compare.md").write_text(markdown_table(summary), encoding="utf-8")  # the ± of the scores
     return summary
 
 
 def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
               minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
-              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100) -> dict:
-    """Train every variant of `study` (name -> overrides, see `plan`) x seed one after another (each
-    `minutes` of wall clock, or `frames`), then
+              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100,
+              replay_fraction: float | None = None) -> dict:
+    """Train every variant of `study` (name -> overrides, see `plan`; `replay_fraction` as given to it,
+    for the table) x seed one after another (each `minutes` of wall clock, or `frames`), then
     evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per
     seat; 0 = no evaluation) and write the outputs. A run that fails is reported and left out; all
     failing is a RuntimeError."""
@@ -279,6 +364,7 @@ def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path
         raise RuntimeError(f"every run of the study failed; see the logs in {out}")
     return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
                                               "minutes": minutes, "lag": lag if study == "corrections" else None,
+                                              "replay_fraction": replay_fraction,
                                               "eval_opponent": eval_opponent if eval_games else None,
                                               **({"actors": {name: int(name.removeprefix("actors")) for name in runs}}
                                                  if study == "actors" else {})})

@@ -337,16 +337,17 @@ def log_report(run_dir: str | Path, tracker) -> None:
 def compare_section(folder: Path, k: int) -> str:
     """The table of compare.json as HTML and its curve PNGs, embedded."""
     summary = json.loads((folder / "compare.json").read_text())
-    from analysis.compare import COLUMNS
+    from analysis.compare import COLUMNS, INTERVAL_NOTE, cell
 
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
     rows = []
     for name, v in summary["variants"].items():
-        cells = "".join(f"<td>{'-' if v.get(key) is None else fmt.format(v[key])}</td>" for key, _, fmt in COLUMNS)
+        cells = "".join(f"<td>{html.escape(cell(v, key, fmt))}</td>" for key, _, fmt in COLUMNS)
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(v['runs'])}</td>{cells}</tr>")
     table = (f"<p>study {html.escape(str(summary.get('study')))}, score <code>{html.escape(str(summary['metric']))}"
              f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal frames "
-             f"{summary['equal_frames']:,}</p><table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
+             f"{summary['equal_frames']:,}. {html.escape(INTERVAL_NOTE)}</p>"
+             f"<table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
     images = [f'<img alt="plot" src="data:image/png;base64,{base64.b64encode((folder / p).read_bytes()).decode()}">'
               for p in summary.get("plots", []) if (folder / p).is_file()]
     return _section(f"compare{k}", f"comparison: {folder.name}", [table, *images])

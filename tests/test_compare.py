@@ -1,5 +1,6 @@
-"""run.py compare: the plans of both studies, the table against hand-computed values on written
-metrics, and a seconds-long real IMPALA-vs-A3C comparison on tictactoe."""
+"""run.py compare: the plans of the studies (corrections with and without replay), the table and its
+confidence intervals against hand-computed values on written metrics, and a seconds-long real
+IMPALA-vs-A3C comparison on tictactoe."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import pytest
 import torch
 
 from agents.network import ActorCritic
-from analysis.compare import actor_counts, plan, summarize, write_outputs
+from analysis.compare import actor_counts, cell, mean_and_interval, plan, score_text, summarize, write_outputs
 from analysis.report import compare_section
 from analysis.runs import load_run
 from config import load_config, to_yaml
 from agents.checkpoint import model_state, read_checkpoint
 from envs.registry import env_spec
+import run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,6 +50,96 @@ def test_plans_of_both_studies():
     assert list(plan("corrections", 30, ["none", "vtrace"])) == ["vtrace", "none"]  # the study's order
     with pytest.raises(ValueError, match="--variants retrace: the corrections study has vtrace, is1"):
         plan("corrections", 30, ["retrace"])
+
+
+def test_the_corrections_study_with_replay_pairs_each_correction_with_its_replay_variant():
+    variants = plan("corrections", 20, replay_fraction=0.5)
+    assert list(variants) == ["vtrace", "vtrace-replay", "is1", "is1-replay", "epsilon", "epsilon-replay",
+                              "none", "none-replay"]
+    base = ["learner.algo=impala", "league.enabled=false", "learner.correction=epsilon", "actor.weight_delay=20"]
+    assert variants["epsilon"] == base
+    assert variants["epsilon-replay"] == [*base, "learner.replay_fraction=0.5"]
+    assert not any("replay" in o for name in ("vtrace", "is1", "epsilon", "none") for o in variants[name])
+    # --variants takes the new names, in the study's order, with the fraction given.
+    assert plan("corrections", 20, ["is1-replay", "vtrace"], replay_fraction=0.25) == {
+        "vtrace": ["learner.algo=impala", "league.enabled=false", "learner.correction=vtrace", "actor.weight_delay=20"],
+        "is1-replay": ["learner.algo=impala", "league.enabled=false", "learner.correction=is1", "actor.weight_delay=20",
+                       "learner.replay_fraction=0.25"]}
+    with pytest.raises(ValueError, match="--variants vtrace-replay: the corrections study has vtrace, is1"):
+        plan("corrections", 20, ["vtrace-replay"])  # no replay variants without --replay
+    for study in ("algos", "actors"):
+        with pytest.raises(ValueError, match=f"--replay belongs to the corrections study .*not to '{study}'"):
+            plan(study, 20, replay_fraction=0.5)
+
+
+def test_replay_with_another_study_is_an_error_before_anything_runs(tmp_path, capsys):
+    common = ["compare", "--config", str(REPO / "configs/tictactoe.yaml"), "--out", str(tmp_path / "cmp")]
+    assert run.main([*common, "--study", "algos", "--replay"]) == 2
+    assert "--replay belongs to the corrections study (IMPALA's Table 2), not to 'algos'" in capsys.readouterr().err
+    assert run.main([*common, "--study", "corrections", "--replay-fraction", "0.5"]) == 2
+    assert "--replay-fraction needs --replay" in capsys.readouterr().err
+    assert run.main([*common, "--study", "corrections", "--replay", "--replay-fraction", "0"]) == 2
+    assert "--replay-fraction must be in (0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_confidence_interval_matches_a_hand_computation():
+    # Scores 1, 2, 3: mean 2, s = 1, half-width t(0.975, 2) * s / sqrt(3) = 4.303 * 1 / 1.732 = 2.484
+    # (4.303: Student's t table, 2 degrees of freedom).
+    mean, half = mean_and_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 / 3**0.5, abs=1e-3) and half == pytest.approx(2.484, abs=1e-3)
+    assert mean_and_interval([1.0, None, 2.0, 3.0]) == (mean, half)  # a seed without a score is left out
+    # Scores 10, 14: mean 12, s = sqrt(8), t(0.975, 1) = 12.706: 12.706 * 2.828 / 1.414 = 25.41.
+    assert mean_and_interval([10.0, 14.0])[1] == pytest.approx(25.41, abs=1e-2)
+    assert mean_and_interval([5.0]) == (5.0, None)  # one seed: no interval
+    assert mean_and_interval([None]) == (None, None) and mean_and_interval([]) == (None, None)
+
+
+def test_score_cells_show_the_mean_and_the_interval():
+    assert score_text(117.2, 41.6) == "117 ± 42"
+    assert score_text(32.44, 5.06) == "32.4 ± 5.1"
+    assert score_text(0.5123, 0.0468) == "0.512 ± 0.047"
+    assert score_text(9.5, 12.0) == "9.5 ± 12.0"  # the larger of the two sets the decimals
+    assert score_text(0.5123, None) == "0.512 ± -"
+    assert cell({"final_score": None, "final_score_ci95": None}, "final_score", None) == "-"
+    assert cell({"final_score": 0.25}, "final_score", None) == "0.250"  # a compare.json from before the intervals
+    assert cell({"sps": 1234.4}, "sps", "{:.0f}") == "1234"
+
+
+def test_table_with_intervals_and_replay_pairs(tmp_path):
+    # vtrace: 3 seeds, each with a constant return of 1, 2, 3; vtrace-replay: 1 seed, return 7;
+    # is1: 2 seeds, returns 10 and 14 (no replay variant).
+    def runs(name, returns):
+        return [_fake_run(tmp_path, f"{name}-seed{seed}", 1000.0, [(t, 100 * t, 10, r) for t in (10, 20, 30)], seed)
+                for seed, r in enumerate(returns)]
+
+    study = {"vtrace": runs("vtrace", [1, 2, 3]), "vtrace-replay": runs("vtrace-replay", [7]),
+             "is1": runs("is1", [10, 14])}
+    summary = summarize(study)
+    v, r = summary["variants"]["vtrace"], summary["variants"]["vtrace-replay"]
+    assert v["seeds"] == [0, 1, 2] and v["final_score_per_seed"] == [1, 2, 3]
+    for score in ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames"):
+        assert v[score] == 2 and v[f"{score}_ci95"] == pytest.approx(2.484, abs=1e-3)
+        assert r[score] == 7 and r[f"{score}_ci95"] is None and r[f"{score}_per_seed"] == [7]
+    assert v["final_eval_score"] is None and v["final_eval_score_ci95"] is None  # no final_eval.json
+
+    write_outputs(study, tmp_path, meta={"study": "corrections", "replay_fraction": 0.5})
+    table = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    rows = [line for line in table.splitlines() if line.startswith("| vtrace") or line.startswith("| is1")]
+    assert rows[0].endswith("| 2.000 ± 2.484 | 2.000 ± 2.484 | 2.000 ± 2.484 | - |")
+    assert rows[0].startswith("| vtrace | 3 |") and rows[1].startswith("| vtrace-replay | 1 |")
+    assert rows[1].endswith("| 7.000 ± - | 7.000 ± - | 7.000 ± - | - |")
+    assert rows[2].startswith("| is1 | 2 |") and "| 12.0 ± 25.4 |" in rows[2]
+    assert "95% confidence interval of the mean (Student t with n - 1 degrees of freedom" in table
+    # Table 2's layout: one row per correction, without and with replay side by side.
+    assert "| correction | final score, no replay | final score, with replay (50% of each batch replayed) |" in table
+    assert "| vtrace | 2.000 ± 2.484 | 7.000 ± - |" in table and "| is1 | 12.0 ± 25.4 | - |" in table
+    saved = json.loads((tmp_path / "compare.json").read_text())["variants"]["vtrace"]
+    assert saved["final_score"] == 2 and saved["final_score_ci95"] == pytest.approx(2.484, abs=1e-3)
+    assert saved["final_score_per_seed"] == [1, 2, 3]
+    assert "<td>2.000 ± 2.484</td>" in compare_section(tmp_path, 0)
+    write_outputs({"vtrace": study["vtrace"]}, tmp_path)  # without replay variants: no second table
+    assert "no replay" not in (tmp_path / "compare.md").read_text(encoding="utf-8")
 
 
 def test_table_values_match_a_hand_computation(tmp_path):
