@@ -139,6 +139,12 @@ class LearnerConfig:
     num_learners: int = _f(1, "K: learner processes that train the main agent as one (data parallel, "
                            "torch.distributed): each reads its own B unrolls, gradients are averaged, so an "
                            "update trains on K * B unrolls")
+    replay_fraction: float = _f(0.0, "experience replay (IMPALA Table 2 'with replay'): share f of each batch of B "
+                                "unrolls drawn uniformly from this learner's replay of recently trained unrolls, "
+                                "k = round(f * B) of them (at most B - 1), corrected by V-trace with their own "
+                                "behaviour policy; 0 = none. In [0, 1); impala only")
+    replay_memory_mb: float = _f(256.0, "memory of the replay (MB of unroll arrays, 1 MB = 2**20 bytes); the "
+                                 "oldest unrolls are evicted first")
 
 
 @dataclass
@@ -376,6 +382,12 @@ def learners_in_flight(learner: LearnerConfig) -> int:
     return ((learner.num_learners - 1) * (learner.prefetch_batches + 1) + 1) * learner.batch_size
 
 
+def replayed_per_batch(learner: LearnerConfig) -> int:
+    """k: unrolls of each batch of B drawn from the replay, round(replay_fraction * B), at most B - 1 so
+    that every update trains on at least one fresh unroll."""
+    return min(learner.batch_size - 1, round(learner.replay_fraction * learner.batch_size))
+
+
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError.
 
@@ -448,6 +460,18 @@ def validate(cfg: Config) -> None:
          "that many unrolls unacked while the last one waits for its batch"),
         (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
          "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
+        (0.0 <= cfg.learner.replay_fraction < 1.0,
+         f"learner.replay_fraction={cfg.learner.replay_fraction} must be in [0, 1) (the share of each batch drawn "
+         "from the replay; every update trains on at least one fresh unroll)"),
+        (cfg.learner.replay_fraction == 0 or cfg.learner.algo == "impala",
+         "learner.replay_fraction > 0 needs learner.algo=impala (A3C's workers push gradients, not unrolls: "
+         "there is nothing to replay)"),
+        (not 0.0 < cfg.learner.replay_fraction < 1.0 or replayed_per_batch(cfg.learner) >= 1,
+         f"learner.replay_fraction={cfg.learner.replay_fraction} replays no unroll of a batch of "
+         f"learner.batch_size={cfg.learner.batch_size} (k = round(f * B), at most B - 1, is 0): raise "
+         "learner.replay_fraction or learner.batch_size, or set learner.replay_fraction=0"),
+        (0.0 < cfg.learner.replay_memory_mb < math.inf,
+         f"learner.replay_memory_mb={cfg.learner.replay_memory_mb} must be > 0 and finite"),
         (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.learner.device) is not None,
          "learner.device must be auto, cpu, mps, cuda or cuda:N"),
         (cfg.run.log_every_s > 0, "run.log_every_s must be > 0"),

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -26,7 +27,7 @@ import torch
 from agents.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
                                save_checkpoint)
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
-from config import Config, ConfigError, LearnerConfig, to_yaml, without_secrets
+from config import Config, ConfigError, LearnerConfig, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
@@ -34,6 +35,7 @@ from distributed.data_parallel import (DataParallelError, Group, average_gradien
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
+from distributed.replay import ReplayBuffer, max_unroll_nbytes
 from distributed.shards import ShardedTrajectories
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    connect, redis_outages, run_done_key)
@@ -143,6 +145,19 @@ def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], concatenated
     if isinstance(obs, dict):
         return {k: final(f"final_obs.{k}", v) for k, v in obs.items()}
     return final("final_obs", obs)
+
+
+class Prepared(NamedTuple):
+    """What `Learner.train_on` takes: F fresh unrolls from the stream and R from the replay, stacked.
+
+    batch: [.., F + R, ..], the F fresh unrolls first. fresh: the F fresh payloads (decoded arrays), for
+    the replay once the update has trained on them; [] without replay. replayed_versions: the
+    `policy_version` of each of the R replayed unrolls (R = 0 without replay).
+    """
+
+    batch: Batch
+    fresh: list[dict[str, np.ndarray]]
+    replayed_versions: list[int]
 
 
 Head = DiscreteHead | FunctionCallHead
@@ -424,13 +439,28 @@ class Learner:
         self.in_flight_lock = threading.Lock()
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
-        self.batch_size = cfg.learner.batch_size  # stream entries per update
+        # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
+        self.replayed = replayed_per_batch(cfg.learner)
+        self.replay = self.make_replay(rank) if self.replayed else None
+        self.batch_size = cfg.learner.batch_size - self.replayed  # stream entries per update
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
         # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
         self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
         # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
         self.report: Callable[[Path, Tracker], None] | None = None
+
+    def make_replay(self, rank: int) -> ReplayBuffer:
+        """This learner's replay, seeded by run.seed, its rank and its player (crc32: Python's str hash
+        differs between processes). Raises ConfigError when learner.replay_memory_mb cannot hold the k
+        unrolls a batch replays."""
+        capacity = int(self.cfg.learner.replay_memory_mb * 2**20)
+        largest = max_unroll_nbytes(self.unroll_spec)
+        if capacity < self.replayed * largest:
+            raise ConfigError(f"learner.replay_memory_mb={self.cfg.learner.replay_memory_mb} holds fewer than the "
+                              f"{self.replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
+                              f"{self.spec.name} with T={self.cfg.actor.unroll_length}): raise it")
+        return ReplayBuffer(capacity, seed=(self.cfg.run.seed, rank, zlib.crc32(self.player.encode())))
 
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
@@ -491,6 +521,8 @@ class Learner:
         torch.manual_seed(self.cfg.run.seed + 7919 * count)
         self.model = make_model(self.spec, self.cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
+        if self.replay is not None:  # the new weights learn from their own games, not the old ones'
+            self.replay.clear()
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
 
@@ -548,9 +580,12 @@ class Learner:
         return decode_unrolls(entries, self.unroll_spec)
 
     def prepare(self, unrolls: list) -> object:
-        """What `train_on` takes, made from B decoded payloads in the ingest thread: the stacked batch,
-        in pinned memory when the update runs on a GPU."""
-        return Batch.stack(unrolls, torch.device("cpu"), pin=self.device.type == "cuda")
+        """What `train_on` takes, made in the ingest thread from the B - k decoded payloads read: a
+        `Prepared` batch of them and k unrolls sampled from the replay (fewer while it holds fewer), in
+        pinned memory when the update runs on a GPU."""
+        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
+        batch = Batch.stack(unrolls + [r.unroll for r in replayed], torch.device("cpu"), pin=self.device.type == "cuda")
+        return Prepared(batch, unrolls if self.replay is not None else [], [r.policy_version for r in replayed])
 
     def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
         """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
@@ -679,12 +714,22 @@ class Learner:
             group["lr"] = lr
         stats = self.train_on(batch)
         self.acknowledge(ids, headers)
-        window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats)
+        replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
+        window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats, replay_lags)
         now = time.monotonic()
         if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
             return window
         self.log_metrics(window, now)
         return MetricsWindow(now)
+
+    def remember(self, prepared: Prepared, headers: list[dict], stats: dict[str, float]) -> list[int]:
+        """Add the fresh unrolls of the update just made to the replay; returns the policy lag of each
+        unroll it replayed. A batch whose update was skipped (non-finite loss) is not kept: replaying its
+        extreme values would skip later updates too."""
+        if not stats["skipped_update"]:
+            for unroll, header in zip(prepared.fresh, headers):
+                self.replay.add(unroll, header["policy_version"])
+        return [self.step - 1 - version for version in prepared.replayed_versions]
 
     def count_rolled_back(self) -> None:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
@@ -698,10 +743,12 @@ class Learner:
                         "the resumed model does not have (the previous learner died before checkpointing them)",
                         self.rolled_back, self.restored_trained, self.unrolls_trained)
 
-    def train_on(self, batch: Batch) -> dict[str, float]:
+    def train_on(self, prepared: Prepared) -> dict[str, float]:
         """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
-        With K learners the gradient is that of all K batches, and frames count K x B x T."""
-        batch, unrolls = batch.to(self.device), batch.action.shape[1]
+        With K learners the gradient is that of all K batches. Frames count the env steps consumed,
+        K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
+        batch = prepared.batch.to(self.device)
+        unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
         if self.mirror:
             batch = batch.with_mirror(self.spec)
         stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
@@ -768,6 +815,9 @@ class Learner:
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
         })
+        if self.replay is not None:
+            record.update(window.replay_summary(), replay_unrolls=len(self.replay),
+                          replay_mb=self.replay.nbytes / 2**20)
         if getattr(self.trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
             record["queue_depth_shards"] = list(self.trajectories.backlogs)
             record["shard_servers_down"] = self.trajectories.servers_down()
@@ -807,13 +857,25 @@ class MetricsWindow:
 
     start: float
     frames: int = 0
-    lags: list = field(default_factory=list)
+    lags: list = field(default_factory=list)  # policy lag of each fresh unroll
     stats: list = field(default_factory=list)
+    replay_lags: list = field(default_factory=list)  # policy lag of each replayed unroll, when it was trained on
 
-    def add(self, frames: int, lags: list[int], stats: dict[str, float]) -> None:
+    def add(self, frames: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
         self.frames += frames
         self.lags += lags
         self.stats.append(stats)
+        self.replay_lags += replay_lags
+
+    def replay_summary(self) -> dict[str, float]:
+        """Experience replay: `replayed_fraction`, the share of the unrolls trained on that were
+        replayed, and `replay_policy_lag`, their mean policy lag (learner step - policy_version) when
+        trained on, left out of a window that replayed none."""
+        trained = len(self.lags) + len(self.replay_lags)
+        record = {"replayed_fraction": len(self.replay_lags) / max(trained, 1)}
+        if self.replay_lags:
+            record["replay_policy_lag"] = float(np.mean(self.replay_lags))
+        return record
 
     def summary(self, now: float) -> dict[str, float]:
         """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag

@@ -61,13 +61,13 @@ def test_a_copy_of_a_prefetched_unroll_is_skipped_before_its_batch_is_acked(tmp_
         redis_client.xadd(key, {"data": data})
     learner = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
     learner.trajectories.ensure_group()
-    ids1, headers1, batch1 = learner.ingest()
+    ids1, headers1, _ = learner.ingest()
     learner.pending_cursor = "0"  # as after a sweep: page through our own pending entries again
-    ids2, headers2, batch2 = learner.ingest()
+    ids2, headers2, prepared2 = learner.ingest()
     assert not set(ids1) & set(ids2)
     assert [h["unroll_id"] for h in headers1 + headers2] == [
         header["unroll_id"] for header, _ in learner.decode([u1, u2, u3, u4])]
-    np.testing.assert_array_equal(batch2.reward[0].numpy(), [0.5, 0.25])
+    np.testing.assert_array_equal(prepared2.batch.reward[0].numpy(), [0.5, 0.25])
     stream = TrajectoryStream(redis_client, run_name)
     assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 1, "backlog": 4}
     learner.acknowledge(ids1, headers1)
