@@ -166,7 +166,9 @@ class LeagueConfig:
     pfsp_p: float = _f(2.0, "the exponent p of the hard weighting")
     pfsp_seat: str = _f("pooled", "the win rate PFSP weighs by: pooled (over both seats) or weaker (the learner's "
                         "lower per-seat win rate, for games with a first-move advantage)")
-    bots: List[str] = _f_list(["random", "tactical"], "baseline bots that are league members (random, tactical, minimax:D)")
+    bots: List[str] = _f_list(["random", "tactical"], "baseline bots that are league members: random, tactical (wins, else "
+                                "blocks, else random), minimax:D (D-ply negamax; leaves count open twos and threes "
+                                "and, in connect four, pieces in the centre column)")
     main_exploiters: int = _f(0, "main exploiter learners: train against the main agent, reset when they beat it")
     league_exploiters: int = _f(0, "league exploiter learners: PFSP against the whole league")
     exploiter_actors: int = _f(1, "actor processes per exploiter learner")

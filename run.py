@@ -35,6 +35,7 @@ log = logging.getLogger("run")
 
 MAX_EVAL_GAMES = 10_000  # games per seat; evaluation steps all of them at once
 MAX_WORKERS = 64
+MAX_EVAL_HISTORY = 50  # earlier policies played after training; each 1-2 s in connect four at 50 games per seat
 
 EVALUATE_HELP = """Play trained policies and baseline bots against each other.
 
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "<run.dir>/<run.name> of --config")
     p.add_argument("--eval-games", type=int, default=100,
                    help="games per seat against each baseline bot after training (0 = skip)")
+    p.add_argument("--eval-history", type=int, default=6, metavar="N",
+                   help="board games: also play up to N earlier policies of the run (a league's main snapshots, "
+                   "else checkpoints/history/) after training, to see how it learned (default 6; 0 = none)")
+    p.add_argument("--eval-history-games", type=int, default=50, metavar="G",
+                   help="games per seat and bot of each earlier policy (default 50)")
     p = sub.add_parser("learner", help="run the learner against a Redis")
     _config_args(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
@@ -393,6 +399,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     _require_game(cfg)
     if args.eval_games > MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
+    if not 0 <= args.eval_history <= MAX_EVAL_HISTORY:
+        raise ConfigError(f"--eval-history must be in [0, {MAX_EVAL_HISTORY}]")
+    if not 1 <= args.eval_history_games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-history-games must be in [1, {MAX_EVAL_GAMES}]")
     url = _redis_url(args, cfg)
     client = connect(url) if url else None  # fail fast with a clear message
     from distributed.learner import pick_device
@@ -424,7 +434,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
                      "checkpoint: %s", checkpoint)
         else:
-            _final_evaluation(cfg, checkpoint, args.eval_games, run_dir)
+            _final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
     return code
 
 
@@ -455,9 +465,11 @@ def _train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None
             return supervise(cfg, config_path, run_dir, server.url, resume, view)
 
 
-def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path) -> None:
+def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, history: int = 0,
+                      history_games: int = 50) -> None:
     """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone),
-    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`)."""
+    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`). Board games
+    with `history` > 0: also up to `history` earlier policies, `history_games` per seat (`_over_training`)."""
     from agents.policy import load_policy
     from evaluation.evaluate import episode_returns, evaluate
 
@@ -477,12 +489,57 @@ def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path) 
     for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
         result = evaluate(policy, opponent, games)
         record["opponents"][opponent] = result["seats"]
-        rates = ", ".join(f"{seat} {r['win_rate']:.0%} won / {r['draw_rate']:.0%} drawn"
-                          for seat, r in result["seats"].items())
-        log.info("greedy policy vs %s over %d games per seat: %s", opponent, games, rates)
+        log.info("greedy policy vs %s over %d games per seat:", opponent, games)
+        for seat, r in result["seats"].items():
+            log.info("  %s", _seat_line(seat, r))
     log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
+    if board and history > 0:
+        record["over_training"] = _over_training(cfg, run_dir, record, ("tactical", strongest[policy.spec.name]),
+                                                 history, history_games)
     record_final_evaluation(cfg, run_dir, record)
+
+
+def _over_training(cfg: Config, run_dir: Path, record: dict, opponents: tuple[str, ...], count: int,
+                   games: int) -> list[dict]:
+    """Up to `count` earlier policies of the run (a league's snapshots of the main agent, else the copies in
+    checkpoints/history/) against `opponents`, `games` per seat (evaluation/over_training.py), then the
+    final checkpoint's results from `record`: the list kept as `over_training` in evaluation.json."""
+    import time
+
+    from distributed.history import history_files
+    from evaluation.over_training import earlier_policies, evaluate_over_training
+    from league.players import MAIN, checkpoint_dir
+
+    if cfg.league.enabled:
+        candidates = sorted((run_dir / "league" / "snapshots").glob(f"{MAIN}-*.safetensors"))
+    else:
+        candidates = history_files(checkpoint_dir(run_dir, MAIN))
+    start = time.monotonic()
+    entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games)
+    final = {"checkpoint": record["checkpoint"], "step": record["step"], "frames": record["frames"],
+             "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
+    if entries:
+        log.info("over training: %d earlier policies, %d games per seat and bot, in %.1f s (first / second seat):",
+                 len(entries), games, time.monotonic() - start)
+    else:
+        log.info("over training: no earlier policy of this run to play (%s)", "no snapshot of the main agent"
+                 if cfg.league.enabled else "no copy in checkpoints/history/")
+    for entry in entries + [final]:
+        for opponent, seats in entry["opponents"].items():
+            log.info("  update %s%s, %s frames, vs %s: %s", entry["step"], " (final)" if entry is final else "",
+                     f"{entry['frames'] or 0:,}", opponent, _seats_summary(seats))
+    return entries + [final]
+
+
+def _seats_summary(seats: dict) -> str:
+    """'won 90% / 80%, took 70% / 65% of immediate wins, made 50% / 55% of forced blocks' over the seats
+    of one match (`MatchResult.as_dict()` per seat; '-' where a seat had no chance)."""
+    def rates(key: str) -> str:
+        return " / ".join("-" if r["tactics"][key] is None else f"{r['tactics'][key]:.0%}" for r in seats.values())
+
+    won = " / ".join(f"{r['win_rate']:.0%}" for r in seats.values())
+    return f"won {won}, took {rates('wins_taken_rate')} of immediate wins, made {rates('blocks_made_rate')} of forced blocks"
 
 
 def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
@@ -674,17 +731,28 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json != "-":
         print(f"{result['env']}: checkpoint vs {opponent}, {args.games} games per seat")
         for seat, r in result["seats"].items():
-            print(f"  as {seat}: won {r['win_rate']:.1%}  drew {r['draw_rate']:.1%}  lost {r['loss_rate']:.1%}"
-                  + _tactics_line(r["tactics"]))
+            print(f"  {_seat_line(seat, r)}")
     return 0
 
 
+def _seat_line(seat: str, result: dict) -> str:
+    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%' and the seat's tactics (`_tactics_line`), for one
+    seat's `MatchResult.as_dict()`."""
+    return (f"as {seat}: won {result['win_rate']:.1%}  drew {result['draw_rate']:.1%}  lost {result['loss_rate']:.1%}"
+            + _tactics_line(result["tactics"]))
+
+
 def _tactics_line(tactics: dict | None) -> str:
-    """'; took 30/40 immediate wins, made 9/12 forced blocks' (evaluation/tactics.py); '' for games without a board model."""
+    """'; took 30/40 immediate wins (75%), made 9/12 forced blocks (75%)' (evaluation/tactics.py; no rate
+    where there was no chance); '' for games without a board model."""
     if tactics is None:
         return ""
-    return (f"; took {tactics['wins_taken']}/{tactics['win_chances']} immediate wins, "
-            f"made {tactics['blocks_made']}/{tactics['block_chances']} forced blocks")
+
+    def part(done: int, chances: int, what: str) -> str:
+        return f"{done}/{chances} {what}" + (f" ({done / chances:.0%})" if chances else "")
+
+    return (f"; took {part(tactics['wins_taken'], tactics['win_chances'], 'immediate wins')}, "
+            f"made {part(tactics['blocks_made'], tactics['block_chances'], 'forced blocks')}")
 
 
 def _tournament(args: argparse.Namespace) -> int:

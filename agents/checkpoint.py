@@ -112,6 +112,31 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, metadata
 
 
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's `meta` JSON from its header alone: cheap, for listing many checkpoints; the tensors
+    are neither read nor verified (`read_checkpoint` does that). Raises CheckpointError naming the file."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["meta"])
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path} has no readable checkpoint meta: {e}") from None
+    return meta if isinstance(meta, dict) else {}
+
+
+def save_model_only(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write the network of a checkpoint read by `read_checkpoint` (`tensors`, `metadata`) to `path`
+    atomically, as a checkpoint without optimizer state (a third of the size under RMSProp) that
+    `load_policy` reads: the same config and meta, the digest of the network's tensors."""
+    model = {k: v for k, v in tensors.items() if k.startswith("model.")}
+    header = {"config": metadata["config"], "meta": metadata["meta"], "optim_groups": "[]",
+              DIGEST_KEY: tensors_digest(model)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(model, str(tmp), metadata=header)
+    durable_replace(tmp, path)
+
+
 def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The network's state dict from a checkpoint's tensors (names without the `model.` prefix)."""
     return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}

@@ -2,8 +2,8 @@
 
 Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is one file that
 opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
-the policy-lag histogram, V-trace diagnostics, and where a league ran its Elo ratings over time and
-payoff heatmap. Per compare output (a folder with compare.json): its table and curves.
+the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and
+payoff heatmap, and the final evaluation with, in board games, how earlier policies played the bots. Per compare output (a folder with compare.json): its table and curves.
 """
 
 from __future__ import annotations
@@ -281,13 +281,15 @@ def run_sections(run: Run, k: int) -> list[str]:
         body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
         out.append(_section(f"run{k}-{name}", f"{run.name}: {TITLES[name]}", body))
     if run.evaluation is not None:
-        out.append(_section(f"run{k}-evaluation", f"{run.name}: final evaluation", [evaluation_table(run.evaluation)]))
+        out.append(_section(f"run{k}-evaluation", f"{run.name}: final evaluation",
+                            [evaluation_table(run.evaluation), _png(over_training_figure(run.evaluation))]))
     return out
 
 
 def evaluation_table(record: dict) -> str:
     """evaluation.json as HTML: the checkpoint's step, frames and the games' seed, then per opponent and
-    seat the win/draw/loss rates (one-agent envs: the episodes' returns)."""
+    seat the win/draw/loss rates and, in board games, the immediate wins taken and forced blocks made
+    (one-agent envs: the episodes' returns)."""
     head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
             f"{record.get('frames') or 0:,} frames; greedy, seed {record.get('seed')}, {record.get('games')} "
             f"{'episodes' if 'episodes' in record else 'games per seat'}</p>")
@@ -297,10 +299,63 @@ def evaluation_table(record: dict) -> str:
                        f"<td>{e['mean_return']:.1f}</td><td>{e['std_return']:.1f}</td><td>{e['min_return']:.1f}</td>"
                        f"<td>{e['max_return']:.1f}</td></tr></table>")
     rows = "".join(f"<tr><td>{html.escape(opponent)}</td><td>{html.escape(seat)}</td><td>{r['win_rate']:.1%}</td>"
-                   f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td></tr>"
+                   f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td>"
+                   f"<td>{_chances(r.get('tactics'), 'wins_taken', 'win_chances')}</td>"
+                   f"<td>{_chances(r.get('tactics'), 'blocks_made', 'block_chances')}</td></tr>"
                    for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
-    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th></tr>"
-                   f"{rows}</table>")
+    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th>"
+                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>")
+
+
+def _chances(tactics: dict | None, done: str, chances: str) -> str:
+    """'30/40 (75%)' of one seat's tactics counts (evaluation/tactics.py); '-' without them."""
+    if not tactics:
+        return "-"
+    n, k = tactics[done], tactics[chances]
+    return f"{n}/{k}" + (f" ({n / k:.0%})" if k else "")
+
+
+OVER_TRAINING_RATES = (("win_rate", "win rate"), ("wins_taken_rate", "immediate wins taken"),
+                       ("blocks_made_rate", "forced blocks made"))
+
+
+def _seat_rate(result: dict, key: str) -> float | None:
+    """`win_rate` or a tactics rate of one seat's `MatchResult.as_dict()`; None where it has none."""
+    return result.get(key) if key == "win_rate" else (result.get("tactics") or {}).get(key)
+
+
+def over_training_figure(record: dict | None) -> Figure | None:
+    """evaluation.json's `over_training` (earlier policies of the run, then the final one, against the
+    bots): one row per opponent, one column per rate (win rate, immediate wins taken, forced blocks
+    made), against env frames, one line per seat. None where the record has no such entries."""
+    entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
+                     key=lambda e: e["frames"])
+    if not entries:
+        return None
+    opponents = list(dict.fromkeys(o for e in entries for o in e["opponents"]))
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(opponents), len(OVER_TRAINING_RATES), figsize=(10, 0.8 + 2.6 * len(opponents)),
+                             squeeze=False, sharex=True)
+    for row, opponent in enumerate(opponents):
+        seats = list(dict.fromkeys(s for e in entries for s in e["opponents"].get(opponent, {})))
+        for col, (key, label) in enumerate(OVER_TRAINING_RATES):
+            ax = axes[row][col]
+            for seat in seats:
+                points = [(e["frames"], _seat_rate(e["opponents"][opponent][seat], key)) for e in entries
+                          if seat in e["opponents"].get(opponent, {})]
+                points = [(x, y) for x, y in points if y is not None]  # no chance of that kind in those games
+                if points:
+                    ax.plot(*zip(*points), ".-", label=seat)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_title(f"vs {opponent}: {label}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if row == len(opponents) - 1:
+                ax.set_xlabel("env frames")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("over training: the greedy policy against the bots (the last point: the final evaluation)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def log_figures(run: Run, tracker) -> None:

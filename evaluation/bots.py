@@ -306,10 +306,29 @@ WIN_SCORE = 1_000_000
 # no piece of the other, by how many pieces it still lacks: one (an open three in connect four,
 # an open two in tic-tac-toe) or two (an open two in connect four). All else scores 0.
 _LACKS_ONE, _LACKS_TWO = 5, 2
+CENTRE_WEIGHT = 3
+"""Connect four: leaf value of a piece in the centre column, for its owner (see ``_centre_weights``)."""
 _INF = 10**9
 # Best root moves by (game, depth, board bytes, legal moves), shared by every MinimaxBot.
 _best_moves_cache: dict[tuple, list[int]] = {}
 _BEST_MOVES_CACHE_SIZE = 100_000
+
+
+def _centre_weights(game: GridGame) -> np.ndarray:
+    """int64 ``[rows * cols]``: leaf value of a piece of ``TO_MOVE`` on each flat cell (an ``OPPONENT``
+    piece there counts the negative).
+
+    Connect four: ``CENTRE_WEIGHT`` per piece in the centre column, 0 elsewhere. A centre piece lies on
+    the most lines of four, but the line values count only lines with two or more pieces, so without
+    this every opening move scores alike. Weights 1..3 on the columns next to it as well played worse
+    against the line values alone than the centre column alone (README, "Evaluate a policy").
+    Tic-tac-toe: none. Its line values already prefer the centre, which lies on 4 lines (a corner on
+    3, an edge on 2), each worth ``_LACKS_TWO`` while it holds one piece.
+    """
+    weights = np.zeros((game.rows, game.cols), dtype=np.int64)
+    if game.name == "connect_four":
+        weights[:, game.cols // 2] = CENTRE_WEIGHT
+    return weights.reshape(-1)
 
 
 def _line_values(connect: int) -> np.ndarray:
@@ -360,6 +379,7 @@ class MinimaxBot:
         self.depth = depth
         self._rng = np.random.default_rng(seed)
         self._line_values = _line_values(self.game.connect)
+        self._centre = _centre_weights(self.game)
         # Centre-first order of moves, by distance of the move's column (or cell) from the centre.
         centre_row, centre_col = (self.game.rows - 1) / 2, (self.game.cols - 1) / 2
         if self.game.gravity:
@@ -369,14 +389,17 @@ class MinimaxBot:
         self._order = sorted(range(self.game.num_actions), key=key)
 
     def evaluate(self, board) -> int:
-        """Heuristic value of ``board`` for ``TO_MOVE``.
+        """Heuristic value of ``board`` for ``TO_MOVE``: lines plus centre.
 
-        Sum over every window (``GridGame.windows``) holding pieces of one player only:
+        Lines: sum over every window (``GridGame.windows``) holding pieces of one player only:
         +5 / +2 if ``TO_MOVE``'s pieces lack one / two cells of a full line, -5 / -2 for
         ``OPPONENT``'s. In connect four these are open threes and open twos.
+        Centre (connect four): +3 per ``TO_MOVE`` piece in the centre column, -3 per ``OPPONENT``
+        piece there (``CENTRE_WEIGHT``, ``_centre_weights``). Without it every opening move scores alike.
         """
-        mine, theirs = self.game.line_counts(np.asarray(board, dtype=np.int8).reshape(1, -1))
-        return int(self._value_of_lines(mine, theirs).sum())
+        flat = np.asarray(board, dtype=np.int8).reshape(1, -1)
+        mine, theirs = self.game.line_counts(flat)
+        return int(self._value_of_lines(mine, theirs).sum()) + int(flat[0].astype(np.int64) @ self._centre)
 
     def _value_of_lines(self, mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """Leaf value per window for the player whose pieces per window are ``mine``, against ``theirs``
@@ -388,26 +411,29 @@ class MinimaxBot:
         int64 ``[N, num_actions]``, ``-_INF`` where a move is illegal. Full width to ``self.depth``
         plies, so each value is exact: where ``scores`` gives a value, the two agree."""
         mine, theirs = self.game.line_counts(boards)
-        return self._move_values(mine, theirs, boards != 0, self.depth, 1)
+        return self._move_values(mine, theirs, boards.astype(np.int64) @ self._centre, boards != 0, self.depth, 1)
 
-    def _move_values(self, mine: np.ndarray, theirs: np.ndarray, filled: np.ndarray, depth: int,
-                     ply: int) -> np.ndarray:
+    def _move_values(self, mine: np.ndarray, theirs: np.ndarray, centre: np.ndarray, filled: np.ndarray,
+                     depth: int, ply: int) -> np.ndarray:
         """Values [M, A] of the moves (ply ``ply``) of the player to move, with pieces per window
-        ``mine`` [M, W] against the opponent's ``theirs`` [M, W] and occupied cells ``filled`` [M, K],
-        searched ``depth`` plies. The same rules as ``_negamax``: a win on ply p scores
-        ``WIN_SCORE - p``; a full board 0; at the depth limit ``evaluate``."""
+        ``mine`` [M, W] against the opponent's ``theirs`` [M, W], centre term ``centre`` int64 [M] (its
+        own minus the opponent's, see ``evaluate``) and occupied cells ``filled`` [M, K], searched
+        ``depth`` plies. The same rules as ``_negamax``: a win on ply p scores ``WIN_SCORE - p``; a
+        full board 0; at the depth limit ``evaluate``."""
         legal, cells = self.game.target_cells(filled)
         moves = legal.shape[1]
         child_mine = mine[:, None, :] + self.game.window_matrix[cells]  # [M, A, W]
+        child_centre = centre[:, None] + self._centre[cells]  # [M, A]; the centre term is linear in the pieces
         wins = (child_mine == self.game.connect).any(-1)
         child_filled = np.repeat(filled[:, None, :], moves, 1)
         m, a = np.nonzero(legal)
         child_filled[m, a, cells[m, a]] = True
-        if depth == 1:  # the opponent, to move on the child, values it by its lines
-            child = self._value_of_lines(theirs[:, None, :], child_mine).sum(-1)
+        if depth == 1:  # the opponent, to move on the child, values it by its lines and the centre
+            child = self._value_of_lines(theirs[:, None, :], child_mine).sum(-1) - child_centre
         else:
             replies = self._move_values(np.repeat(theirs, moves, 0), child_mine.reshape(-1, child_mine.shape[-1]),
-                                        child_filled.reshape(-1, filled.shape[-1]), depth - 1, ply + 1)
+                                        -child_centre.reshape(-1), child_filled.reshape(-1, filled.shape[-1]),
+                                        depth - 1, ply + 1)
             child = replies.max(1).reshape(legal.shape)
         child[child_filled.all(-1)] = 0
         values = -child

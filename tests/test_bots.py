@@ -288,8 +288,38 @@ def test_connect_four_windows_and_leaf_evaluation():
     # other window holds at most one piece.
     assert bot.evaluate(board) == 7
     assert bot.evaluate(-board) == -7  # the same position seen by the other player
-    board[5, 3] = OPPONENT  # closes both windows; the opponent's piece is alone in its windows
-    assert bot.evaluate(board) == 0
+    board[5, 3] = OPPONENT  # closes both windows; the opponent's piece is alone in its windows...
+    assert bot.evaluate(board) == -bots.CENTRE_WEIGHT  # ...but holds the centre column
+    board[4, 3] = TO_MOVE  # the centre column is even again; (4,3) and (5,2) make an anti-diagonal open two
+    assert bot.evaluate(board) == 2
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_connect_four_minimax_opens_in_the_centre_column(depth):
+    # On the empty board no line holds two pieces within 4 plies: only the centre term tells moves apart.
+    assert minimax_choices("connect_four", [], depth) == {3}
+
+
+def test_the_centre_term_sets_the_values_of_both_searches():
+    # Depth 2 on the empty board: after 3 the best reply stacks on 3 (centre even, 0); after any other
+    # column the reply takes the centre (-3). Without the centre term every move would be worth 0.
+    empty = [[0] * 7 for _ in range(6)]
+    bot = MinimaxBot("connect_four", 2, 0)
+    expected = [-bots.CENTRE_WEIGHT] * 7
+    expected[3] = 0
+    assert bot.move_values(np.zeros((1, 42), np.int8))[0].tolist() == expected
+    assert bot.scores(empty, list(range(7))) == {3: 0}
+    # Depth 1: each move is valued by the position it leaves, where only a centre piece scores.
+    one_ply = MinimaxBot("connect_four", 1, 0)
+    assert one_ply.move_values(np.zeros((1, 42), np.int8))[0].tolist() == [0, 0, 0, bots.CENTRE_WEIGHT, 0, 0, 0]
+    assert one_ply.scores(empty, list(range(7))) == {3: bots.CENTRE_WEIGHT}
+
+
+def test_tictactoe_minimax_prefers_the_centre_by_its_lines_alone():
+    # No centre term in tic-tac-toe: the centre lies on 4 lines (+2 each with one piece), a corner on 3.
+    bot = MinimaxBot("tictactoe", 1, 0)
+    assert bot.scores([[0] * 3 for _ in range(3)], list(range(9))) == {4: 8}
+    assert minimax_choices("tictactoe", [], 1) == {4}
 
 
 @pytest.mark.parametrize("depth", [1, 2, 4])

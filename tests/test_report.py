@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from analysis.compare import write_outputs
-from analysis.report import figures
+from analysis.report import build_report, figures, over_training_figure
 from analysis.runs import load_run
 from config import load_config, to_yaml
 
@@ -59,6 +59,11 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
         for i in range(5)))
     (league_run / "league" / "state.json").write_text(json.dumps(
         {"payoff": [["main", "random", 8, 1, 1], ["random", "main", 1, 1, 8]]}))
+    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.25 * k)}}
+            for k in range(1, 4)]
+    (league_run / "evaluation.json").write_text(json.dumps(
+        {"checkpoint": "c", "step": 12, "frames": 3000, "seed": 0, "games": 100,
+         "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "over_training": over}))
     cmp = tmp_path / "cmp"
     runs = {"impala": [load_run(_run_dir(cmp, "impala-seed0", []))],
             "a3c": [load_run(_run_dir(cmp, "a3c-seed0", ["learner.algo=a3c"], start=5000.0))]}
@@ -78,7 +83,8 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
                          text=True, timeout=120).stdout
     sections = dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', dom, re.S))
     expected = ["compare0"] + [f"run{k}-{s}" for k in (0, 1, 2) for s in
-                               ("architecture", "learning", "throughput", "lag", "vtrace")] + ["run0-league"]
+                               ("architecture", "learning", "throughput", "lag", "vtrace")] + ["run0-league",
+                                                                                               "run0-evaluation"]
     assert sorted(sections) == sorted(expected), sorted(sections)
     for anchor, body in sections.items():
         images = re.findall(r'src="data:image/png;base64,([^"]+)"', body)
@@ -115,3 +121,31 @@ def test_the_report_figures_go_to_an_offline_wandb_run(tmp_path, monkeypatch):
     assert len(images) == 8 and any(p.startswith("report/architecture") for p in images), images
     table = json.loads(next((media / "table").rglob("*.json")).read_text())
     assert table["data"] == [["main", "random", 8, 1, 1]]
+
+
+def _seats(win: float, taken: float | None, blocked: float | None) -> dict:
+    tactics = {"wins_taken_rate": taken, "blocks_made_rate": blocked, "win_chances": 4, "wins_taken": 2,
+               "block_chances": 2, "blocks_made": 1}
+    return {seat: {"win_rate": win, "draw_rate": 0.0, "loss_rate": 1 - win, "tactics": tactics}
+            for seat in ("player_1", "player_2")}
+
+
+def test_the_report_plots_the_policies_over_training_beside_the_final_evaluation(tmp_path):
+    run_dir = _run_dir(tmp_path, "r", [])
+    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50,
+             "opponents": {"tactical": _seats(0.2 * k, 0.25 * k, None if k == 1 else 0.2 * k),
+                           "minimax:9": _seats(0.0, None, 0.1 * k)}} for k in range(1, 5)]
+    record = {"checkpoint": "c", "step": 16, "frames": 4000, "seed": 0, "games": 100,
+              "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "over_training": over}
+    fig = over_training_figure(record)
+    # Rows: opponents; columns: win rate, wins taken, blocks made; a line per seat where it has points.
+    assert fig.axes[0].get_title() == "vs tactical: win rate" and fig.axes[5].get_title() == "vs minimax:9: forced blocks made"
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 2, 2, 2, 0, 2]
+    assert list(fig.axes[2].get_lines()[0].get_xdata()) == [2000, 3000, 4000]  # the game with no block chance left out
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    (run_dir / "evaluation.json").write_text(json.dumps(record))
+    section = re.search(r'<section id="run0-evaluation">(.*?)</section>', build_report([run_dir]), re.S).group(1)
+    assert section.count("<img") == 1 and "2/4 (50%)" in section  # the plot, and the tactics in the table
+    # Without over-training entries (older runs, one-agent envs): no plot, no error.
+    assert over_training_figure({k: v for k, v in record.items() if k != "over_training"}) is None
+    assert over_training_figure({**record, "over_training": []}) is None

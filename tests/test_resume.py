@@ -2,8 +2,8 @@
 time budget that go on where they stopped, counters that continue, the final evaluation kept in
 evaluation.json and shown by the report, and `run.py config`.
 
-One run of about 3 s of training (run.max_minutes=0.05, embedded Redis), resumed by its directory for 3 s
-more (run.max_minutes=0.1 in all), is shared by the tests of this module.
+One run of about 3 s of training (run.max_minutes=0.05, embedded Redis, a checkpoint every second), resumed
+by its directory for 3 s more (run.max_minutes=0.1 in all), is shared by the tests of this module.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ def resumed(tmp_path_factory):
                    "--set", "run.name=sched", "--set", f"run.dir={tmp}", "--set", "run.wandb_mode=disabled",
                    "--set", "run.total_frames=100000000", "--set", "run.max_minutes=0.05", "--set", "run.log_every_s=1",
                    "--set", "learner.lr_schedule=linear", "--set", f"learner.learning_rate={LR}",
-                   "--set", "actor.num_actors=1", "--set", "actor.num_envs=4", "--set", "agent.hidden=16")
+                   "--set", "actor.num_actors=1", "--set", "actor.num_envs=4", "--set", "agent.hidden=16",
+                   "--set", "learner.checkpoint_every_s=1")  # copies in checkpoints/history/ to play after the resume
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp / "sched"
     before = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    second = run_py("train", "--resume", str(run_dir), "--set", "run.max_minutes=0.1", "--eval-games", "3")
+    second = run_py("train", "--resume", str(run_dir), "--set", "run.max_minutes=0.1", "--eval-games", "3",
+                    "--eval-history-games", "2")
     assert second.returncode == 0, second.stdout + second.stderr
     after = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     return run_dir, before, after, second
@@ -105,6 +107,24 @@ def test_the_final_evaluation_is_saved_with_step_frames_seed_and_shown_in_the_re
     page = build_report([run_dir])
     assert "final evaluation" in page and "minimax:9" in page and f"at update {after['step']}" in page
     assert "evaluation.json" in second.stdout
+
+
+def test_the_final_evaluation_plays_earlier_checkpoints_and_shows_the_tactics(resumed):
+    run_dir, _, after, second = resumed
+    record = json.loads((run_dir / "evaluation.json").read_text())
+    over = record["over_training"]
+    steps = [e["step"] for e in over]
+    # At least one copy from checkpoints/history/ (one per second of training), then the final checkpoint.
+    assert len(over) >= 2 and steps == sorted(set(steps)) and steps[-1] == after["step"], steps
+    assert [e["games"] for e in over] == [2] * (len(over) - 1) + [3]
+    assert over[0]["checkpoint"].startswith(str(run_dir / "checkpoints" / "history"))
+    for entry in over:
+        assert set(entry["opponents"]) == {"tactical", "minimax:9"}
+        for seats in entry["opponents"].values():
+            assert all({"wins_taken_rate", "blocks_made_rate"} <= set(r["tactics"]) for r in seats.values())
+    # The log shows each opponent's tactics per seat, and how the earlier policies played.
+    assert second.stdout.count("immediate wins") >= 6 and "forced blocks" in second.stdout
+    assert f"over training: {len(over) - 1} earlier policies, 2 games per seat and bot" in second.stdout
 
 
 def test_config_prints_the_resolved_config_of_a_file_and_overrides():
