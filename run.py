@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in RUN_DIR from its checkpoint, with RUN_DIR/config.yaml as the config "
                    "(--set changes values; the network, env and optimizer must stay); without RUN_DIR, continue "
                    "<run.dir>/<run.name> of --config")
-    p.add_argument("--eval-games", type=int, default=100,
-                   help="games per seat against each baseline bot after training (0 = skip)")
+    p.add_argument("--eval-games", type=int, default=200,
+                   help="games per seat against each baseline bot after training (default 200; 0 = skip)")
     p.add_argument("--eval-history", type=int, default=6, metavar="N",
                    help="board games: also play up to N earlier policies of the run (a league's main snapshots, "
                    "else checkpoints/history/) after training, to see how it learned (default 6; 0 = none)")
