@@ -228,7 +228,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
     results = ResultsStream(redis_client, run_name).read_new()
     assert results and all(r["length"] <= 30 and len(r["returns"]) == 2 for r in results)
     assert {r["winner"] for r in results} <= {-1, 0, 1}
-    assert "greedy policy vs random over 2 games per seat: red" in proc.stdout
+    assert "greedy policy vs random over 2 games per seat:" in proc.stdout and "as red: won" in proc.stdout
 
 
 def test_gym_env_trains_and_reports_returns(tmp_path, redis_url, run_name):
