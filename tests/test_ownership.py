@@ -187,7 +187,7 @@ def test_ctrl_c_before_the_first_checkpoint_leaves_no_directory_and_offers_no_re
     again = _start_train(tmp_path, run_name)  # the next run takes the name, not <name>-2
     lines = []
     try:
-        _read_until(again, r"run directory", lines)
+        _read_until(again, r"started the learner", lines)
         again.send_signal(signal.SIGINT)
         again.communicate(timeout=60)
     finally:
