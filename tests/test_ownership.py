@@ -229,3 +229,64 @@ def test_a_run_that_ended_while_its_learner_was_closing_is_reported_as_finished(
     assert proc.returncode == 130, out
     assert "the run reached its end" in out and "stopped before the end" not in out
     assert "--resume" not in out
+
+
+# `run.py train` with a Ctrl-C that comes just as the embedded redis-server is forked: an at-fork hook of the
+# parent (where logging's lock release runs too) sends it, so its KeyboardInterrupt is raised where Python prints
+# "Exception ignored" and drops it, unless the launcher holds the signal back across the fork.
+_CTRL_C_AT_REDIS_FORK = r"""
+import os, signal, sys
+
+def ctrl_c_at_redis_fork():
+    frame = sys._getframe()
+    while frame is not None and type(frame.f_locals.get("self")).__name__ != "EmbeddedRedis":
+        frame = frame.f_back
+    if frame is not None:
+        print("SIGINT during the redis-server fork", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+
+os.register_at_fork(after_in_parent=ctrl_c_at_redis_fork)
+sys.argv = sys.argv[1:]
+import runpy
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_during_the_embedded_redis_fork_stops_start_up_with_130_and_leaves_nothing(tmp_path, run_name):
+    cmd = [sys.executable, "-c", _CTRL_C_AT_REDIS_FORK, str(REPO / "run.py"), "train", "--config",
+           str(REPO / "configs/tictactoe.yaml"), "--eval-games", "0", "--set", f"run.name={run_name}",
+           "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "actor.num_actors=1",
+           "--set", "run.total_frames=10000000", "--set", "actor.num_envs=2", "--set", "agent.hidden=16"]
+    env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    lines: list[str] = []
+    try:
+        _read_until(proc, r"SIGINT during the redis-server fork", lines)
+        start = time.monotonic()
+        out = "".join(lines) + proc.communicate(timeout=30)[0]  # a lost Ctrl-C: it trains on
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.wait()
+        leftovers = {pid: cmd for pid, cmd in _cmdlines().items() if str(tmp_path) in cmd}
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 130, out
+    assert took < 10, f"took {took:.1f} s\n{out}"
+    assert "interrupted" in out and "started the" not in out and "Exception ignored" not in out, out
+    assert not leftovers, f"left running: {leftovers}\n{out}"  # the redis-server, above all
+    assert not (tmp_path / run_name).exists(), out
+
+
+def _cmdlines() -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                pass
+    return found
