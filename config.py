@@ -88,6 +88,9 @@ class AgentConfig:
     conv_layers: int = _f(2, "conv torso: number of conv layers")
     kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)")
     padding: str = _f("same", "conv torso: same (keep the board size) or valid (no padding)")
+    landing_plane: bool = _f(False, "conv torso, connect four: add an input plane that marks each column's landing "
+                             "cell (the empty cell a piece dropped there would take), so that one conv window "
+                             "sees whether a three-in-a-row can be completed now")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
@@ -130,7 +133,9 @@ class LearnerConfig:
     lambda_: float = _f(1.0, "V-trace lambda (multiplies the c's)")
     correction: str = _f("vtrace", "off-policy correction (IMPALA Table 2): vtrace, is1 (1-step importance "
                          "sampling), epsilon (log(pi + 1e-6)) or none")
-    mirror_augment: bool = _f(True, "also train on the left-right mirror of each unroll (symmetric boards only)")
+    mirror_augment: str = _f("random", "boards with a left-right symmetry: random (each unroll of a batch is "
+                             "reflected with probability 1/2), both (each unroll and its reflection: twice "
+                             "the update's compute), or none")
     publish_every: int = _f(1, "publish weights every N updates")
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints")
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
@@ -411,6 +416,8 @@ def validate(cfg: Config) -> None:
         (1 <= cfg.learner.batch_size <= MAX_BATCH_SIZE, f"learner.batch_size must be in [1, {MAX_BATCH_SIZE}]"),
         (cfg.learner.optimizer in ("adam", "rmsprop"), "learner.optimizer must be adam or rmsprop"),
         (cfg.learner.lr_schedule in ("constant", "linear"), "learner.lr_schedule must be constant or linear"),
+        (cfg.learner.mirror_augment in ("random", "both", "none"),
+         f"learner.mirror_augment={cfg.learner.mirror_augment!r} must be random, both or none"),
         (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
         (cfg.learner.algo == "impala" or not cfg.league.enabled,
          "learner.algo=a3c trains without a league: set league.enabled=false"),
@@ -426,6 +433,8 @@ def validate(cfg: Config) -> None:
         (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
          "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
+        (not cfg.agent.landing_plane or (cfg.agent.torso == "conv" and cfg.env.name == "connect_four"),
+         "agent.landing_plane needs agent.torso=conv and a game whose pieces fall (env.name=connect_four)"),
         (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
          "agent.padding=same needs an odd agent.kernel_size"),
         (cfg.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode must be offline, online or disabled"),

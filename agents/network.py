@@ -19,6 +19,15 @@ def mask_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor
     return logits.masked_fill(action_mask == 0, MASKED_LOGIT)
 
 
+def landing_cells(board: torch.Tensor) -> torch.Tensor:
+    """board [N, H, W, C] float, C planes of 0/1 pieces, row 0 at the top and pieces falling to row H-1
+    (connect four). Returns [N, H, W, 1]: 1 at each column's landing cell, the empty cell whose cell
+    below is occupied or is the floor; 0 elsewhere (and in a full column)."""
+    occupied = board.sum(-1).clamp(max=1.0)
+    below = torch.cat([occupied[:, 1:], torch.ones_like(occupied[:, :1])], 1)
+    return ((1.0 - occupied) * below).unsqueeze(-1)
+
+
 class ActorCritic(nn.Module):
     """pi(a|x) and V(x) for one agent's observation.
 
@@ -36,6 +45,8 @@ class ActorCritic(nn.Module):
             if len(obs_shape) != 3:
                 raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
             h, w, c = obs_shape
+            self.landing_plane = cfg.landing_plane
+            c += int(cfg.landing_plane)
             padding = cfg.kernel_size // 2 if cfg.padding == "same" else 0
             layers: list[nn.Module] = []
             for i in range(cfg.conv_layers):
@@ -62,7 +73,10 @@ class ActorCritic(nn.Module):
         """
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
         if self.conv is not None:
-            x = self.conv(x.permute(0, 3, 1, 2))
+            if self.landing_plane:
+                x = torch.cat([x, landing_cells(x)], -1)
+            # channels-last is the layout the board already has, and oneDNN's conv runs faster on it
+            x = self.conv(x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last))
         x = self.fc(x.flatten(1))
         return mask_logits(self.policy(x), action_mask), self.baseline(x).squeeze(-1)
 

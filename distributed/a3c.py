@@ -104,7 +104,8 @@ class A3CWorker(Actor):
         super().__init__(cfg, redis_url, actor_id, player)
         self.gradients = TrajectoryStream(self.redis, namespace(cfg.run.name, player), GRADIENTS)
         self.loss_cfg = dataclasses.replace(cfg.learner, correction="none")
-        self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
+        # A worker's batch is its own few unrolls: it trains on both orientations of each (`random` too).
+        self.mirror = cfg.learner.mirror_augment != "none" and self.spec.mirror_actions is not None
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over."""

@@ -134,6 +134,24 @@ class Batch:
             mirrored.final_b = torch.cat([self.final_b, self.final_b + B])
         return mirrored
 
+    def with_random_mirror(self, spec: EnvSpec, flip: torch.Tensor) -> "Batch":
+        """This batch with unroll b replaced by its reflection where flip[b] (flip [B] bool): the board's
+        symmetry as data augmentation at the cost of one batch, where `with_mirror` costs two."""
+        both = self.with_mirror(spec)
+        B = self.reward.shape[1]
+        columns = torch.arange(B, device=flip.device) + B * flip.long()
+        pick = lambda x: x.index_select(1, columns)  # noqa: E731
+        chosen = Batch(obs=pick(both.obs), action_mask=pick(both.action_mask), action=pick(both.action),
+                       reward=pick(both.reward), done=pick(both.done), behaviour_logits=pick(both.behaviour_logits))
+        if self.truncated is not None:
+            # A final observation belongs to copy final_b // B of unroll final_b % B: keep the chosen copy's.
+            keep = both.final_b == columns[both.final_b % B]
+            chosen.truncated = pick(both.truncated)
+            chosen.final_obs = both.final_obs[keep]
+            chosen.final_t = both.final_t[keep]
+            chosen.final_b = both.final_b[keep] % B
+        return chosen
+
 
 def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], concatenated, names) -> torch.Tensor | dict:
     """The final observations of a batch's truncated steps, [N, ...] like one step of `obs` ([T+1, B, ...]
@@ -438,7 +456,8 @@ class Learner:
         self.in_flight_unrolls = 0
         self.in_flight_lock = threading.Lock()
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
-        self.mirror = cfg.learner.mirror_augment and self.spec.mirror_actions is not None
+        self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
+        self.mirror_generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + rank)
         # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
         self.replayed = replayed_per_batch(cfg.learner)
         self.replay = self.make_replay(rank) if self.replayed else None
@@ -749,8 +768,11 @@ class Learner:
         K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
-        if self.mirror:
+        if self.mirror == "both":
             batch = batch.with_mirror(self.spec)
+        elif self.mirror == "random":
+            flip = torch.rand(batch.reward.shape[1], generator=self.mirror_generator, device=self.device) < 0.5
+            batch = batch.with_random_mirror(self.spec, flip)
         stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",

@@ -46,11 +46,11 @@ def test_yaml_values_apply_and_the_rest_stay_default(tmp_path):
 
 def test_overrides_apply_with_their_types_and_beat_the_file(tmp_path):
     path = write(tmp_path, "learner:\n  batch_size: 16\n")
-    cfg = load_config(path, ["learner.batch_size=64", "learner.learning_rate=1e-3", "learner.mirror_augment=false",
+    cfg = load_config(path, ["learner.batch_size=64", "learner.learning_rate=1e-3", "learner.mirror_augment=none",
                              "run.redis_url=redis://10.0.0.5:6379/2", "run.max_minutes=2.5", "run.name=42"])
     assert cfg.learner.batch_size == 64 and type(cfg.learner.batch_size) is int
     assert cfg.learner.learning_rate == 0.001 and type(cfg.learner.learning_rate) is float
-    assert cfg.learner.mirror_augment is False
+    assert cfg.learner.mirror_augment == "none"
     assert cfg.run.redis_url == "redis://10.0.0.5:6379/2"
     assert cfg.run.max_minutes == 2.5
     assert cfg.run.name == "42" and type(cfg.run.name) is str
@@ -101,7 +101,7 @@ def test_missing_file():
 
 
 @pytest.mark.parametrize("override", ["learner.batch_size=abc", "learner.batch_size=3.5",
-                                      "learner.mirror_augment=maybe", "learner.discount=high", "run.name="])
+                                      "league.enabled=maybe", "learner.discount=high", "run.name="])
 def test_wrong_type_override(override):
     with pytest.raises(ConfigError, match="bad config value"):
         load_config(None, [override])
@@ -142,6 +142,9 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["actor.send_batch=257"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
     (["league.opponent_temperature=-0.5"], r"league.opponent_temperature must be in \[0, 100\]"),
     (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
+    (["learner.mirror_augment=true"], "learner.mirror_augment='true' must be random, both or none"),
+    (["agent.landing_plane=true", "env.name=tictactoe"], "agent.landing_plane needs agent.torso=conv and a game "
+                                                           "whose pieces fall"),
 ])
 def test_range_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -203,7 +206,7 @@ def test_boundary_values_are_accepted():
 def test_yaml_round_trip():
     cfg = load_config(None, ["learner.batch_size=64", "learner.clip_rho_threshold=null", "run.name=rt",
                              "run.redis_url=redis://h:1/0", "learner.learning_rate=0.00031", "env.name=tictactoe",
-                             "learner.mirror_augment=false"])
+                             "learner.mirror_augment=none"])
     text = to_yaml(cfg)
     assert "batch_size: 64" in text
     again = from_yaml_text(text)

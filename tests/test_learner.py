@@ -107,6 +107,37 @@ def test_mirror_reflects_boards_actions_and_masks_consistently():
     torch.testing.assert_close(m.reward[:, B:], batch.reward)
 
 
+def test_random_mirror_reflects_the_chosen_unrolls_and_keeps_their_final_observations():
+    """flip [F, T, F]: unrolls 0 and 2 stay, unroll 1 is reflected; each truncated step keeps the final
+    observation of its own unroll, reflected with it; the batch stays B unrolls wide."""
+    spec = env_spec("connect_four")
+    T, B, A = 3, 3, 7
+    g = torch.Generator().manual_seed(2)
+    obs = torch.randint(0, 2, (T + 1, B, 6, 7, 2), generator=g, dtype=torch.int8)
+    mask = torch.randint(0, 2, (T + 1, B, A), generator=g, dtype=torch.uint8)
+    action = torch.randint(0, A, (T, B), generator=g)
+    logits = torch.randn(T, B, A, generator=g)
+    truncated = torch.zeros(T, B, dtype=torch.bool)
+    truncated[2, 1] = truncated[0, 2] = True
+    final_obs = torch.randint(0, 2, (2, 6, 7, 2), generator=g, dtype=torch.int8)
+    batch = Batch(obs, mask, action, torch.randn(T, B), truncated.clone(), logits, truncated=truncated,
+                  final_obs=final_obs, final_t=torch.tensor([2, 0]), final_b=torch.tensor([1, 2]))
+    m = batch.with_random_mirror(spec, torch.tensor([False, True, False]))
+    assert m.obs.shape == obs.shape and m.action.shape == (T, B)
+    for b in (0, 2):
+        torch.testing.assert_close(m.obs[:, b], obs[:, b])
+        torch.testing.assert_close(m.action[:, b], action[:, b])
+    torch.testing.assert_close(m.obs[:, 1], obs[:, 1].flip(2))
+    assert m.action[:, 1].tolist() == [6 - a for a in action[:, 1].tolist()]
+    torch.testing.assert_close(m.action_mask[:, 1], mask[:, 1].flip(-1))
+    torch.testing.assert_close(m.behaviour_logits[:, 1], logits[:, 1].flip(-1))
+    final = {(int(t), int(b)): o for t, b, o in zip(m.final_t, m.final_b, m.final_obs)}
+    assert set(final) == {(2, 1), (0, 2)}
+    torch.testing.assert_close(final[(2, 1)], final_obs[0].flip(1))  # reflected with unroll 1
+    torch.testing.assert_close(final[(0, 2)], final_obs[1])
+    assert m.truncated.tolist() == truncated.tolist()
+
+
 def test_tictactoe_mirror_maps_actions_like_the_board():
     spec = env_spec("tictactoe")
     # Cell (row 0, col 0) = action 0 reflects to (row 0, col 2) = action 2; centre column stays.

@@ -57,3 +57,35 @@ def test_explore_mixes_the_policy_with_uniform_legal_moves():
     torch.testing.assert_close(mu[1], torch.tensor([1.0, 0.0, 0.0, 0.0]))  # one legal move stays certain
     # epsilon 0 leaves the policy unchanged.
     torch.testing.assert_close(torch.softmax(explore(logits, mask, torch.zeros(2)), -1), pi)
+
+
+def test_landing_cells_mark_where_a_dropped_piece_would_land():
+    """Connect four after columns 3, 3, 3, 0, 6, 6 (row 0 at the top): the landing cells are row 2 of
+    column 3, row 3 of column 6, row 4 of column 0 and the bottom row elsewhere; a full column has none."""
+    from pettingzoo.classic import connect_four_v3
+
+    from agents.network import landing_cells
+
+    env = connect_four_v3.raw_env()
+    env.reset(seed=0)
+    for column in (3, 3, 3, 0, 6, 6):
+        env.step(column)
+    board = torch.tensor(env.observe(env.agent_selection)["observation"]).float()[None]
+    expected = torch.zeros(6, 7)
+    expected[5, [1, 2, 4, 5]] = 1
+    expected[2, 3] = expected[3, 6] = expected[4, 0] = 1
+    torch.testing.assert_close(landing_cells(board)[0, ..., 0], expected)
+    full = torch.zeros(1, 6, 7, 2)
+    full[0, :, 2, 0] = 1  # column 2 filled to the top
+    got = landing_cells(full)[0, ..., 0]
+    assert got[:, 2].sum() == 0 and got[5, [0, 1, 3, 4, 5, 6]].tolist() == [1.0] * 6
+
+
+def test_a_landing_plane_network_takes_the_plain_two_plane_board():
+    """The plane is computed inside the network: observations stay PettingZoo's [N, 6, 7, 2]."""
+    cfg = AgentConfig(torso="conv", conv_layers=1, kernel_size=4, padding="valid", channels=8, hidden=16,
+                      landing_plane=True)
+    model = ActorCritic((6, 7, 2), 7, cfg)
+    assert model.conv[0].in_channels == 3
+    logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
+    assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
