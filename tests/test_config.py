@@ -142,7 +142,7 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["actor.send_batch=257"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
     (["league.opponent_temperature=-0.5"], r"league.opponent_temperature must be in \[0, 100\]"),
     (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
-    (["learner.mirror_augment=true"], "learner.mirror_augment='true' must be random, both or none"),
+    (["learner.mirror_augment=sometimes"], "learner.mirror_augment='sometimes' must be random, both or none"),
     (["agent.landing_plane=true", "env.name=tictactoe"], "agent.landing_plane needs agent.torso=conv and a game "
                                                            "whose pieces fall"),
 ])
