@@ -136,20 +136,25 @@ class Batch:
 
     def with_random_mirror(self, spec: EnvSpec, flip: torch.Tensor) -> "Batch":
         """This batch with unroll b replaced by its reflection where flip[b] (flip [B] bool): the board's
-        symmetry as data augmentation at the cost of one batch, where `with_mirror` costs two."""
-        both = self.with_mirror(spec)
-        B = self.reward.shape[1]
-        columns = torch.arange(B, device=flip.device) + B * flip.long()
-        pick = lambda x: x.index_select(1, columns)  # noqa: E731
-        chosen = Batch(obs=pick(both.obs), action_mask=pick(both.action_mask), action=pick(both.action),
-                       reward=pick(both.reward), done=pick(both.done), behaviour_logits=pick(both.behaviour_logits))
+        symmetry as data augmentation at the cost of one batch, where `with_mirror` costs two. Only the
+        flipped unrolls (and their final observations) are copied."""
+        perm = torch.tensor(spec.mirror_actions, device=self.action.device)
+        obs_axis = 2 + spec.mirror_axis  # skip the T and B dimensions
+
+        def reflect(x: torch.Tensor, fn) -> torch.Tensor:
+            x = x.clone()
+            x[:, flip] = fn(x[:, flip])
+            return x
+
+        chosen = dataclasses.replace(
+            self, obs=reflect(self.obs, lambda o: o.flip(obs_axis)),
+            action_mask=reflect(self.action_mask, lambda m: m[..., perm]),
+            action=torch.where(flip, perm[self.action], self.action),
+            behaviour_logits=reflect(self.behaviour_logits, lambda b: b[..., perm]))
         if self.truncated is not None:
-            # A final observation belongs to copy final_b // B of unroll final_b % B: keep the chosen copy's.
-            keep = both.final_b == columns[both.final_b % B]
-            chosen.truncated = pick(both.truncated)
-            chosen.final_obs = both.final_obs[keep]
-            chosen.final_t = both.final_t[keep]
-            chosen.final_b = both.final_b[keep] % B
+            rows = flip[self.final_b]  # a final observation is reflected with its own unroll
+            chosen.final_obs = self.final_obs.clone()
+            chosen.final_obs[rows] = self.final_obs[rows].flip(1 + spec.mirror_axis)
         return chosen
 
 
@@ -457,6 +462,7 @@ class Learner:
         self.in_flight_lock = threading.Lock()
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
+        # Which unrolls `random` reflects: its own stream, one per rank, reproducible from run.seed.
         self.mirror_generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + rank)
         # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
         self.replayed = replayed_per_batch(cfg.learner)
