@@ -57,7 +57,9 @@ def actor_unrolls(config: str, overrides: list[str], count: int) -> tuple[list[d
         actor.close()  # its id lease, whose keeper thread would otherwise outlive this Redis
         uspec = UnrollSpec(spec, cfg.actor.unroll_length)
         entries = client.xrange("wire:traj", count=count)
-        return [decode_unroll(fields[b"data"], uspec)[1] for _, fields in entries], uspec
+        # As the actor sent them: the decoder adds empty final observations where no step was truncated.
+        return [{name: a for name, a in decode_unroll(fields[b"data"], uspec)[1].items()
+                 if name in uspec.arrays or len(a)} for _, fields in entries], uspec
 
 
 def measure(unrolls: list[dict], uspec: UnrollSpec, compression: str, level: int) -> tuple[float, float, float]:

@@ -83,8 +83,8 @@ class Batch:
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
         """Stack decoded unrolls (UnrollSpec arrays) on `device`; `pin`: into pinned host memory, from
         which `to` copies to a GPU without blocking."""
-        def stacked(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.stack([u[name] for u in unrolls], axis=1))
+        def stacked(name: str) -> torch.Tensor:  # [B, ...] in one C loop, then one copy to time-major
+            return torch.from_numpy(np.ascontiguousarray(np.array([u[name] for u in unrolls]).swapaxes(0, 1)))
 
         def concatenated(name: str) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([u[name] for u in unrolls]))
