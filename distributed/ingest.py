@@ -21,11 +21,17 @@ class Prefetcher(Generic[Item]):
 
     `produce` returns the next item, or None when there is no more (the learner stops); `get` then
     returns None too. An exception in `produce` is raised again by `get`.
+
+    At most `depth` items exist ahead of the caller at any time, the one being produced included: the
+    thread waits for a free slot before it calls `produce`. Each item holds unacked stream entries, so
+    a learner holds at most depth + 1 batches (these and the one it trains on), the bound
+    `config.learners_in_flight` counts on; producing first and waiting to put would hold one more.
     """
 
     def __init__(self, produce: Callable[[], Item | None], depth: int):
         self.produce = produce
-        self.ready: queue.Queue = queue.Queue(maxsize=depth)
+        self.ready: queue.Queue = queue.Queue()
+        self.slots = threading.Semaphore(depth)
         self.error: BaseException | None = None
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ingest", daemon=True)
@@ -33,26 +39,26 @@ class Prefetcher(Generic[Item]):
 
     def _run(self) -> None:
         try:
-            while not self.closed.is_set():
+            while self._take_slot():
                 item = self.produce()
-                self._put(item)
+                self.ready.put(item)
                 if item is None:
                     return
         except BaseException as e:  # handed to the update's thread, which raises it
             self.error = e
-            self._put(None)
+            self.ready.put(None)
 
-    def _put(self, item: Item | None) -> None:
+    def _take_slot(self) -> bool:
+        """Wait for room for one more item; False once closed."""
         while not self.closed.is_set():
-            try:
-                self.ready.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+            if self.slots.acquire(timeout=0.1):
+                return True
+        return False
 
     def get(self) -> Item | None:
         """The next item, waiting for it; None once `produce` has returned None. Raises what `produce` raised."""
         item = self.ready.get()
+        self.slots.release()
         if item is None and self.error is not None:
             raise self.error
         return item

@@ -18,6 +18,9 @@ from tests.test_faults import T, encode, small_config, valid_unroll
 
 
 def test_prefetcher_keeps_depth_items_ready_and_ends_with_none():
+    """Never more than `depth` ahead, the one being produced included: a learner's unacked entries are
+    bounded by (depth + 1) batches, which actor.high_water_mark's minimum for K learners counts on (one
+    more per rank let a rank hold so much that the actors stopped while its peer waited for a batch)."""
     produced = []
 
     def produce():
@@ -28,11 +31,14 @@ def test_prefetcher_keeps_depth_items_ready_and_ends_with_none():
 
     batches = Prefetcher(produce, depth=2)
     deadline = time.monotonic() + 5
-    while len(produced) < 3 and time.monotonic() < deadline:  # two in the queue, one waiting to be put
+    while len(produced) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.1)
+    time.sleep(0.2)
+    assert len(produced) == 2
+    assert batches.get() == 0
+    time.sleep(0.2)
     assert len(produced) == 3
-    assert [batches.get() for _ in range(6)] == [0, 1, 2, 3, 4, None]
+    assert [batches.get() for _ in range(5)] == [1, 2, 3, 4, None]
     batches.close()
     assert not batches.thread.is_alive()
 
