@@ -257,13 +257,19 @@ def test_ctrl_c_during_the_embedded_redis_fork_stops_start_up_with_130_and_leave
            str(REPO / "configs/tictactoe.yaml"), "--eval-games", "0", "--set", f"run.name={run_name}",
            "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "actor.num_actors=1",
            "--set", "run.total_frames=10000000", "--set", "actor.num_envs=2", "--set", "agent.hidden=16"]
-    env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}
+    # PYTHONFAULTHANDLER: a launcher that does not stop is sent SIGABRT and prints where each thread was.
+    env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"} | {"PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     lines: list[str] = []
     try:
         _read_until(proc, r"SIGINT during the redis-server fork", lines)
         start = time.monotonic()
-        out = "".join(lines) + proc.communicate(timeout=30)[0]  # a lost Ctrl-C: it trains on
+        try:
+            out = "".join(lines) + proc.communicate(timeout=30)[0]  # a lost Ctrl-C: it trains on
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out = "".join(lines) + proc.communicate(timeout=30)[0]
+            pytest.fail(f"no exit 30 s after the Ctrl-C; the launcher's threads when sent SIGABRT:\n{out}")
         took = time.monotonic() - start
     finally:
         proc.kill()
