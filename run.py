@@ -392,8 +392,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from distributed.transport import connect
 
     # Until the launcher takes over: a SIGTERM or a closed terminal (SIGHUP) stops start-up as Ctrl-C does.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    # SIGINT too: a shell starts a background job with it ignored, which Python keeps, and the launcher
+    # answers it once it supervises; start-up must not be the one window where it does nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     resume = args.resume is not None
     cfg = _train_config(args)
     _require_game(cfg)

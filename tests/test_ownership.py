@@ -259,7 +259,10 @@ def test_ctrl_c_during_the_embedded_redis_fork_stops_start_up_with_130_and_leave
            "--set", "run.total_frames=10000000", "--set", "actor.num_envs=2", "--set", "agent.hidden=16"]
     # PYTHONFAULTHANDLER: a launcher that does not stop is sent SIGABRT and prints where each thread was.
     env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"} | {"PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    # Started with SIGINT ignored, as a shell starts a background job (`cmd &`): Python then installs no
+    # Ctrl-C handler of its own, and start-up must still answer the signal as the supervising launcher does.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines: list[str] = []
     try:
         _read_until(proc, r"SIGINT during the redis-server fork", lines)
