@@ -35,7 +35,12 @@ MAX_LEARNERS = 64  # data-parallel learner processes of one agent (learner.num_l
 MAX_INT_BITS = 63  # an integer config value beyond int64 is a typo, and too large for a float field
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """An error the user can act on, its message saying what to do: `run.py` prints it as one line and
+    exits 2. Raised by every layer (each defines its own subclass), so it lives here, in plain data."""
+
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot be used; the message says what to change."""
 
 

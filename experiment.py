@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import config
-from agents.heads import checked_spec
+from agents.spec import checked_spec
 from config import Config, ConfigError
 from evaluation.bots import make_bot
 
@@ -20,7 +20,7 @@ def check(cfg: Config) -> Config:
     """Check `cfg` against the env registry, its network and the baseline bots; returns `cfg`.
 
     Raises ConfigError: an unknown env (naming the valid ones and the closest), kwargs the env does not
-    take, a network that does not fit the board (see agents.heads.checked_spec), or a league bot that
+    take, a network that does not fit the board (see agents.spec.checked_spec), or a league bot that
     cannot play the game.
     """
     checked_spec(cfg)

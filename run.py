@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from config import Config, ConfigError, describe, from_yaml_text, to_yaml, without_secrets
+from config import Config, ConfigError, UserError, describe, from_yaml_text, to_yaml, without_secrets
 
 log = logging.getLogger("run")
 
@@ -407,10 +407,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--eval-history-games must be in [1, {MAX_EVAL_GAMES}]")
     url = _redis_url(args, cfg)
     client = connect(url) if url else None  # fail fast with a clear message
-    from distributed.learner import pick_device
+    if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
+        from distributed.learner import pick_device
 
-    device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
-    _check_learner_gpus(cfg, device)
+        device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+        _check_learner_gpus(cfg, device)
     run_dir = _new_run_dir(cfg, resume)
     with _run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
         lock = _claim_run_dir(run_dir, resume)
@@ -598,7 +599,8 @@ def cmd_learner(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").exists():
         _write_run_config(run_dir, cfg, "--run-dir or run.dir")
     from analysis.report import log_report  # the end-of-run figures; the learner imports no report code
-    from distributed.data_parallel import PEER_LOST_EXIT, DataParallelError
+    from distributed.data_parallel import DataParallelError
+    from distributed.ownership import PEER_LOST_EXIT
 
     try:
         if cfg.learner.algo == "a3c":
@@ -908,19 +910,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
-    from agents.checkpoint import CheckpointError
-    from distributed.ownership import RunDirLocked
-    from distributed.transport import LeaseHeld, RedisUnavailable
-    from evaluation.replays import ReplayError
-    from evaluation.tournament import PlayerError, TournamentError
-
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
                 "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
                 "report": cmd_report, "runs": cmd_runs, "config": cmd_config}
     try:
         return commands[args.role](args)
-    except (ConfigError, RedisUnavailable, CheckpointError, LeaseHeld, ReplayError, PlayerError,
-            TournamentError, RunDirLocked) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside the launcher's own handling (start-up, final evaluation)

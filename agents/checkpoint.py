@@ -21,12 +21,14 @@ from safetensors import SafetensorError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from config import UserError
+
 log = logging.getLogger("checkpoint")
 
 DIGEST_KEY = "tensors_sha256"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint file that is missing, corrupt, or not one of ours; the message names the file."""
 
 

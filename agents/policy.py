@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint
-from agents.heads import checked_spec, sample_actions
+from agents.heads import sample_actions
 from agents.network import ActorCritic
+from agents.spec import checked_spec
 from config import Config, ConfigError, from_yaml_text
 from envs.registry import EnvSpec
 

@@ -16,17 +16,17 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
-import torch
 import zstandard
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from config import COMPRESSIONS
 from envs.registry import EnvSpec
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEMA = "impala-unroll/2"  # 2: `truncated` and `final_obs` (time limits bootstrap), header `compression`
 MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it
@@ -317,6 +317,8 @@ def _value_errors(unrolls: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
 
 def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
     """Weights as safetensors bytes (no pickle). Tensors are copied to CPU and made contiguous."""
+    from safetensors.torch import save as st_save  # here, not above: `run.py train` itself never imports torch
+
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     return st_save(tensors, metadata=metadata)
 
@@ -344,5 +346,7 @@ def verify_weights(data: bytes, digest: bytes | str | None, what: str) -> bytes:
 
 def decode_weights(data: bytes) -> dict[str, torch.Tensor]:
     """Inverse of `encode_weights`. Raises safetensors.SafetensorError on a corrupt payload."""
+    from safetensors.torch import load as st_load
+
     return st_load(data)
 

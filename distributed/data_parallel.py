@@ -39,11 +39,6 @@ log = logging.getLogger("data_parallel")
 COLLECTIVE_TIMEOUT_S = 600.0
 
 
-# The exit code of `run.py learner` when its collective or rendezvous failed: it is not the cause of a
-# failed run but a peer's casualty, so the launcher names the rank that exited otherwise.
-PEER_LOST_EXIT = 3
-
-
 class DataParallelError(RuntimeError):
     """A collective or the rendezvous failed: a peer rank died, or did not arrive within the timeout."""
 

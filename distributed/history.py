@@ -1,10 +1,10 @@
 """Earlier policies of a run without a league: copies of the main learner's checkpoint, few and evenly spaced.
 
 With a league, the main agent's snapshots (`league/snapshots/`) show how it played over training;
-without one, `run.py train`'s launcher keeps these copies for the end-of-run evaluation to play
-(`evaluation/over_training.py`). Between its supervision passes it calls `CheckpointHistory.update`:
-when the learner has written a new `checkpoints/latest.safetensors` (every `learner.checkpoint_every_s`),
-every `stride`-th one is copied, network only, to `checkpoints/history/<update step>.safetensors`.
+without one, the main learner keeps these copies for the end-of-run evaluation to play
+(`evaluation/over_training.py`). It calls `CheckpointHistory.update` after each checkpoint it writes
+to `checkpoints/latest.safetensors` (every `learner.checkpoint_every_s`), and every `stride`-th one is
+copied, network only, to `checkpoints/history/<update step>.safetensors`.
 Once more than `2 * keep` copies lie there, every other one is deleted (the first and the newest
 stay) and the stride doubles, so the copies stay evenly spaced over the run and there are at most
 `2 * keep` of them (connect four's conv net: 0.8 MB each). A resumed run goes on from the copies

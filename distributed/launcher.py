@@ -26,12 +26,9 @@ from typing import TYPE_CHECKING, Callable
 import redis
 
 from config import Config
-from distributed.data_parallel import PEER_LOST_EXIT
-from distributed.history import CheckpointHistory
-from distributed.ownership import OWNER_ENV
+from distributed.ownership import OWNER_ENV, PEER_LOST_EXIT
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
-from evaluation.bots import GAMES
 from league.players import MAIN, checkpoint_dir, learner_players, namespace
 from league.store import LeagueStore
 
@@ -358,20 +355,10 @@ def _restart_args(role: str, args: list[str]) -> list[str]:
     return args if role == "actor" or "--resume" in args else args + ["--resume"]
 
 
-def _checkpoint_history(cfg: Config, run_dir: Path) -> CheckpointHistory | None:
-    """Copies of the main learner's checkpoint for the end-of-run evaluation to play (distributed/history.py):
-    in board games without a league (a league's snapshots serve instead)."""
-    if cfg.league.enabled or cfg.env.name not in GAMES:
-        return None
-    return CheckpointHistory(checkpoint_dir(run_dir, MAIN) / "latest.safetensors")
-
-
 def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool,
               view: "LiveView | None" = None) -> tuple[int, bool]:
     """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
-    main learner ends. In board games without a league, also keep evenly spaced copies of the main
-    learner's checkpoint (`_checkpoint_history`). With `view` (a terminal), the children's output and
-    the progress go through it.
+    main learner ends. With `view` (a terminal), the children's output and the progress go through it.
 
     Returns (exit code, finished). finished: the main learner reached the end of the run (its done key is
     set), also when a signal came while it was closing. The code: 0 after the end; 128 + the signal's
@@ -415,10 +402,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                  ", ".join([f"learner rank {r} (pid {p.pid})" for r, p in enumerate(ranks, start=1)]
                            + [f"{name} (pid {p.pid})" for name, p in workers.items()]))
         restarts = 0
-        history = _checkpoint_history(cfg, run_dir)
         while learner.poll() is None and not received and not failure:
-            if history is not None:
-                history.update()
             failure = _failed_rank(ranks) or ""  # a rank cannot rejoin its group: the run stops, --resume goes on
             if failure:
                 break

@@ -32,6 +32,7 @@ from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
+from distributed.history import CheckpointHistory
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
@@ -44,6 +45,7 @@ from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
 from league.store import LeagueStore
 from envs.registry import EnvSpec, env_spec
+from evaluation.bots import GAMES
 from tracking import Tracker, start_tracking
 
 log = logging.getLogger("learner")
@@ -435,6 +437,10 @@ class Learner:
         self.counter_base: dict[str, int] = {}
         self.last_counters: dict[str, int] = {}
         self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
+        # Without a league, evenly spaced copies of the checkpoint for the end-of-run evaluation to play
+        # (distributed/history.py); a league's snapshots serve instead.
+        self.history = (CheckpointHistory(self.checkpoint_path)
+                        if player == MAIN and not cfg.league.enabled and cfg.env.name in GAMES else None)
         if resume and not self.group.is_main:
             pass  # rank 0's state reaches this rank in sync_start
         elif resume and self.checkpoint_path.exists():
@@ -532,6 +538,8 @@ class Learner:
                          "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
                          "counters": self.last_counters or self.counter_base,
                          "finished": self.finished})
+        if self.history is not None:
+            self.history.update()
 
     def stop(self, *_: object) -> None:
         self.stopping = True

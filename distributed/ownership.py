@@ -21,14 +21,19 @@ import threading
 import time
 from pathlib import Path
 
+from config import UserError
+
 log = logging.getLogger("ownership")
 
 LOCK_NAME = "run.lock"
 OWNER_ENV = "IMPALA_RUN_OWNER"  # pid of the launcher that holds the run directory's lock
 WATCH_EVERY_S = 0.5
+# The exit code of `run.py learner` when its collective or rendezvous failed (distributed/data_parallel.py):
+# it is not the cause of a failed run but a peer's casualty, so the launcher names the rank that exited otherwise.
+PEER_LOST_EXIT = 3
 
 
-class RunDirLocked(RuntimeError):
+class RunDirLocked(UserError, RuntimeError):
     """The run directory is locked by another live process; the message names its host and pid."""
 
 

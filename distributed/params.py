@@ -17,10 +17,14 @@ with weights K versions behind the learner's.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import redis
-import torch
 
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights, verify_weights, weights_digest
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ParamStore:

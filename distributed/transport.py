@@ -52,6 +52,8 @@ from redis.cluster import RedisCluster
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
+from config import UserError
+
 log = logging.getLogger("transport")
 
 GROUP = "learners"
@@ -62,7 +64,7 @@ RESULTS_MAXLEN = 100_000  # episode results are statistics: the oldest may be tr
 SEEN_IDS = 100_000
 
 
-class RedisUnavailable(RuntimeError):
+class RedisUnavailable(UserError, RuntimeError):
     """Redis cannot be reached; the message says where and what to check."""
 
 
@@ -700,7 +702,7 @@ class LearnerLease:
             pass  # it lapses by itself
 
 
-class LeaseHeld(RuntimeError):
+class LeaseHeld(UserError, RuntimeError):
     """Another learner holds the run; the message names it."""
 
 

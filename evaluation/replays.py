@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from config import UserError
 from envs.base import leader
 from envs.registry import EnvSpec, env_spec, make_env, make_raw_env
 from evaluation.bots import GAMES
@@ -55,7 +56,7 @@ GIF_MAX_FRAMES = 250
 (`gif_stride`), always with the start and the final step; 250 frames of 100 ms play in 25 s."""
 
 
-class ReplayError(ValueError):
+class ReplayError(UserError, ValueError):
     """A replay that cannot be read or does not re-simulate to what it records; names the file."""
 
 

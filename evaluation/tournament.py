@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from config import UserError
 from evaluation.bots import BOT_SPECS, is_bot_spec, make_bot
 from evaluation.elo import fit_elo
 from evaluation.evaluate import count_outcomes, play_games
@@ -45,11 +46,11 @@ PRIOR_DRAWS = 1.0
 """Virtual draws per pair in the Elo fit (see ``evaluation/elo.py``): keeps undefeated players finite."""
 
 
-class TournamentError(ValueError):
+class TournamentError(UserError, ValueError):
     """A tournament that cannot be played as asked (e.g. a worker process failed); says which pair."""
 
 
-class PlayerError(ValueError):
+class PlayerError(UserError, ValueError):
     """A player spec that does not resolve to usable players; the message names the spec."""
 
 

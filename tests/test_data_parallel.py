@@ -235,7 +235,7 @@ def test_the_launcher_blames_the_rank_that_failed_not_the_ones_whose_collective_
     import subprocess
     import sys
 
-    from distributed.data_parallel import PEER_LOST_EXIT
+    from distributed.ownership import PEER_LOST_EXIT
     from distributed.launcher import _failed_rank
 
     def exited(code: int) -> subprocess.Popen:

@@ -158,3 +158,15 @@ def test_the_known_wrong_ways_are_gone():
     assert not any(t.startswith("agents") for t in GRAPH["envs.sc2_wrappers.actions"])
     assert not any(t.startswith("analysis") for t in GRAPH["distributed.learner"])
     assert not any(t.startswith("distributed") and t != "distributed.vtrace" for t in GRAPH["agents.policy"])
+
+
+def test_the_train_launcher_imports_no_torch():
+    """`run.py train` itself only supervises: importing torch (2 s on two cores) before it starts its
+    children would delay every run. What its start-up and supervision import, torch stays out."""
+    import subprocess
+    import sys
+
+    code = ("import sys, run, experiment, distributed.launcher, distributed.live, distributed.ownership;"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:500]
