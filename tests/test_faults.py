@@ -163,8 +163,11 @@ def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, 
     spec = env_spec("tictactoe")
     ParamStore(redis_client, run_name).publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), 3)
     actor = Actor(small_config(run_name, tmp_path, "agent.hidden=32", "actor.num_envs=2"), redis_url, 0)
-    with pytest.raises(ConfigError, match=r"do not fit this actor's network.*\(size mismatch for"):
-        actor.sync_params(wait=True)
+    try:
+        with pytest.raises(ConfigError, match=r"do not fit this actor's network.*\(size mismatch for"):
+            actor.sync_params(wait=True)
+    finally:
+        actor.close()  # its id's lease thread would renew until the session's Redis stops
 
 
 def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path, redis_url, run_name):
