@@ -4,7 +4,9 @@ Reference: one process steps `actor.num_envs` envs with one batched forward pass
 sampled actions, exactly the actor's inner loop without Redis, unrolls or a learner. Ours: a full
 `run.py train` (embedded Redis, learner, `actor.num_actors` actors) for `--seconds`, measured as the
 env steps the learner trained on per second after a warm-up. Both run in this one invocation,
-one after the other, on the same machine and config.
+one after the other, on the same machine and config. From the same run: what the actors would produce
+unthrottled (their rate while not waiting for room in the stream), and the shares of the learner's
+time spent in updates and waiting for batches.
 
     python bench/bench_sps.py [--config configs/connect_four.yaml] [--seconds 60] [--set key=value ...]
 """
@@ -68,9 +70,19 @@ def end_to_end_sps(config: str, overrides: list[str], seconds: float, warmup: fl
     t0 = records[0]["time"] - 2
     steady = [r for r in records if r["time"] - t0 >= warmup]
     first, last = steady[0], steady[-1]
-    sps = (last["frames"] - first["frames"]) / (last["time"] - first["time"])
+    seconds = last["time"] - first["time"]
+    sps = (last["frames"] - first["frames"]) / seconds
+    # What the actors would produce unthrottled: their rate while not waiting for room in the stream.
+    cfg = load_config(config, overrides)
+    produced = (last["unrolls_produced"] - first["unrolls_produced"]) * cfg.actor.unroll_length / seconds
+    throttled = (last["actors_throttled_s"] - first["actors_throttled_s"]) / (cfg.actor.num_actors * seconds)
+    steady = steady[1:]  # each record's shares cover the seconds since the one before
     return sps, {"policy_lag": float(np.mean([r["policy_lag"] for r in steady])),
-                 "queue_depth": float(np.mean([r["queue_depth"] for r in steady]))}
+                 "queue_depth": float(np.mean([r["queue_depth"] for r in steady])),
+                 "high_water_mark": cfg.actor.high_water_mark, "produced": produced, "throttled": throttled,
+                 "unthrottled": produced / max(1.0 - throttled, 1e-9),
+                 "update_share": float(np.mean([r["update_share"] for r in steady])),
+                 "wait_share": float(np.mean([r["wait_share"] for r in steady]))}
 
 
 def main() -> None:
@@ -90,6 +102,12 @@ def main() -> None:
     print(f"  end-to-end, learner-consumed           : {e2e:10,.0f} steps/s  "
           f"(policy lag {extra['policy_lag']:.1f} updates, queue {extra['queue_depth']:.0f} unrolls)")
     print(f"  ratio end-to-end / raw                 : {e2e / raw:10.2f}")
+    print(f"  actors: produced {extra['produced']:,.0f} steps/s, throttled {extra['throttled']:.0%} of their time; "
+          f"unthrottled {extra['unthrottled']:,.0f} steps/s")
+    print(f"  ratio learner-consumed / unthrottled   : {e2e / extra['unthrottled']:10.2f}  "
+          f"(queue {extra['queue_depth']:.0f} of high-water mark {extra['high_water_mark']})")
+    print(f"  learner's update thread: {extra['update_share']:.0%} in updates, {extra['wait_share']:.0%} waiting "
+          "for batches")
 
 
 if __name__ == "__main__":

@@ -346,6 +346,7 @@ class Actor:
         self.version = -1
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.sent = 0
+        self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
         self.pending_results: list[dict] = []
         self.results_sent_at = time.monotonic()
@@ -519,7 +520,8 @@ class Actor:
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """XADD finished unrolls after waiting for room; sync params on schedule. True = run is over."""
-        self.trajectories.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
+        self.throttled_s += self.trajectories.wait_for_room(self.cfg.actor.high_water_mark, self.run_over,
+                                                            backlog=self.backlog)
         if self.run_over():
             return True
         payloads = []
@@ -529,7 +531,8 @@ class Actor:
                                           compression=self.cfg.transport.compression,
                                           level=self.cfg.transport.compression_level))
             self.sent += 1
-        self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent)
+        self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
+                                             throttled_s=self.throttled_s)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()

@@ -689,7 +689,9 @@ class Learner:
         batches = Prefetcher(self.ingest, depth) if depth else None
         try:
             while True:
+                waited = time.monotonic()
                 got = None if self.reached_end() else batches.get() if batches else self.ingest()
+                window.waited_s += time.monotonic() - waited
                 # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
                 lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
                 (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
@@ -745,7 +747,9 @@ class Learner:
         frames = self.frames
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        started = time.monotonic()
         stats = self.train_on(batch)
+        window.update_s += time.monotonic() - started
         self.acknowledge(ids, headers)
         replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
         window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats, replay_lags)
@@ -850,6 +854,7 @@ class Learner:
             "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
+            "actors_throttled_s": counts["throttled_s"],
         })
         if self.replay is not None:
             record.update(window.replay_summary(), replay_unrolls=len(self.replay),
@@ -896,6 +901,8 @@ class MetricsWindow:
     lags: list = field(default_factory=list)  # policy lag of each fresh unroll
     stats: list = field(default_factory=list)
     replay_lags: list = field(default_factory=list)  # policy lag of each replayed unroll, when it was trained on
+    update_s: float = 0.0  # seconds in the updates themselves (`train_on`)
+    waited_s: float = 0.0  # seconds the update's thread waited for its next batch
 
     def add(self, frames: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
         self.frames += frames
@@ -915,12 +922,16 @@ class MetricsWindow:
 
     def summary(self, now: float) -> dict[str, float]:
         """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
-        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more)."""
+        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
+        the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
+        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck."""
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
         record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
                        "policy_lag_max": int(max(self.lags)),
                        "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
+        seconds = max(now - self.start, 1e-9)
+        record.update(update_share=self.update_s / seconds, wait_share=self.waited_s / seconds)
         return record
 
 

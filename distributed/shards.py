@@ -380,10 +380,10 @@ class ShardedTrajectories:
         return sorted(set(removed))
 
     # -- accounting --------------------------------------------------------------------------------
-    def accounting(self) -> dict[str, int]:
+    def accounting(self) -> dict[str, float]:
         """`TrajectoryStream.accounting` summed over the shards (each read atomically; a down server's
         shards count as last read). Per-shard backlogs are left in `backlogs`."""
-        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
+        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 0, "backlog": 0, "throttled_s": 0.0}
         for s, (stream, server) in enumerate(zip(self.streams, self.server_of)):
             counts = self._call(server, stream.accounting) if self._up(server) else None
             counts = counts or self.last_counts[s]

@@ -253,6 +253,7 @@ class TrajectoryStream:
         self.deadletter_key = f"{prefix}:deadletter"
         self.deadletter_count_key = f"{prefix}:deadletter:count"
         self.produced_key = f"{self.key}:produced"
+        self.throttled_key = f"{self.key}:throttled"
         self.trained_key = f"{self.key}:trained"
         self.duplicates_key = f"{self.key}:duplicates"
         self.seen_key = f"{self.key}:seen"
@@ -260,12 +261,15 @@ class TrajectoryStream:
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
     # -- actor side ---------------------------------------------------------------------------------
-    def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0) -> int:
+    def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0,
+            throttled_s: float = 0.0) -> int:
         """XADD encoded unrolls in one transaction (never with MAXLEN: that could drop unread unrolls).
 
         With `producer` (an actor's `{actor_id}-{token}`), the same transaction sets its field of
         `{run}:traj:produced` to `produced`, the unrolls it has added so far, this call's included:
-        a transaction re-sent after a lost reply adds copies of the unrolls but counts them once.
+        a transaction re-sent after a lost reply adds copies of the unrolls but counts them once. Its
+        field of `{run}:traj:throttled` is set to `throttled_s`, the seconds it has waited for room so
+        far (`wait_for_room`), from which the learner tells what the actors would produce unthrottled.
 
         Returns the backlog after the adds (counted in the same round trip; see `backlog`).
         """
@@ -274,6 +278,8 @@ class TrajectoryStream:
             pipe.xadd(self.key, {"data": data})
         if producer is not None:
             pipe.hset(self.produced_key, producer, produced)
+            if throttled_s:
+                pipe.hset(self.throttled_key, producer, f"{throttled_s:.3f}")
         pipe.xlen(self.key)
         n = int(pipe.execute()[-1])
         self.last_backlog = (n, time.monotonic())
@@ -436,18 +442,21 @@ class TrajectoryStream:
     def dead_lettered(self) -> int:
         return int(self.r.get(self.deadletter_count_key) or 0)
 
-    def accounting(self) -> dict[str, int]:
+    def accounting(self) -> dict[str, float]:
         """Where the unrolls of this stream went (see the module doc): `produced` (by all actors),
-        `trained`, `dead_lettered`, `duplicates` and `backlog` (unread or pending), read atomically."""
+        `trained`, `dead_lettered`, `duplicates` and `backlog` (unread or pending), read atomically;
+        and `throttled_s`, the seconds all its actors have waited for room (backpressure)."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hvals(self.produced_key)
         pipe.get(self.trained_key)
         pipe.get(self.deadletter_count_key)
         pipe.get(self.duplicates_key)
         pipe.xlen(self.key)
-        produced, trained, dead, duplicates, backlog = pipe.execute()
+        pipe.hvals(self.throttled_key)
+        produced, trained, dead, duplicates, backlog, throttled = pipe.execute()
         return {"produced": sum(int(n) for n in produced), "trained": int(trained or 0),
-                "dead_lettered": int(dead or 0), "duplicates": int(duplicates or 0), "backlog": backlog}
+                "dead_lettered": int(dead or 0), "duplicates": int(duplicates or 0), "backlog": backlog,
+                "throttled_s": sum(float(s) for s in throttled)}
 
 
 # Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer

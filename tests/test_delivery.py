@@ -70,7 +70,8 @@ def test_ack_counts_only_what_it_acknowledged(redis_client, run_name):
     stream.skip_duplicates(ids[2:])
     stream.skip_duplicates(ids[2:])
     stream.dead_letter(ids[0], b"x", "again")  # acked already: not dead-lettered as well
-    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1, "backlog": 0}
+    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1,
+                                   "backlog": 0, "throttled_s": 0.0}
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
 
 
@@ -158,7 +159,8 @@ def test_a_transaction_whose_reply_was_lost_is_resent_and_its_copies_are_skipped
     learner = Learner(small_config(run_name, tmp_path), redis_server.url, tmp_path / run_name)
     run_learner_until(learner, lambda: stream.accounting()["backlog"] == 1)  # B = 2: the last one waits
     assert learner.step == 1 and learner.frames == 2 * T
-    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "duplicates": 2, "backlog": 1}
+    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "duplicates": 2,
+                                   "backlog": 1, "throttled_s": 0.0}
 
 
 # -- duplicates, through the learner ---------------------------------------------------------------
@@ -175,7 +177,7 @@ def test_the_learner_skips_duplicate_deliveries_also_after_a_restart(tmp_path, r
     run_learner_until(learner, lambda: learner.step >= 1)
     assert learner.step == 1 and learner.frames == 2 * T  # one update, on `first` and `second` once each
     assert TrajectoryStream(redis_client, run_name).accounting() == {
-        "produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1, "backlog": 0}
+        "produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1, "backlog": 0, "throttled_s": 0.0}
 
     # A copy of each that arrives after a restart (a resend held up by an outage) is still detected.
     resumed = Learner(cfg, redis_url, tmp_path / run_name, resume=True)
@@ -184,7 +186,7 @@ def test_the_learner_skips_duplicate_deliveries_also_after_a_restart(tmp_path, r
     run_learner_until(resumed, lambda: resumed.step >= 2)
     assert resumed.step == 2 and resumed.frames == 2 * 2 * T
     assert TrajectoryStream(redis_client, run_name).accounting() == {
-        "produced": 0, "trained": 4, "dead_lettered": 0, "duplicates": 3, "backlog": 0}
+        "produced": 0, "trained": 4, "dead_lettered": 0, "duplicates": 3, "backlog": 0, "throttled_s": 0.0}
     assert resumed.rolled_back == 0  # the first learner checkpointed after its update
     record = json.loads((tmp_path / run_name / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["duplicate_unrolls"] == 3 and record["unrolls_trained"] == 4

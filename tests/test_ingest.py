@@ -75,10 +75,12 @@ def test_a_copy_of_a_prefetched_unroll_is_skipped_before_its_batch_is_acked(tmp_
         header["unroll_id"] for header, _ in learner.decode([u1, u2, u3, u4])]
     np.testing.assert_array_equal(prepared2.batch.reward[0].numpy(), [0.5, 0.25])
     stream = TrajectoryStream(redis_client, run_name)
-    assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 1, "backlog": 4}
+    assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 1,
+                                   "backlog": 4, "throttled_s": 0.0}
     learner.acknowledge(ids1, headers1)
     learner.acknowledge(ids2, headers2)
-    assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "duplicates": 1, "backlog": 0}
+    assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "duplicates": 1,
+                                   "backlog": 0, "throttled_s": 0.0}
     assert learner.in_flight == set()
 
 
@@ -100,7 +102,8 @@ def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_clie
     again = Learner(small_config(run_name, tmp_path, "learner.prefetch_batches=4"), redis_url, tmp_path / run_name,
                     resume=True)
     run_learner_until(again, lambda: stream.accounting()["backlog"] == 0)
-    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
+    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "duplicates": 0,
+                                   "backlog": 0, "throttled_s": 0.0}
 
 
 def test_a_stacked_batch_moves_to_the_device_unchanged():

@@ -234,6 +234,29 @@ def test_wait_for_room_returns_when_told_to_stop(traj):
     assert traj.wait_for_room(high_water_mark=2, should_stop=lambda: True) < 0.05
 
 
+def test_each_actor_s_seconds_throttled_are_counted_once_and_summed(traj):
+    """An actor sends its running total with each add, so a transaction re-sent after a lost reply sets
+    the same value again; accounting sums the actors' totals."""
+    traj.add(payloads(2), producer="0-a", produced=2, throttled_s=1.25)
+    traj.add(payloads(1), producer="0-a", produced=3, throttled_s=1.25)  # the same total again
+    traj.add(payloads(1), producer="1-b", produced=1)  # never throttled: no field
+    assert traj.accounting()["throttled_s"] == 1.25
+    traj.add(payloads(1), producer="1-b", produced=2, throttled_s=0.5)
+    traj.add(payloads(1), producer="0-a", produced=4, throttled_s=2.0)
+    counts = traj.accounting()
+    assert counts["throttled_s"] == 2.5 and counts["produced"] == 6
+
+
+def test_the_metrics_window_reports_the_update_thread_s_shares_of_its_time():
+    from distributed.learner import MetricsWindow
+
+    window = MetricsWindow(start=100.0)
+    window.add(40, [0, 1], {"loss": 0.5, "skipped_update": 0.0})
+    window.update_s, window.waited_s = 3.0, 0.5
+    record = window.summary(now=104.0)
+    assert record["update_share"] == 0.75 and record["wait_share"] == 0.125
+
+
 def test_runs_do_not_see_each_others_entries(redis_client, run_name):
     a = TrajectoryStream(redis_client, run_name + "-a")
     b = TrajectoryStream(redis_client, run_name + "-b")
