@@ -108,6 +108,7 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
     assert manager.consume_results() == len(results)
     assert manager.payoff.games(EXPLOITER, "main") == len(against_main)
     assert manager.skipped == 15
+    actor.close()
 
 
 def test_single_opponent_rule():
@@ -146,6 +147,7 @@ def test_corrupt_published_weights_are_logged_counted_and_the_previous_ones_kept
     store.publish(_weights(cfg, 3), 3)  # the next good publish is loaded
     actor.sync_params()
     assert actor.version == 3
+    actor.close()
 
 
 def test_weights_without_their_digest_are_refused(redis_client, run_name):
@@ -179,6 +181,7 @@ def test_a_corrupt_snapshot_is_refused_and_counted_by_actors_and_the_league(tmp_
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
     assert manager.take_snapshot("main", "test") is None
     assert main.corrupt_count() == 1
+    actor.close()
 
 
 def test_snapshot_files_are_fsynced_before_the_rename_and_their_directory_after(tmp_path, monkeypatch):

@@ -52,3 +52,4 @@ def test_actor_acts_with_weights_k_versions_behind(tmp_path, redis_client, redis
     actor.sync_params()
     assert actor.version == 3
     assert all(bool((p == 3).all()) for p in actor.model.state_dict().values())
+    actor.close()

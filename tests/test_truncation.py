@@ -319,6 +319,7 @@ def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_
         np.testing.assert_allclose(out.pg_advantages[:, b].numpy(), hand_adv, rtol=1e-4, atol=1e-4)
     # The cut steps inside unrolls bootstrapped from V(final observation) (a trained value, not 0).
     assert all(final_values[t, b] != 0 for b, t in inside)
+    actor.close()
 
 
 def test_starcraft_step_limit_is_truncated_and_its_final_observations_reach_the_learner():
