@@ -108,12 +108,15 @@ class ActorConfig:
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
     unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
-    send_batch: int = _f(1, "send finished unrolls once this many are ready, in one transaction (one round trip)")
+    send_batch: int = _f(1, "unrolls per trajectory stream entry: an actor sends its finished unrolls this many "
+                         "to an entry, stacked (one round trip for all; one parse per entry for the learner, whose "
+                         "ingest costs per entry); it must divide the fresh unrolls of a batch")
     weight_delay: int = _f(0, "act with the weights K publishes behind the learner's latest (policy lag on "
                            "purpose, for the off-policy correction study); 0 = the latest")
     epsilon: float = _f(0.0, "exploration: env i plays uniformly random legal moves with probability "
                         "epsilon * i / (num_envs - 1); V-trace corrects for it")
-    high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls")
+    high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls "
+                              "(its entries times actor.send_batch)")
 
 
 @dataclass
@@ -474,6 +477,10 @@ def validate(cfg: Config) -> None:
          f"actor.high_water_mark must be >= (learner.num_learners - 1) * (learner.prefetch_batches + 1) * "
          f"learner.batch_size + learner.batch_size = {learners_in_flight(cfg.learner)}: K-1 learners may hold "
          "that many unrolls unacked while the last one waits for its batch"),
+        (cfg.learner.algo != "impala" or (cfg.learner.batch_size - replayed_per_batch(cfg.learner)) % max(cfg.actor.send_batch, 1) == 0,
+         f"actor.send_batch={cfg.actor.send_batch} must divide the {cfg.learner.batch_size - replayed_per_batch(cfg.learner)} "
+         "fresh unrolls of each batch (learner.batch_size minus the round(learner.replay_fraction * batch_size) "
+         "replayed): a batch takes whole stream entries of send_batch unrolls"),
         (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
          "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
         (0.0 <= cfg.learner.replay_fraction < 1.0,

@@ -2,7 +2,8 @@
 
 `config.py` is plain data: it checks types and ranges and imports nothing of ours. Whether `env.name`
 exists, whether the network fits its board and whether `league.bots` can play the game need the env
-registry and the baseline bots, which sit above the config; `check` asks them. Every command loads its
+registry and the baseline bots, which sit above the config; `check` asks them (and the wire
+format, for the size of a stream entry). Every command loads its
 config through `load_config` here (run.py), and so do readers of run directories (analysis/runs.py).
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import config
 from agents.spec import checked_spec
 from config import Config, ConfigError
+from distributed.codec import UnrollSpec
 from evaluation.bots import make_bot
 
 
@@ -20,10 +22,14 @@ def check(cfg: Config) -> Config:
     """Check `cfg` against the env registry, its network and the baseline bots; returns `cfg`.
 
     Raises ConfigError: an unknown env (naming the valid ones and the closest), kwargs the env does not
-    take, a network that does not fit the board (see agents.spec.checked_spec), or a league bot that
-    cannot play the game.
+    take, a network that does not fit the board (see agents.spec.checked_spec), a league bot that
+    cannot play the game, or stream entries of `actor.send_batch` unrolls over the decoder's size limit.
     """
-    checked_spec(cfg)
+    spec = checked_spec(cfg)
+    most = UnrollSpec(spec, cfg.actor.unroll_length).max_unrolls_per_entry
+    if cfg.actor.send_batch > most:
+        raise ConfigError(f"actor.send_batch={cfg.actor.send_batch}: a stream entry of {spec.name} unrolls of length "
+                          f"{cfg.actor.unroll_length} holds at most {most} (MAX_MESSAGE_BYTES): lower it")
     for bot in cfg.league.bots if cfg.league.enabled else ():
         try:
             make_bot(bot, cfg.env.name)

@@ -2,11 +2,11 @@
 
 Real connect-four unrolls (sent by a real actor, see bench_wire.py) are encoded once. `--workers`
 processes then drive `--actors` simulated actors between them (default 256), each with its own Redis
-connection and its own shard (actor_id % shards), as a real actor: it sends `actor.send_batch` unrolls per
-transaction at `--rate` unrolls per second, with its `produced` count in the same transaction
+connection and its own shard (actor_id % shards), as a real actor: it sends one entry of `actor.send_batch`
+unrolls per transaction at `--rate` unrolls per second, with its `produced` count in the same transaction
 (`TrajectoryStream.add`), and follows the real backpressure rule (no add while its shard's backlog, as
 last counted, is above `actor.high_water_mark`; recounted every 50 ms, as `wait_for_room` polls). Each
-send re-packs a pre-encoded unroll with a fresh unroll id (ids must be unique, or the learner skips copies).
+send re-packs a pre-encoded entry with a fresh id (ids must be unique, or the learner skips copies).
 
 The learner runs its own ingest path without the optimizer step, as bench_ingest.py: `Learner.ingest`
 (read every shard, duplicate check, decode, validate, stack) in the ingest thread and
@@ -73,14 +73,12 @@ def worker(args: argparse.Namespace) -> None:
                 if backlog[k] > args.hwm:
                     held_back += 1
                     continue
-            payloads = []
-            for _ in range(args.send_batch):
-                msg = pool[(ids[k] + sent[k]) % len(pool)]
-                msg["header"]["unroll_id"] = f"{ids[k]}-{token}-{sent[k]}"
-                msg["header"]["actor_id"] = ids[k]
-                payloads.append(msgpack.packb(msg, use_bin_type=True))
-                sent[k] += 1
-            backlog[k] = stream.add(payloads, producer=f"{ids[k]}-{token}", produced=sent[k])
+            msg = pool[(ids[k] + sent[k]) % len(pool)]
+            msg["header"]["unroll_id"] = f"{ids[k]}-{token}-{sent[k]}"
+            msg["header"]["actor_id"] = ids[k]
+            sent[k] += args.send_batch
+            backlog[k] = stream.add([msgpack.packb(msg, use_bin_type=True)], producer=f"{ids[k]}-{token}",
+                                    produced=sent[k])
             counted_at[k] = now
             next_at[k] = max(next_at[k] + period, now - period)  # a late actor catches up by one send, no more
         time.sleep(max(0.0, min(min(next_at) - time.monotonic(), 0.005)))
@@ -124,7 +122,8 @@ def run_fleet(args: argparse.Namespace, shards: int, payload_file: str, tmp: str
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", "--url", servers[0].url, "--urls", ",".join(urls),
                  "--run", run, "--shards", str(shards), "--ids", ids, "--rate", str(args.rate),
-                 "--hwm", str(cfg.actor.high_water_mark), "--send-batch", str(cfg.actor.send_batch),
+                 "--hwm", str(-(-cfg.actor.high_water_mark // cfg.actor.send_batch)),  # in entries, as actors wait
+                 "--send-batch", str(cfg.actor.send_batch),
                  "--payloads", payload_file, "--stop-file", str(stop_file)],
                 stdout=subprocess.PIPE, text=True))
         sampler = threading.Thread(target=sample_memory, daemon=True)
@@ -135,7 +134,7 @@ def run_fleet(args: argparse.Namespace, shards: int, payload_file: str, tmp: str
         while time.monotonic() - start < args.seconds:
             ids, headers, _ = batches.get() if batches else learner.ingest()
             learner.acknowledge(ids, headers)
-            consumed += len(ids)
+            consumed += sum(h["unrolls"] for h in headers)
         elapsed = time.monotonic() - start
         stop_file.touch()
         sent = sum(json.loads(p.communicate(timeout=60)[0])["sent"] for p in procs)
@@ -149,8 +148,9 @@ def run_fleet(args: argparse.Namespace, shards: int, payload_file: str, tmp: str
         stop_file.touch()
         for s in servers:
             s.stop()
+    # The backlog counts entries: send_batch unrolls each.
     balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["duplicates"] + \
-        counts["backlog"] and counts["produced"] == sent
+        counts["backlog"] * cfg.actor.send_batch and counts["produced"] == sent
     return {"actors": args.actors, "shards": shards, "servers": len(servers),
             "sps": consumed * cfg.actor.unroll_length / elapsed, "unrolls_per_s": consumed / elapsed,
             "peak_mb": peak[0] / 2**20, "backlog": counts["backlog"], "counts": counts, "sent": sent,
@@ -182,14 +182,16 @@ def main() -> None:
 
     from bench_wire import actor_unrolls
     from config import load_config
-    from distributed.codec import encode_unroll
+    from distributed.codec import encode_unrolls
 
     torch.set_num_threads(1)
     unrolls, uspec = actor_unrolls(args.config, [], 32)
     cfg = load_config(REPO / args.config, args.overrides)
-    payloads = [encode_unroll(u, unroll_id=f"pool-{i}", policy_version=0, actor_id=0, env=uspec.env.name,
-                              compression=cfg.transport.compression, level=cfg.transport.compression_level)
-                for i, u in enumerate(unrolls)]
+    K = cfg.actor.send_batch
+    payloads = [encode_unrolls([unrolls[(i + j) % len(unrolls)] for j in range(K)], unroll_id=f"pool-{i}",
+                               policy_version=0, actor_id=0, env=uspec.env.name,
+                               compression=cfg.transport.compression, level=cfg.transport.compression_level)
+                for i in range(len(unrolls))]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         payload_file = str(Path(tmp) / "payloads.msgpack")
@@ -199,16 +201,16 @@ def main() -> None:
             r = rows[-1]
             print(f"  shards={shards}: {r['sps']:,.0f} SPS, counts {r['counts']}, sent {r['sent']}", flush=True)
     print(f"\n{uspec.env.name}, T={uspec.unroll_length}, B={cfg.learner.batch_size}, "
-          f"{sum(map(len, payloads)) // len(payloads):,} B per unroll, {args.rate:g} unrolls/s offered per actor, "
+          f"{sum(map(len, payloads)) // (len(payloads) * K):,} B per unroll, {args.rate:g} unrolls/s offered per actor, "
           f"actor.high_water_mark={cfg.actor.high_water_mark} per shard, send_batch={cfg.actor.send_batch}, "
           f"{args.seconds:g} s each, {args.workers} actor processes, {os.cpu_count()} cores")
     print(f"{'actors':>7} {'shards':>6} {'servers':>7} {'learner SPS':>12} {'unrolls/s':>10} {'peak MB':>8} "
-          f"{'backlog':>8}  produced = trained + dead + dup + backlog")
+          f"{'backlog':>8}  produced = trained + dead + dup + backlog (entries x send_batch)")
     for r in rows:
         c = r["counts"]
         print(f"{r['actors']:>7} {r['shards']:>6} {r['servers']:>7} {r['sps']:>12,.0f} {r['unrolls_per_s']:>10,.0f} "
               f"{r['peak_mb']:>8.1f} {r['backlog']:>8}  {c['produced']} = {c['trained']} + {c['dead_lettered']} + "
-              f"{c['duplicates']} + {c['backlog']}  {'ok' if r['balanced'] else 'MISMATCH'}")
+              f"{c['duplicates']} + {c['backlog']} x {K}  {'ok' if r['balanced'] else 'MISMATCH'}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
 """The learner's ingest path against the raw rate of reading the same entries from the same Redis.
 
-Real connect-four unrolls (sent by a real actor, see bench_wire.py) are encoded once and replayed
-into an embedded Redis: `--entries` stream entries, each with a unique unroll id. Then, side by side:
+Real connect-four unrolls (sent by a real actor, see bench_wire.py) are encoded once, `actor.send_batch`
+to a stream entry as actors send them, and replayed into an embedded Redis: `--unrolls` unrolls, each
+entry with a unique id. Then, side by side:
 
-- raw: XREADGROUP of B entries at a time in one loop, then XACK, nothing else;
+- raw: XREADGROUP of the entries holding B unrolls at a time in one loop, then XACK, nothing else;
 - ingest: the learner's own path without the optimizer step: `Learner.ingest` (read, duplicate
   check, decode, validate, stack) in the ingest thread, `learner.prefetch_batches` ahead, and
   `Learner.acknowledge` (ack, count as trained) in the update's thread, as `Learner.run` does.
 
-Both are measured in unrolls per second over the same number of entries; the ratio is ingest / raw.
+Both are measured in unrolls per second over the same entries; the ratio is ingest / raw. A shared
+machine's speed drifts from second to second, so `--rounds` pairs run one right after the other (each
+on a fresh stream) and the ratio is that of the totals.
 
-    python bench/bench_ingest.py [--entries 4000] [--set transport.compression=zstd] [--set key=value ...]
+    python bench/bench_ingest.py [--unrolls 8000] [--rounds 3] [--set actor.send_batch=1]
+                                 [--set transport.compression=zstd] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -29,48 +33,47 @@ import torch  # noqa: E402
 
 from bench_wire import actor_unrolls  # noqa: E402
 from config import load_config  # noqa: E402
-from distributed.codec import encode_unroll  # noqa: E402
+from distributed.codec import encode_unrolls  # noqa: E402
 from distributed.ingest import Prefetcher  # noqa: E402
 from distributed.launcher import EmbeddedRedis  # noqa: E402
 from distributed.learner import Learner  # noqa: E402
 from distributed.transport import GROUP, TrajectoryStream, connect  # noqa: E402
 
 
-def fill(client, key: str, unrolls: list[dict], env: str, entries: int, compression: str, level: int) -> None:
-    """`entries` stream entries cycling through `unrolls`, each with its own unroll id."""
-    pipe = client.pipeline(transaction=False)
-    for i in range(entries):
-        pipe.xadd(key, {"data": encode_unroll(unrolls[i % len(unrolls)], unroll_id=f"bench-{i}", policy_version=0,
-                                              actor_id=0, env=env, compression=compression, level=level)})
-        if i % 500 == 499:
-            pipe.execute()
-    pipe.execute()
+def fill(client, key: str, payloads: list[bytes]) -> None:
+    """The encoded entries on the stream `key`, in pipelines of 100."""
+    for first in range(0, len(payloads), 100):
+        pipe = client.pipeline(transaction=False)
+        for data in payloads[first:first + 100]:
+            pipe.xadd(key, {"data": data})
+        pipe.execute()
 
 
-def raw_rate(client, key: str, batch: int, entries: int) -> float:
-    """Unrolls per second of XREADGROUP + XACK alone."""
+def raw_rate(client, key: str, per_read: int, per_entry: int, entries: int) -> float:
+    """Unrolls per second of XREADGROUP (`per_read` entries at a time) + XACK alone."""
     client.xgroup_create(key, "raw", id="0")
     read, start = 0, time.perf_counter()
     while read < entries:
-        got = client.xreadgroup("raw", "c", {key: ">"}, count=batch)
+        got = client.xreadgroup("raw", "c", {key: ">"}, count=per_read)
         ids = [entry_id for entry_id, _ in got[0][1]]
         client.xack(key, "raw", *ids)
         read += len(ids)
-    return read / (time.perf_counter() - start)
+    return read * per_entry / (time.perf_counter() - start)
 
 
-def ingest_rate(learner: Learner, entries: int) -> float:
+def ingest_rate(learner: Learner, unrolls: int) -> float:
     """Unrolls per second of the learner's ingest path and ack, without the update: as in
     `Learner.run`, the ingest thread prepares `learner.prefetch_batches` batches ahead (0: in this
     thread) and this thread acks each batch it takes."""
     learner.trajectories.ensure_group()
+    learner.reading = True
     depth = learner.cfg.learner.prefetch_batches
     batches = Prefetcher(learner.ingest, depth) if depth else None
     done, start = 0, time.perf_counter()
-    while done < entries:
+    while done < unrolls:
         ids, headers, _ = batches.get() if batches else learner.ingest()
         learner.acknowledge(ids, headers)
-        done += len(ids)
+        done += sum(h["unrolls"] for h in headers)
     elapsed = time.perf_counter() - start
     learner.reading = False
     if batches:
@@ -81,7 +84,8 @@ def ingest_rate(learner: Learner, entries: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/connect_four.yaml")
-    parser.add_argument("--entries", type=int, default=4000)
+    parser.add_argument("--unrolls", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -89,19 +93,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as server:
         cfg = load_config(REPO / args.config, [*args.overrides, "run.name=ingest", f"run.dir={tmp}",
                                                "run.wandb_mode=disabled"])
-        B = cfg.learner.batch_size
-        args.entries = -(-args.entries // B) * B  # whole batches: the learner waits for a full last one
+        B, K = cfg.learner.batch_size, cfg.actor.send_batch
+        total = -(-args.unrolls // B) * B  # whole batches: the learner waits for a full last one
+        payloads = [encode_unrolls([unrolls[(i + j) % len(unrolls)] for j in range(K)], unroll_id=f"bench-{i}",
+                                   policy_version=0, actor_id=0, env=uspec.env.name,
+                                   compression=cfg.transport.compression, level=cfg.transport.compression_level)
+                    for i in range(0, total, K)]
         (Path(tmp) / "ingest").mkdir()
         client = connect(server.url)
         key = TrajectoryStream(client, "ingest").key
-        fill(client, key, unrolls, uspec.env.name, args.entries, cfg.transport.compression,
-             cfg.transport.compression_level)
-        raw = raw_rate(client, key, cfg.learner.batch_size, args.entries)
         learner = Learner(cfg, server.url, Path(tmp) / "ingest")
-        ours = ingest_rate(learner, args.entries)
-        assert client.xpending(key, GROUP)["pending"] == 0
-    print(f"{uspec.env.name}, T={uspec.unroll_length}, B={cfg.learner.batch_size}, {args.entries} entries, "
-          f"compression {cfg.transport.compression}")
+        raw_s = ingest_s = 0.0
+        for r in range(args.rounds):
+            client.delete(key, learner.trajectories.streams[0].seen_key)  # a fresh stream: each id is new again
+            fill(client, key, payloads)
+            raw = raw_rate(client, key, B // K, K, len(payloads))
+            ours = ingest_rate(learner, total)
+            assert client.xpending(key, GROUP)["pending"] == 0
+            raw_s, ingest_s = raw_s + total / raw, ingest_s + total / ours
+            print(f"  round {r + 1}: raw {raw:9,.0f}  ingest {ours:9,.0f} unrolls/s  ratio {ours / raw:.2f}")
+    raw, ours = total * args.rounds / raw_s, total * args.rounds / ingest_s
+    print(f"{uspec.env.name}, T={uspec.unroll_length}, B={B}, {K} unrolls per entry, {total} unrolls x "
+          f"{args.rounds} rounds, compression {cfg.transport.compression}")
     print(f"  raw XREADGROUP + XACK             : {raw:10,.0f} unrolls/s")
     print(f"  learner ingest (read..stack) + ack: {ours:10,.0f} unrolls/s  ({ours * uspec.unroll_length:,.0f} steps/s)")
     print(f"  ratio ingest / raw                : {ours / raw:10.2f}")

@@ -142,8 +142,12 @@ class ParameterServer(Learner):
         self.label = "parameter server" if self.player == MAIN else f"parameter server {self.player}"
         self.trajectories = TrajectoryStream(self.redis, self.namespace, GRADIENTS)
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)
-        self.batch_size = 1  # A3C: every gradient is applied as soon as it arrives
+        self.batch_size = self.unrolls_per_entry = 1  # A3C: every gradient is applied as soon as it arrives
         self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+
+    @staticmethod
+    def unrolls_in(header: dict) -> int:
+        return 1  # one gradient
 
     def decode(self, entries: list[bytes]) -> list[tuple[dict, tuple[dict, dict[str, torch.Tensor]]] | DecodeError]:
         out: list = []

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 
 from agents.heads import make_model, policy_head
 from config import Config, ConfigError
-from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unroll
+from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
                                    actor_id_key, actor_shard, connect, connect_shard, run_done_key,
@@ -458,11 +458,12 @@ class Actor:
                         if unroll is not None:
                             unrolls.append(unroll)
             self.report(episodes)
-            if len(unrolls) >= self.cfg.actor.send_batch:
-                if self.send(unrolls):
+            if len(unrolls) >= self.cfg.actor.send_batch:  # whole entries of send_batch; the rest waits
+                ready = len(unrolls) - len(unrolls) % self.cfg.actor.send_batch
+                if self.send(unrolls[:ready]):
                     self.report([], flush=True)
                     return
-                unrolls = []
+                unrolls = unrolls[ready:]
             actions = self.choose_actions(steps)
             for i, env in enumerate(self.envs):
                 env.act(actions[i])
@@ -519,18 +520,21 @@ class Actor:
         return logits
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
-        """XADD finished unrolls after waiting for room; sync params on schedule. True = run is over."""
-        self.throttled_s += self.trajectories.wait_for_room(self.cfg.actor.high_water_mark, self.run_over,
-                                                            backlog=self.backlog)
+        """XADD finished unrolls, `actor.send_batch` to a stream entry, after waiting for room; sync
+        params on schedule. True = run is over."""
+        per_entry = self.cfg.actor.send_batch
+        self.throttled_s += self.trajectories.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry),
+                                                            self.run_over, backlog=self.backlog)
         if self.run_over():
             return True
         payloads = []
-        for unroll in unrolls:
-            payloads.append(encode_unroll(unroll, unroll_id=f"{self.actor_id}-{self.token}-{self.sent}",
-                                          policy_version=self.version, actor_id=self.actor_id, env=self.spec.name,
-                                          compression=self.cfg.transport.compression,
-                                          level=self.cfg.transport.compression_level))
-            self.sent += 1
+        for first in range(0, len(unrolls), per_entry):
+            payloads.append(encode_unrolls(unrolls[first:first + per_entry],
+                                           unroll_id=f"{self.actor_id}-{self.token}-{self.sent + first}",
+                                           policy_version=self.version, actor_id=self.actor_id, env=self.spec.name,
+                                           compression=self.cfg.transport.compression,
+                                           level=self.cfg.transport.compression_level))
+        self.sent += len(unrolls)
         self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
                                              throttled_s=self.throttled_s)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:

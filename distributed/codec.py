@@ -1,11 +1,16 @@
 """Wire format of unrolls and weights. Nothing here unpickles: arrays travel as dtype + shape + bytes.
 
-An unroll is one msgpack map `{"header": {...}, "arrays": {name: [dtype, shape, bytes]}}`, the bytes
-raw or, with header `compression: zstd`, one zstd frame per array. The decoder trusts nothing: it checks
-the schema, that exactly the expected arrays are present with the whitelisted dtype and the shape the
-config implies (before touching the bytes, so a huge declared shape allocates nothing), that a zstd
-frame declares exactly the bytes that shape needs (before decompressing it, so a decompression bomb
-allocates nothing either), that floats are finite, and that actions, masks and done flags are in range.
+A stream entry holds n >= 1 unrolls of one actor's send (`actor.send_batch`), stacked: one msgpack map
+`{"header": {...}, "arrays": {name: [dtype, [n, *shape], bytes]}}`, the bytes raw or, with header
+`compression: zstd`, one zstd frame per array. One entry of n unrolls costs the learner one parse and a
+few numpy views, where n entries cost n of each: per-entry work is what limits a learner's ingest.
+
+The decoder trusts nothing: it checks the schema, that exactly the expected arrays are present with the
+whitelisted dtype and the shape the config and the header's `unrolls` imply (before touching the bytes,
+so a huge declared shape allocates nothing), that a zstd frame declares exactly the bytes that shape
+needs (before decompressing it, so a decompression bomb allocates nothing either), that floats are
+finite, and that actions, masks and done flags are in range. An entry with one invalid unroll is
+rejected whole (it is acked or dead-lettered as one).
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from envs.registry import EnvSpec
 if TYPE_CHECKING:
     import torch
 
-SCHEMA = "impala-unroll/2"  # 2: `truncated` and `final_obs` (time limits bootstrap), header `compression`
-MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it
+SCHEMA = "impala-unroll/3"  # 2: `truncated`, `final_obs`, header `compression`; 3: n unrolls per entry
+MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it, or decompressing to it
 
 
 class DecodeError(ValueError):
@@ -55,6 +60,10 @@ class UnrollSpec:
 
     Termination is `done & ~truncated` (discount 0). `truncated` costs 1 byte per step; `final_obs`
     one observation per time-limited episode (see docs/architecture.md for the numbers).
+
+    On the wire (and as `decode_unrolls` returns them) an entry of n unrolls carries each array above
+    stacked, [n, ...], and the final observations of all its unrolls concatenated, [N, ...] with
+    N = sum(truncated) over the entry, unroll after unroll, each in step order.
 
     Envs with several observation arrays and multi-head actions (`env.obs_arrays`, `env.action_heads`:
     StarCraft II) carry instead, with H heads:
@@ -95,6 +104,18 @@ class UnrollSpec:
                      for name, (dtype, shape) in self.arrays.items())
 
     @cached_property
+    def max_unroll_nbytes(self) -> int:
+        """The most bytes one decoded unroll can take: its arrays plus a final observation for each of
+        its T steps (every step truncated)."""
+        final = sum(dtype.itemsize * math.prod(shape) for dtype, shape in self.final_arrays.values())
+        return sum(nbytes for *_, nbytes in self.layout) + self.unroll_length * final
+
+    @cached_property
+    def max_unrolls_per_entry(self) -> int:
+        """The most unrolls one entry may hold: at most MAX_MESSAGE_BYTES decoded."""
+        return max(1, MAX_MESSAGE_BYTES // self.max_unroll_nbytes)
+
+    @cached_property
     def final_arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """The final observations of truncated steps: name -> (dtype, shape of one); each array of an
         unroll is [N, *shape] with N = sum(truncated)."""
@@ -103,7 +124,9 @@ class UnrollSpec:
         return {f"final_obs.{name}": (dtype, tuple(shape)) for name, shape, dtype in self.env.obs_arrays}
 
 
-HEADER_FIELDS = {"schema": str, "unroll_id": str, "policy_version": int, "actor_id": int,
+# unroll_id: the id of the entry's first unroll (`{actor_id}-{token}-{sequence}`), which names the entry
+# for duplicate detection; unrolls: n, how many it holds.
+HEADER_FIELDS = {"schema": str, "unroll_id": str, "unrolls": int, "policy_version": int, "actor_id": int,
                  "opponent_id": str, "env": str, "created_at": float, "compression": str}
 
 _zstd = threading.local()  # zstandard's (de)compressor objects must not be shared between threads
@@ -116,22 +139,48 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
-def encode_unroll(arrays: dict[str, np.ndarray], *, unroll_id: str, policy_version: int, actor_id: int,
-                  env: str, opponent_id: str = "self", compression: str = "none", level: int = 3) -> bytes:
-    """Serialize an unroll (arrays as in `UnrollSpec`) with its header to bytes for XADD.
+def encode_unrolls(unrolls: list[dict[str, np.ndarray]], *, unroll_id: str, policy_version: int, actor_id: int,
+                   env: str, opponent_id: str = "self", compression: str = "none", level: int = 3) -> bytes:
+    """Serialize n >= 1 unrolls (each name -> array as in `UnrollSpec`, the final observations left out
+    or [N_i, ...]) with one header to the bytes of one stream entry: each array stacked, [n, ...], the
+    final observations concatenated.
 
-    `compression` (transport.compression): "none", or "zstd" at `level`, which makes each array's bytes
-    one zstd frame that records its decompressed size. Raises ValueError for another compression.
+    `unroll_id`: the first unroll's id. `compression` (transport.compression): "none", or "zstd" at
+    `level`, which makes each array's bytes one zstd frame that records its decompressed size.
+    Raises ValueError for another compression or no unrolls.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    header = {"schema": SCHEMA, "unroll_id": unroll_id, "policy_version": int(policy_version),
+    if not unrolls:
+        raise ValueError("an entry holds at least one unroll")
+    header = {"schema": SCHEMA, "unroll_id": unroll_id, "unrolls": len(unrolls), "policy_version": int(policy_version),
               "actor_id": int(actor_id), "opponent_id": opponent_id, "env": env, "created_at": time.time(),
               "compression": compression}
     pack = _compressor(level).compress if compression == "zstd" else bytes
-    body = {name: [a.dtype.str, list(a.shape), pack(np.ascontiguousarray(a).data)] for name, a in arrays.items()}
+    body = {}
+    for name in unrolls[0].keys() | {k for u in unrolls for k in u}:
+        if name.startswith("final_obs"):  # [N_i, ...] each; an unroll without any leaves them out
+            parts = [u[name] for u in unrolls if name in u]
+            joined = np.concatenate(parts)
+        else:
+            joined = np.stack([u[name] for u in unrolls])
+        body[name] = [joined.dtype.str, list(joined.shape), pack(np.ascontiguousarray(joined).data)]
     return msgpack.packb({"header": header, "arrays": body}, use_bin_type=True)
 
+
+def encode_unroll(arrays: dict[str, np.ndarray], **header: Any) -> bytes:
+    """`encode_unrolls` of one unroll."""
+    return encode_unrolls([arrays], **header)
+
+
+def split_unrolls(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The n unrolls of a decoded entry (`decode_unrolls`: arrays [n, ...], final observations
+    [N, ...]), each as `UnrollSpec` lists its arrays, [T+1, ...] and [N_i, ...]: views, no copies."""
+    n = len(arrays["reward"])
+    counts = np.count_nonzero(arrays["truncated"], axis=1)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return [{name: a[bounds[i]:bounds[i + 1]] if name.startswith("final_obs") else a[i] for name, a in arrays.items()}
+            for i in range(n)]
 
 def unpack_message(data: Any, keys: tuple[str, ...], what: str = "message") -> dict:
     """The msgpack map in `data`, which must be bytes of at most MAX_MESSAGE_BYTES holding a map with
@@ -148,24 +197,31 @@ def unpack_message(data: Any, keys: tuple[str, ...], what: str = "message") -> d
 
 
 def decode_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Parse and validate one unroll. Returns (header, arrays); arrays are read-only views of `data`.
+    """Parse and validate an entry of one unroll. Returns (header, arrays), the arrays as `UnrollSpec`
+    lists them ([T+1, ...], final observations [N, ...]), read-only views of `data`.
 
     Raises:
-      DecodeError: with the reason, for anything that does not match `spec` exactly.
+      DecodeError: with the reason, for anything that does not match `spec` exactly, or an entry of
+        several unrolls (`decode_unrolls` reads those).
     """
     (decoded,) = decode_unrolls([data], spec)
     if isinstance(decoded, DecodeError):
         raise decoded
-    return decoded
+    header, arrays = decoded
+    if header["unrolls"] != 1:
+        raise DecodeError(f"the entry holds {header['unrolls']} unrolls, not one")
+    return header, split_unrolls(arrays)[0]
 
 
 def decode_unrolls(entries: list[bytes], spec: UnrollSpec) -> list[tuple[dict[str, Any], dict[str, np.ndarray]] | DecodeError]:
-    """Parse and validate a batch of unrolls: for each entry, (header, arrays) as `decode_unroll` returns
-    them, or the DecodeError that says why it is rejected (the others are unaffected).
+    """Parse and validate a batch of stream entries: for each, (header, arrays) with the arrays of its
+    n = header["unrolls"] unrolls stacked, [n, ...] (final observations [N, ...], see `UnrollSpec`;
+    `split_unrolls` separates them), read-only views of its bytes; or the DecodeError that says why
+    it is rejected (the others are unaffected).
 
     The structure (header, dtypes, shapes, sizes) is checked entry by entry before any bytes are
     touched; the values (finite floats, actions, masks and flags in range) are checked for the whole
-    batch at once, a few numpy passes over all B unrolls rather than a dozen per unroll.
+    batch at once, a few numpy passes over all its unrolls rather than a dozen per unroll.
     """
     out: list = []
     for data in entries:
@@ -174,7 +230,7 @@ def decode_unrolls(entries: list[bytes], spec: UnrollSpec) -> list[tuple[dict[st
         except DecodeError as e:
             out.append(e)
     parsed = [i for i, item in enumerate(out) if not isinstance(item, DecodeError)]
-    if parsed:
+    if parsed:  # (an entry is rejected with the first reason of its first invalid unroll)
         for i, reason in zip(parsed, _value_errors([out[i][1] for i in parsed], spec)):
             if reason is not None:
                 out[i] = DecodeError(reason)
@@ -182,10 +238,11 @@ def decode_unrolls(entries: list[bytes], spec: UnrollSpec) -> list[tuple[dict[st
 
 
 def _parse_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(header, arrays) of one unroll whose structure matches `spec`; its values are not checked yet."""
+    """(header, arrays) of one entry whose structure matches `spec`; its values are not checked yet."""
     msg = unpack_message(data, ("header", "arrays"))
     header, body = msg["header"], msg["arrays"]
     _check_header(header, spec)
+    n = header["unrolls"]
     if not (type(body) is dict and body.keys() == spec.arrays.keys()) and (  # no step truncated, or:
             not isinstance(body, dict) or not set(spec.arrays) <= set(body) <= set(spec.arrays) | set(spec.final_arrays)):
         got = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__  # keys: str or bytes
@@ -198,17 +255,17 @@ def _parse_unroll(data: bytes, spec: UnrollSpec) -> tuple[dict[str, Any], dict[s
         # The common case, uncompressed and exactly as expected, in one test; anything else is decoded
         # (and its reason found) by `_decode_array`.
         if not compressed and type(item) is list and len(item) == 3 and item[0] == sent_dtype \
-                and item[1] == sent_shape and type(item[2]) is bytes and len(item[2]) == nbytes:
-            arrays[name] = np.frombuffer(item[2], dtype).reshape(shape)
+                and item[1] == [n, *sent_shape] and type(item[2]) is bytes and len(item[2]) == n * nbytes:
+            arrays[name] = np.frombuffer(item[2], dtype).reshape(n, *shape)
         else:
-            arrays[name] = _decode_array(name, item, dtype, shape, compressed)
-    # At most T: the final observations' count is bounded before they are decoded. A `truncated` that is
-    # not 0/1, or 1 where done is not, is rejected with the values (`_value_errors`).
-    n = int(np.count_nonzero(arrays["truncated"]))
+            arrays[name] = _decode_array(name, item, dtype, (n, *shape), compressed)
+    # At most n T: the final observations' count is bounded before they are decoded. A `truncated` that
+    # is not 0/1, or 1 where done is not, is rejected with the values (`_value_errors`).
+    finals = int(np.count_nonzero(arrays["truncated"]))
     for name, (dtype, shape) in spec.final_arrays.items():
-        if name not in body and n:
-            raise DecodeError(f"{n} steps are truncated but the unroll has no '{name}'")
-        arrays[name] = (_decode_array(name, body[name], dtype, (n, *shape), compressed) if name in body
+        if name not in body and finals:
+            raise DecodeError(f"{finals} steps are truncated but the entry has no '{name}'")
+        arrays[name] = (_decode_array(name, body[name], dtype, (finals, *shape), compressed) if name in body
                         else np.zeros((0, *shape), dtype))
     return header, arrays
 
@@ -226,6 +283,9 @@ def _check_header(header: Any, spec: UnrollSpec) -> None:
         raise DecodeError(f"compression '{header['compression']}' is not one of {', '.join(COMPRESSIONS)}")
     if header["policy_version"] < 0:
         raise DecodeError("policy_version must be >= 0")
+    if not 1 <= header["unrolls"] <= spec.max_unrolls_per_entry:  # bounds what a compressed entry decompresses to
+        raise DecodeError(f"unrolls must be in [1, {spec.max_unrolls_per_entry}] (at most {MAX_MESSAGE_BYTES} "
+                          f"bytes decoded), got {header['unrolls']}")
 
 
 def _check_header_fields(header: Any) -> None:
@@ -273,45 +333,53 @@ def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
         raise DecodeError(f"array '{name}' does not decompress: {e}") from None
 
 
-def _value_errors(unrolls: list[dict[str, np.ndarray]], spec: UnrollSpec) -> list[str | None]:
-    """For each of B structurally valid unrolls, the first reason its values are invalid, or None.
+def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> list[str | None]:
+    """For each of E structurally valid entries (arrays [n_e, ...]), the first reason the values of its
+    first invalid unroll are wrong, or None.
 
-    Each check runs once over the B unrolls concatenated ([B * rows, ...]) and is reduced per unroll:
-    the rows of a per-step array are its T or T+1 steps, those of a final array its N_b observations.
+    Each check runs once over all U = sum(n_e) unrolls concatenated and is reduced per unroll, then per
+    entry: the rows of a per-step array are its T or T+1 steps, those of a final array its N_u observations.
     """
-    B, A, heads = len(unrolls), spec.env.num_actions, spec.env.action_heads
-    T = spec.unroll_length
+    A, heads, T = spec.env.num_actions, spec.env.action_heads, spec.unroll_length
+    owner = np.repeat(np.arange(len(entries)), [len(e["reward"]) for e in entries])  # entry of each unroll
+    U = len(owner)
 
     def rows(name: str) -> np.ndarray:
-        return np.concatenate([u[name] for u in unrolls])
+        return np.concatenate([e[name] for e in entries])
 
     checks: list[tuple[str, np.ndarray]] = []
-    truncated, done = rows("truncated").reshape(B, T), rows("done").reshape(B, T)
+    truncated, done = rows("truncated").reshape(U, T), rows("done").reshape(U, T)
     checks.append(("truncated must be 0 or 1, and 1 only where done is 1",
                    ((truncated > 1) | (truncated > done)).any(1)))
-    finals = np.repeat(np.arange(B), [np.count_nonzero(u["truncated"]) for u in unrolls])  # owner of each final row
+    finals = np.repeat(np.arange(U), np.count_nonzero(truncated, axis=1))  # unroll of each final row
     for name, (dtype, _) in {**spec.arrays, **spec.final_arrays}.items():
         if dtype.kind != "f":
             continue
         if name in spec.arrays:
-            bad = ~np.isfinite(rows(name)).reshape(B, -1).all(1)
+            bad = ~np.isfinite(rows(name)).reshape(U, -1).all(1)
         else:
-            bad = np.zeros(B, bool)
+            bad = np.zeros(U, bool)
             if len(finals):
                 bad[finals[~np.isfinite(rows(name)).reshape(len(finals), -1).all(1)]] = True
         checks.append((f"array '{name}' has non-finite values", bad))
-    action = rows("action").reshape(B, T, -1)  # [B, T, 1] or [B, T, H]
+    action = rows("action").reshape(U, T, -1)  # [U, T, 1] or [U, T, H]
     checks.append((f"action out of range [0, {heads or A})",
                    ((action < 0) | (action >= (A if heads is None else np.asarray(heads)))).any((1, 2))))
-    mask = rows("action_mask").reshape(B, T + 1, A)
+    mask = rows("action_mask").reshape(U, T + 1, A)
     checks.append(("done and action_mask must be 0 or 1", (done > 1).any(1) | (mask > 1).any((1, 2))))
     head0 = np.clip(action[:, :, 0], 0, A - 1)  # multi-head: the mask is over head 0
     legal = np.take_along_axis(mask[:, :T], head0[:, :, None], 2)
     checks.append(("an action is illegal under its own action_mask", ~legal.all((1, 2))))
-    reasons: list[str | None] = [None] * B
+    reasons: list[str | None] = [None] * len(entries)
+    first_bad = [U] * len(entries)  # the first invalid unroll of each entry
+    found: dict[int, str] = {}
     for reason, bad in checks:
-        for b in np.flatnonzero(bad):
-            reasons[b] = reasons[b] or reason
+        for u in np.flatnonzero(bad):
+            found.setdefault(int(u), reason)  # checks run in order: the first reason per unroll
+    for u, reason in sorted(found.items()):
+        e = owner[u]
+        if u < first_bad[e]:
+            first_bad[e], reasons[e] = u, reason
     return reasons
 
 

@@ -29,14 +29,14 @@ from agents.checkpoint import (CheckpointError, load_optimizer_state, model_stat
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
+from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, split_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
 from distributed.history import CheckpointHistory
 from distributed.ingest import Prefetcher
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
-from distributed.replay import ReplayBuffer, max_unroll_nbytes
+from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
 from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
                                    connect, redis_outages, run_done_key)
@@ -83,25 +83,40 @@ class Batch:
 
     @classmethod
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
-        """Stack decoded unrolls (UnrollSpec arrays) on `device`; `pin`: into pinned host memory, from
-        which `to` copies to a GPU without blocking."""
-        def stacked(name: str) -> torch.Tensor:  # [B, ...] in one C loop, then one copy to time-major
-            return torch.from_numpy(np.ascontiguousarray(np.array([u[name] for u in unrolls]).swapaxes(0, 1)))
+        """Stack decoded unrolls (UnrollSpec arrays, [T+1, ...]; final observations [N_b, ...]) on
+        `device`: `concat` of entries of one unroll each."""
+        return cls.concat([{name: a if name.startswith("final_obs") else a[None] for name, a in u.items()}
+                           for u in unrolls], device, pin)
+
+    @classmethod
+    def concat(cls, entries: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
+        """The unrolls of decoded stream entries (codec.decode_unrolls: arrays [n_e, ...], final
+        observations [N_e, ...]), one after the other, as one batch on `device`; `pin`: into pinned
+        host memory, from which `to` copies to a GPU without blocking."""
+        def stacked(name: str) -> torch.Tensor:  # each entry copied once, into its place time-major
+            first = entries[0][name]
+            out = np.empty((first.shape[1], sum(len(e[name]) for e in entries), *first.shape[2:]), first.dtype)
+            b = 0
+            for e in entries:
+                out[:, b:b + len(e[name])] = e[name].swapaxes(0, 1)
+                b += len(e[name])
+            return torch.from_numpy(out)
 
         def concatenated(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([u[name] for u in unrolls]))
+            return torch.from_numpy(np.concatenate([e[name] for e in entries]))
 
-        names = unrolls[0]
+        names = entries[0]
         obs = stacked("obs") if "obs" in names else {n[4:]: stacked(n) for n in names if n.startswith("obs.")}
         behaviour = stacked("behaviour_logits" if "behaviour_logits" in names else "behaviour_log_probs")
         batch = cls(obs=obs, action_mask=stacked("action_mask"), action=stacked("action"),
                     reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=behaviour)
         if "truncated" in names:
             batch.truncated = stacked("truncated").bool()
-            # final_obs rows are in step order within each unroll, unrolls one after the other.
-            steps = [np.flatnonzero(u["truncated"]) for u in unrolls]
-            batch.final_t = torch.from_numpy(np.concatenate(steps)).long()
-            batch.final_b = torch.from_numpy(np.concatenate([np.full(len(t), b) for b, t in enumerate(steps)])).long()
+            # final_obs rows are in step order within each unroll, unrolls one after the other: the
+            # order of the nonzeros of truncated [B, T].
+            final_b, final_t = np.nonzero(batch.truncated.numpy().T)
+            batch.final_t = torch.from_numpy(final_t).long()
+            batch.final_b = torch.from_numpy(final_b).long()
             batch.final_obs = final_observations(obs, concatenated, names)
         return batch.map(torch.Tensor.pin_memory) if pin else batch.to(device)
 
@@ -473,7 +488,8 @@ class Learner:
         # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
         self.replayed = replayed_per_batch(cfg.learner)
         self.replay = self.make_replay(rank) if self.replayed else None
-        self.batch_size = cfg.learner.batch_size - self.replayed  # stream entries per update
+        self.batch_size = cfg.learner.batch_size - self.replayed  # fresh unrolls per update
+        self.unrolls_per_entry = cfg.actor.send_batch  # what the actors put in one stream entry
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
         # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
         self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
@@ -486,7 +502,7 @@ class Learner:
         differs between processes). Raises ConfigError when learner.replay_memory_mb cannot hold the k
         unrolls a batch replays."""
         capacity = int(self.cfg.learner.replay_memory_mb * 2**20)
-        largest = max_unroll_nbytes(self.unroll_spec)
+        largest = self.unroll_spec.max_unroll_nbytes
         if capacity < self.replayed * largest:
             raise ConfigError(f"learner.replay_memory_mb={self.cfg.learner.replay_memory_mb} holds fewer than the "
                               f"{self.replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
@@ -561,20 +577,24 @@ class Learner:
 
     # -- reading -----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[list[bytes], list[dict], list[dict]] | None:
-        """Block until B valid unrolls are read (own pending entries first). None when stopping.
+        """Block until entries holding B valid unrolls are read (own pending entries first): their ids,
+        headers and decoded arrays ([n, ...] each, see `decode`). None when stopping.
 
-        Malformed entries go to the dead-letter stream, and duplicate deliveries (an unroll trained on
-        already, or read twice in this batch) are acknowledged untrained; neither counts towards B.
+        It asks for as many entries as B needs at `actor.send_batch` unrolls each; entries holding
+        more (another producer's) make the batch larger than B. Malformed entries go to the
+        dead-letter stream, and duplicate deliveries (an entry trained on already, or read twice in
+        this batch) are acknowledged untrained; neither counts towards B.
         """
         B = self.batch_size
-        ids, headers, unrolls = [], [], []
-        while len(unrolls) < B:
+        ids, headers, payloads = [], [], []
+        have = 0  # unrolls in `payloads`
+        while have < B:
             if self.stopping or not self.reading:
                 return None
             if not ids and self.sweeper.claim_due():  # dead consumers' unrolls are now our own pending ones
                 self.pending_cursor = "0"
-            entries = self.trajectories.read(self.consumer, B - len(unrolls), self.cfg.learner.read_block_ms,
-                                             pending_after=self.pending_cursor)
+            entries = self.trajectories.read(self.consumer, -(-(B - have) // self.unrolls_per_entry),
+                                             self.cfg.learner.read_block_ms, pending_after=self.pending_cursor)
             if not entries and self.player != MAIN and self.redis.exists(run_done_key(self.cfg.run.name)):
                 return None  # the main agent's run is over and this exploiter's actors are gone
             if self.pending_cursor is not None:
@@ -594,31 +614,40 @@ class Learner:
                 # Checked together with the batch so far: both copies may be read into one batch.
                 uids = [h["unroll_id"] for h in headers] + [h["unroll_id"] for _, h, _ in decoded]
                 duplicate = self.trajectories.duplicates(uids, ids + [e for e, _, _ in decoded])[len(headers):]
-                with self.in_flight_lock:  # a copy of an unroll in a prefetched batch
+                with self.in_flight_lock:  # a copy of an entry in a prefetched batch
                     duplicate = [d or h["unroll_id"] in self.in_flight for d, (_, h, _) in zip(duplicate, decoded)]
-                copies = [entry_id for (entry_id, _, _), dup in zip(decoded, duplicate) if dup]
+                copies = [(entry_id, self.unrolls_in(h)) for (entry_id, h, _), dup in zip(decoded, duplicate) if dup]
                 if copies:
-                    self.trajectories.skip_duplicates(copies)
-                    log.warning("skipped %d duplicate deliveries of unrolls already trained on or in this batch "
+                    self.trajectories.skip_duplicates(*map(list, zip(*copies)))
+                    log.warning("skipped %d duplicate deliveries of entries already trained on or in this batch "
                                 "(an XADD re-sent after a lost reply)", len(copies))
             for (entry_id, header, payload), dup in zip(decoded, duplicate):
                 if not dup:
                     ids.append(entry_id)
                     headers.append(header)
-                    unrolls.append(payload)
-        return ids, headers, unrolls
+                    payloads.append(payload)
+                    have += self.unrolls_in(header)
+        return ids, headers, payloads
+
+    @staticmethod
+    def unrolls_in(header: dict) -> int:
+        """The unrolls a stream entry with this header holds (counted as trained or duplicate with it)."""
+        return header["unrolls"]
 
     def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
         """(header, payload) of each stream entry, or the DecodeError that rejects it."""
         return decode_unrolls(entries, self.unroll_spec)
 
-    def prepare(self, unrolls: list) -> object:
-        """What `train_on` takes, made in the ingest thread from the B - k decoded payloads read: a
-        `Prepared` batch of them and k unrolls sampled from the replay (fewer while it holds fewer), in
-        pinned memory when the update runs on a GPU."""
+    def prepare(self, payloads: list) -> object:
+        """What `train_on` takes, made in the ingest thread from the decoded entries read (F fresh
+        unrolls in all): a `Prepared` batch of them and k unrolls sampled from the replay (fewer while
+        it holds fewer), in pinned memory when the update runs on a GPU."""
         replayed = self.replay.sample(self.replayed) if self.replay is not None else []
-        batch = Batch.stack(unrolls + [r.unroll for r in replayed], torch.device("cpu"), pin=self.device.type == "cuda")
-        return Prepared(batch, unrolls if self.replay is not None else [], [r.policy_version for r in replayed])
+        batch = Batch.concat(payloads + [{name: a if name.startswith("final_obs") else a[None]
+                                          for name, a in r.unroll.items()} for r in replayed],
+                             torch.device("cpu"), pin=self.device.type == "cuda")
+        fresh = [u for arrays in payloads for u in split_unrolls(arrays)] if self.replay is not None else []
+        return Prepared(batch, fresh, [r.policy_version for r in replayed])
 
     def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
         """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
@@ -638,16 +667,17 @@ class Learner:
         uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         with self.in_flight_lock:
             self.in_flight.update(ids, uids)
-            self.in_flight_unrolls += len(ids)
+            self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
         return ids, headers, self.prepare(payloads)
 
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
         """Ack a batch the update has trained on (counting its unrolls as trained)."""
         uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
-        self.unrolls_trained = self.trajectories.ack(ids, uids)
+        counts = [self.unrolls_in(h) for h in headers]
+        self.unrolls_trained = self.trajectories.ack(ids, uids, counts)
         with self.in_flight_lock:
             self.in_flight.difference_update(ids, uids)
-            self.in_flight_unrolls -= len(ids)
+            self.in_flight_unrolls -= sum(counts)
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -752,7 +782,8 @@ class Learner:
         window.update_s += time.monotonic() - started
         self.acknowledge(ids, headers)
         replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
-        window.add(self.frames - frames, [self.step - 1 - h["policy_version"] for h in headers], stats, replay_lags)
+        lags = [self.step - 1 - h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
+        window.add(self.frames - frames, lags, stats, replay_lags)
         now = time.monotonic()
         if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
             return window
@@ -764,8 +795,9 @@ class Learner:
         unroll it replayed. A batch whose update was skipped (non-finite loss) is not kept: replaying its
         extreme values would skip later updates too."""
         if not stats["skipped_update"]:
-            for unroll, header in zip(prepared.fresh, headers):
-                self.replay.add(unroll, header["policy_version"])
+            versions = [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
+            for unroll, version in zip(prepared.fresh, versions, strict=True):
+                self.replay.add(unroll, version)
         return [self.step - 1 - version for version in prepared.replayed_versions]
 
     def count_rolled_back(self) -> None:
@@ -848,7 +880,8 @@ class Learner:
         record.update({
             "step": self.step, "frames": self.frames, "time": time.time(),
             "elapsed_s": self.elapsed(), "learner_started": self.started_at,
-            "queue_depth": counts["backlog"], "dead_letters": counts["dead_lettered"],
+            # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
+            "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
@@ -860,7 +893,7 @@ class Learner:
             record.update(window.replay_summary(), replay_unrolls=len(self.replay),
                           replay_mb=self.replay.nbytes / 2**20)
         if getattr(self.trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
-            record["queue_depth_shards"] = list(self.trajectories.backlogs)
+            record["queue_depth_shards"] = [n * self.unrolls_per_entry for n in self.trajectories.backlogs]
             record["shard_servers_down"] = self.trajectories.servers_down()
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))

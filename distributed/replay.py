@@ -10,14 +10,12 @@ buffer, in memory only: a resumed learner starts with an empty one.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from distributed.codec import UnrollSpec
 
 
 class Replayed(NamedTuple):
@@ -36,14 +34,6 @@ class Replayed(NamedTuple):
 def unroll_nbytes(unroll: dict[str, np.ndarray]) -> int:
     """Bytes of an unroll's arrays: the sum of their `nbytes`."""
     return sum(a.nbytes for a in unroll.values())
-
-
-def max_unroll_nbytes(spec: UnrollSpec) -> int:
-    """The most bytes one unroll of `spec` can take: its arrays plus a final observation for each of its
-    T steps (every step truncated)."""
-    fixed = sum(dtype.itemsize * math.prod(shape) for dtype, shape in spec.arrays.values())
-    final = sum(dtype.itemsize * math.prod(shape) for dtype, shape in spec.final_arrays.values())
-    return fixed + spec.unroll_length * final
 
 
 class ReplayBuffer:

@@ -72,7 +72,7 @@ class _Server:
     outages: int = 0
     rotate: int = 0  # first shard of the next partial read (count < shards here)
     cluster: bool = False  # a Redis Cluster: one slot per shard, so one read and one ack script per shard
-    deferred: dict[int, tuple[list[bytes], list[str]]] = field(default_factory=dict)  # shard -> acks to send
+    deferred: dict[int, tuple[list[bytes], list[int], list[str]]] = field(default_factory=dict)  # shard -> acks to send (ids, counts, unroll ids)
 
 
 class ShardedTrajectories:
@@ -254,24 +254,26 @@ class ShardedTrajectories:
         return []
 
     # -- acknowledging -----------------------------------------------------------------------------
-    def _by_shard(self, entry_ids: list[ShardEntry], values: list | tuple = ()) -> dict[int, tuple[list, list]]:
-        """Entry ids (and the values beside them, if any) grouped by shard, in order."""
-        out: dict[int, tuple[list, list]] = {}
+    def _by_shard(self, entry_ids: list[ShardEntry], *values: list | tuple) -> dict[int, tuple[list, ...]]:
+        """Entry ids, and each list of values beside them (empty ones stay empty), grouped by shard:
+        shard -> (ids, values...), in order."""
+        out: dict[int, tuple[list, ...]] = {}
         for i, entry in enumerate(entry_ids):
-            ids, vals = out.setdefault(entry.shard, ([], []))
+            ids, *vals = out.setdefault(entry.shard, tuple([] for _ in range(1 + len(values))))
             ids.append(entry.id)
-            if values:
-                vals.append(values[i])
+            for kept, given in zip(vals, values):
+                if given:
+                    kept.append(given[i])
         return out
 
-    def ack(self, entry_ids: list[ShardEntry], unroll_ids: list[str] | tuple = ()) -> int:
-        """Ack and delete trained entries in their shards (`TrajectoryStream.ack`, one round trip per
-        server). Acks for a server that is down are kept and sent once it is back. Returns the trained
-        count of all shards (those not acked now as last seen)."""
+    def ack(self, entry_ids: list[ShardEntry], unroll_ids: list[str] | tuple = (), counts: list[int] | None = None) -> int:
+        """Ack and delete trained entries (of `counts` unrolls each, default 1) in their shards
+        (`TrajectoryStream.ack`, one round trip per server). Acks for a server that is down are kept and
+        sent once it is back. Returns the trained count of all shards (those not acked now as last seen)."""
         for server in self.servers:  # acks kept while a server was down go first, if it is back
             if server.deferred and self._up(server):
                 self._flush_deferred(server)
-        groups = self._by_shard(entry_ids, unroll_ids)
+        groups = self._by_shard(entry_ids, counts or [1] * len(entry_ids), unroll_ids)
         for server in self.servers:
             mine = {s: g for s, g in groups.items() if self.server_of[s] is server}
             if not mine:
@@ -283,24 +285,24 @@ class ShardedTrajectories:
                 self._defer(server, mine)
         return sum(self.trained)
 
-    def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list]]) -> bool:
+    def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list, list]]) -> bool:
         if server.cluster:  # a cluster pipeline takes no EVAL: one script per shard
-            for s, (ids, uids) in groups.items():
-                self.trained[s] = self.streams[s].ack(ids, uids)
+            for s, (ids, counts, uids) in groups.items():
+                self.trained[s] = self.streams[s].ack(ids, uids, counts)
             return True
         pipe = server.client.pipeline(transaction=False)
-        for s, (ids, uids) in groups.items():
-            self.streams[s].queue_ack(pipe, ids, uids)
+        for s, (ids, counts, uids) in groups.items():
+            self.streams[s].queue_ack(pipe, ids, uids, counts)
         for s, trained in zip(groups, pipe.execute()):
             self.trained[s] = int(trained)
         return True
 
-    def _defer(self, server: _Server, groups: dict[int, tuple[list, list]]) -> None:
+    def _defer(self, server: _Server, groups: dict[int, tuple[list, list, list]]) -> None:
         with self.deferred_lock:
             first = not server.deferred
-            for s, (ids, uids) in groups.items():
-                kept_ids, kept_uids = server.deferred.setdefault(s, ([], []))
-                server.deferred[s] = (kept_ids + ids, kept_uids + uids)
+            for s, group in groups.items():
+                kept = server.deferred.setdefault(s, ([], [], []))
+                server.deferred[s] = tuple(a + b for a, b in zip(kept, group))
         if first:
             log.warning("shard server %s is down: acks of unrolls trained on wait for it (the entries stay "
                         "pending there)", _where(server))
@@ -314,13 +316,13 @@ class ShardedTrajectories:
             return
         with self.deferred_lock:
             server.deferred = {}
-        log.info("sent %d acks kept while shard server %s was down", sum(len(i) for i, _ in groups.values()),
+        log.info("sent %d acks kept while shard server %s was down", sum(len(g[0]) for g in groups.values()),
                  _where(server))
 
     def in_flight_unroll_ids(self) -> set[str]:
         """Unroll ids trained on whose acks wait for a down server."""
         with self.deferred_lock:
-            return {uid for server in self.servers for _, uids in server.deferred.values() for uid in uids}
+            return {uid for server in self.servers for *_, uids in server.deferred.values() for uid in uids}
 
     def duplicates(self, unroll_ids: list[str], entry_ids: list[ShardEntry] | None = None) -> list[bool]:
         """For each unroll id (read from `entry_ids`, aligned), whether it is a duplicate delivery: trained
@@ -354,10 +356,10 @@ class ShardedTrajectories:
             earlier.add(uid)
         return out
 
-    def skip_duplicates(self, entry_ids: list[ShardEntry]) -> None:
-        """Ack and delete duplicate deliveries untrained, in their shards."""
-        for s, (ids, _) in self._by_shard(entry_ids).items():
-            self._call(self.server_of[s], lambda: self.streams[s].skip_duplicates(ids))
+    def skip_duplicates(self, entry_ids: list[ShardEntry], counts: list[int] | None = None) -> None:
+        """Ack and delete duplicate deliveries (of `counts` unrolls each, default 1) untrained, in their shards."""
+        for s, (ids, shard_counts) in self._by_shard(entry_ids, counts or [1] * len(entry_ids)).items():
+            self._call(self.server_of[s], lambda: self.streams[s].skip_duplicates(ids, shard_counts))
 
     def dead_letter(self, entry_id: ShardEntry, data: bytes, reason: str) -> None:
         """Dead-letter a rejected entry in its shard (`TrajectoryStream.dead_letter`); if its server is

@@ -12,6 +12,7 @@ import torch
 from agents.network import ActorCritic
 from config import load_config
 from distributed.actor import Actor
+from distributed.codec import decode_unrolls
 from distributed.params import ParamStore
 from envs.registry import env_spec
 from league.store import LeagueStore
@@ -118,12 +119,31 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
 
 
 def test_finished_unrolls_go_out_send_batch_at_a_time(tmp_path, redis_client, redis_url, run_name):
-    actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=5")
+    actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=8")
     batches = []
     actor.send = lambda batch: batches.append(len(batch)) or sum(batches) >= 40
     actor.run()
-    # 8 envs x 2 seats finish their unrolls a move or two apart: one at a time unless batched.
-    assert min(batches) >= 5
+    actor.close()
+    # 8 envs x 2 seats finish their unrolls a move or two apart: one at a time unless batched; whole
+    # entries of 8 go out, the rest waits for the next send.
+    assert batches and all(n % 8 == 0 for n in batches)
+
+
+def test_each_stream_entry_holds_send_batch_unrolls_with_consecutive_ids(tmp_path, redis_client, redis_url, run_name):
+    """The real send: entries of exactly 4 unrolls, the first unroll's id naming each (its sequence
+    number steps by 4), and the producer's count the unrolls in them."""
+    actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=4")
+    add = actor.trajectories.add
+    actor.trajectories.add = lambda payloads, **kw: (add(payloads, **kw), setattr(actor, "stopping", actor.sent >= 24))[0]
+    actor.run()
+    actor.close()
+    entries = redis_client.xrange(actor.trajectories.key)
+    decoded = decode_unrolls([fields[b"data"] for _, fields in entries], actor.unroll_spec)
+    assert len(decoded) == actor.sent // 4 >= 6
+    assert [h["unrolls"] for h, _ in decoded] == [4] * len(decoded)
+    assert [h["unroll_id"] for h, _ in decoded] == [f"0-{actor.token}-{4 * k}" for k in range(len(decoded))]
+    assert all(arrays["obs"].shape == (4, 5, 3, 3, 2) for _, arrays in decoded)
+    assert actor.trajectories.accounting()["produced"] == actor.sent
 
 
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,

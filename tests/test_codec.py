@@ -28,8 +28,11 @@ from distributed.codec import (
     decode_unrolls,
     decode_weights,
     encode_unroll,
+    encode_unrolls,
     encode_weights,
+    split_unrolls,
 )
+from distributed.learner import Batch
 from envs.registry import env_spec
 
 T = 24
@@ -125,6 +128,64 @@ def test_round_trip_tictactoe_and_bytearray():
         np.testing.assert_array_equal(decoded[name], arrays[name])
 
 
+# -- entries of several unrolls (actor.send_batch) ---------------------------------------------------
+
+def time_limited(unroll: dict[str, np.ndarray], fill: int) -> dict[str, np.ndarray]:
+    """`unroll` with every episode end marked as a time limit, each with a final observation of `fill`s."""
+    ends = int(unroll["done"].sum())
+    return {**unroll, "truncated": unroll["done"].copy(),
+            "final_obs": np.full((ends, *SPEC.obs_shape), fill, SPEC.obs_dtype)}
+
+
+def test_an_entry_of_several_unrolls_round_trips_splits_and_stacks_as_the_unrolls_do():
+    """Three unrolls in one entry, the middle one time-limited: arrays come back stacked [3, ...], the
+    final observations [N, ...] in unroll order; split_unrolls gives each unroll back bit for bit, and
+    the entry's batch is the batch of the three unrolls stacked one by one."""
+    unrolls = [play_unroll(1), time_limited(play_unroll(2), 1), play_unroll(3)]
+    [(header, arrays)] = decode_unrolls([encode_unrolls(unrolls, **HEADER)], USPEC)
+    assert header["unrolls"] == 3 and header["unroll_id"] == HEADER["unroll_id"]
+    assert arrays["obs"].shape == (3, T + 1, *SPEC.obs_shape) and arrays["action"].shape == (3, T)
+    assert arrays["final_obs"].shape == (int(unrolls[1]["done"].sum()), *SPEC.obs_shape) and len(arrays["final_obs"])
+    for got, want in zip(split_unrolls(arrays), unrolls, strict=True):
+        for name in USPEC.arrays:
+            assert got[name].tobytes() == want[name].tobytes(), name
+        np.testing.assert_array_equal(got["final_obs"], want.get("final_obs", np.zeros((0, *SPEC.obs_shape))))
+    cpu = torch.device("cpu")
+    one_by_one = Batch.stack(split_unrolls(arrays), cpu)
+    together = Batch.concat([arrays], cpu)
+    for field in ("obs", "action_mask", "action", "reward", "done", "behaviour_logits", "truncated",
+                  "final_obs", "final_t", "final_b"):
+        assert torch.equal(getattr(together, field), getattr(one_by_one, field)), field
+    assert together.final_b.tolist() == [1] * len(arrays["final_obs"])  # the middle unroll's
+    assert together.final_t.tolist() == np.flatnonzero(unrolls[1]["done"]).tolist()
+
+
+def test_an_entry_is_rejected_whole_with_the_reason_of_its_first_invalid_unroll():
+    """One non-finite reward in the second of three unrolls and an action out of range in the third:
+    the entry gets the second's reason; the valid entries beside it decode."""
+    nan = {**UNROLL, "reward": np.where(np.arange(T) == 3, np.nan, UNROLL["reward"]).astype(np.float32)}
+    bad_action = {**UNROLL, "action": np.where(np.arange(T) == 0, 7, UNROLL["action"])}
+    entries = [encode(), encode_unrolls([UNROLL, nan, bad_action], **HEADER), encode_unrolls([UNROLL, UNROLL], **HEADER)]
+    ok, rejected, two = decode_unrolls(entries, USPEC)
+    assert isinstance(rejected, DecodeError) and "'reward' has non-finite" in str(rejected)
+    assert ok[0]["unrolls"] == 1 and two[0]["unrolls"] == 2 and two[1]["reward"].shape == (2, T)
+
+
+@pytest.mark.parametrize("count", [0, -1, USPEC.max_unrolls_per_entry + 1])
+def test_an_unroll_count_out_of_range_is_refused_before_any_array(count):
+    """The count bounds what an entry may decompress to (at most MAX_MESSAGE_BYTES): it is checked with
+    the header, before a zstd frame declaring count unrolls' bytes would be decompressed."""
+    assert USPEC.max_unrolls_per_entry * USPEC.max_unroll_nbytes <= MAX_MESSAGE_BYTES
+    data = tamper(_set(("header", "unrolls"), count))
+    with pytest.raises(DecodeError, match=rf"unrolls must be in \[1, {USPEC.max_unrolls_per_entry}\].*got {count}"):
+        decode_unroll(data, USPEC)
+
+
+def test_decode_unroll_reads_entries_of_one_unroll_only():
+    with pytest.raises(DecodeError, match="the entry holds 2 unrolls, not one"):
+        decode_unroll(encode_unrolls([UNROLL, UNROLL], **HEADER), USPEC)
+
+
 # -- malformed inputs -------------------------------------------------------------------------------
 
 def tamper(mutate) -> bytes:
@@ -135,9 +196,9 @@ def tamper(mutate) -> bytes:
 
 
 def set_array(name: str, values: np.ndarray):
-    """Replace array `name` with `values` (same dtype and shape as declared)."""
+    """Replace array `name` of the entry's one unroll with `values` (sent with the entry's leading [1])."""
     def mutate(msg):
-        msg["arrays"][name] = [values.dtype.str, list(values.shape), values.tobytes()]
+        msg["arrays"][name] = [values.dtype.str, [1, *values.shape], values.tobytes()]
     return mutate
 
 
@@ -176,12 +237,12 @@ MALFORMED = {
     "array not a triple": (tamper(_set(("arrays", "done"), "oops")), r"array 'done' must be \[dtype, shape, bytes\]"),
     "reward float64": (tamper(set_array("reward", UNROLL["reward"].astype(np.float64))),
                        "array 'reward' has dtype '<f8', expected '<f4'"),
-    "object dtype": (tamper(_set(("arrays", "obs"), ["|O", [T + 1, 6, 7, 2], b"\x80\x04N."])),
+    "object dtype": (tamper(_set(("arrays", "obs"), ["|O", [1, T + 1, 6, 7, 2], b"\x80\x04N."])),
                      "array 'obs' has dtype '|O'"),
     "T off by one": (tamper(set_array("action", UNROLL["action"][:-1])),
-                     rf"array 'action' has shape \[{T - 1}\], expected \[{T}\]"),
-    "byte length mismatch": (tamper(_set(("arrays", "reward"), ["<f4", [T], b"\x00" * (4 * T - 4)])),
-                             rf"array 'reward' has {4 * T - 4} bytes, shape \[{T}\] needs {4 * T}"),
+                     rf"array 'action' has shape \[1, {T - 1}\], expected \[1, {T}\]"),
+    "byte length mismatch": (tamper(_set(("arrays", "reward"), ["<f4", [1, T], b"\x00" * (4 * T - 4)])),
+                             rf"array 'reward' has {4 * T - 4} bytes, shape \[1, {T}\] needs {4 * T}"),
     "nan reward": (tamper(with_values("reward", lambda a: a.__setitem__(3, np.nan))), "'reward' has non-finite"),
     "inf reward": (tamper(with_values("reward", lambda a: a.__setitem__(0, np.inf))), "'reward' has non-finite"),
     "nan logits": (tamper(with_values("behaviour_logits", lambda a: a.__setitem__((2, 1), np.nan))),
@@ -231,13 +292,13 @@ def test_a_batch_rejects_exactly_its_malformed_entries_each_with_its_own_reason(
         else:
             header, arrays = got
             assert header["unroll_id"] == HEADER["unroll_id"]
-            np.testing.assert_array_equal(arrays["reward"], UNROLL["reward"] if want is None else np.full(T, want))
-            np.testing.assert_array_equal(arrays["obs"], UNROLL["obs"])
+            np.testing.assert_array_equal(arrays["reward"][0], UNROLL["reward"] if want is None else np.full(T, want))
+            np.testing.assert_array_equal(arrays["obs"][0], UNROLL["obs"])
 
 
 def test_unroll_length_mismatch_against_spec():
     """An unroll of length T read by a learner configured for T + 1 is refused by shape."""
-    with pytest.raises(DecodeError, match=rf"array 'obs' has shape \[{T + 1}, 6, 7, 2\], expected \[{T + 2}, 6, 7, 2\]"):
+    with pytest.raises(DecodeError, match=rf"array 'obs' has shape \[1, {T + 1}, 6, 7, 2\], expected \[1, {T + 2}, 6, 7, 2\]"):
         decode_unroll(encode(), UnrollSpec(SPEC, T + 1))
 
 

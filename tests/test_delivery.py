@@ -75,6 +75,22 @@ def test_ack_counts_only_what_it_acknowledged(redis_client, run_name):
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
 
 
+def test_entries_of_several_unrolls_count_their_unrolls_once(redis_client, run_name):
+    """Entries of 3, 2 and 4 unrolls: acking the first two counts 5 trained, once even if the script is
+    re-sent; skipping the third as a duplicate counts 4, once."""
+    stream = TrajectoryStream(redis_client, run_name)
+    stream.ensure_group()
+    stream.add([b"x", b"y", b"z"], producer="0-tok", produced=9)
+    ids = [eid for eid, _ in stream.read("learner-0", count=3, block_ms=10)]
+    assert stream.ack(ids[:2], ["0-tok-0", "0-tok-3"], counts=[3, 2]) == 5
+    assert stream.ack(ids[:2], ["0-tok-0", "0-tok-3"], counts=[3, 2]) == 5
+    stream.skip_duplicates(ids[2:], counts=[4])
+    stream.skip_duplicates(ids[2:], counts=[4])
+    assert stream.accounting() == {"produced": 9, "trained": 5, "dead_lettered": 0, "duplicates": 4,
+                                   "backlog": 0, "throttled_s": 0.0}
+    assert redis_client.zrange(stream.seen_key, 0, -1) == [b"0-tok-0", b"0-tok-3"]
+
+
 def test_the_seen_set_keeps_the_last_seen_ids(redis_client, run_name, monkeypatch):
     import distributed.transport as transport
 

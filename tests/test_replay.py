@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from config import ConfigError, load_config, replayed_per_batch
-from distributed.codec import UnrollSpec, encode_unroll
+from distributed.codec import UnrollSpec, decode_unrolls, encode_unrolls
 from distributed.learner import Learner, forward_batch, off_policy_targets
-from distributed.replay import ReplayBuffer, max_unroll_nbytes, unroll_nbytes
+from distributed.replay import ReplayBuffer, unroll_nbytes
 from distributed.transport import GROUP, TrajectoryStream
 from envs.registry import env_spec
 from league.players import MAIN, metrics_path
@@ -131,7 +131,10 @@ def test_replayed_unrolls_are_corrected_with_their_own_behaviour_policy(tmp_path
     for version, unroll in old.items():
         learner.replay.add(unroll, policy_version=version)
     fresh = [random_unroll(rng, 3.0), random_unroll(rng, 2.0)]
-    prepared = learner.prepare(fresh)
+    # As the learner reads them: one stream entry of the two fresh unrolls.
+    [(_, entry)] = decode_unrolls([encode_unrolls(fresh, unroll_id="f-0-0", policy_version=11, actor_id=0,
+                                                  env="tictactoe")], learner.unroll_spec)
+    prepared = learner.prepare([entry])
     assert prepared.batch.reward.shape == (T, 4) and sorted(prepared.replayed_versions) == [7, 9]
     columns = fresh + [old[v] for v in prepared.replayed_versions]
 
@@ -163,17 +166,19 @@ def test_replayed_unrolls_are_corrected_with_their_own_behaviour_policy(tmp_path
 
 # -- end to end against Redis ----------------------------------------------------------------------
 
+@pytest.mark.parametrize("per_entry", [1, 2])
 def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_frames(tmp_path, redis_client,
-                                                                                  redis_url, run_name):
+                                                                                  redis_url, run_name, per_entry):
     """24 unrolls, B = 4 with replay_fraction 0.5: 2 fresh and up to 2 replayed per update, so 12
-    updates. Every entry is acked once, the counts balance, frames count the fresh steps only, and
-    the metrics carry the replay's keys."""
+    updates, with one or two unrolls per stream entry. Every entry is acked once, the counts balance,
+    frames count the fresh steps only, and the metrics carry the replay's keys."""
     N = 24
     cfg = small_config(run_name, tmp_path, "learner.batch_size=4", "learner.replay_fraction=0.5",
-                       f"run.total_frames={N * T}", "learner.replay_memory_mb=0.005")
+                       f"run.total_frames={N * T}", "learner.replay_memory_mb=0.005", f"actor.send_batch={per_entry}")
     stream = TrajectoryStream(redis_client, run_name)
-    payloads = [encode_unroll(valid_unroll(float(i % 3) - 1), unroll_id=f"r-0-{i}", policy_version=0, actor_id=0,
-                              env="tictactoe") for i in range(N)]
+    payloads = [encode_unrolls([valid_unroll(float(j % 3) - 1) for j in range(i, i + per_entry)],
+                               unroll_id=f"r-0-{i}", policy_version=0, actor_id=0, env="tictactoe")
+                for i in range(0, N, per_entry)]
     stream.add(payloads, producer="0-tok", produced=N)
     learner = Learner(cfg, redis_url, tmp_path / run_name)
     assert learner.batch_size == 2 and learner.replayed == 2
@@ -184,7 +189,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
     run_learner_until(learner, lambda: False)
 
     assert learner.step == N // 2 and learner.frames == N * T
-    assert len(acked) == len(set(acked)) == N
+    assert len(acked) == len(set(acked)) == N // per_entry
     assert stream.accounting() == {"produced": N, "trained": N, "dead_lettered": 0, "duplicates": 0, "backlog": 0,
                                    "throttled_s": 0.0}
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
@@ -215,7 +220,7 @@ def test_max_unroll_nbytes_bounds_a_decoded_unroll_with_every_step_truncated():
     spec = UnrollSpec(env_spec("tictactoe"), T)
     u = valid_unroll()
     u["final_obs"] = np.zeros((T, *u["obs"].shape[1:]), u["obs"].dtype)
-    assert max_unroll_nbytes(spec) == unroll_nbytes(u)
+    assert spec.max_unroll_nbytes == unroll_nbytes(u)
 
 
 # -- configuration ---------------------------------------------------------------------------------

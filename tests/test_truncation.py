@@ -221,7 +221,7 @@ def test_decoder_refuses_truncations_that_do_not_match_their_final_observations(
     with pytest.raises(DecodeError, match=r"'final_obs' has shape \[2, 2\], expected \[1, 2\]"):
         decode_unroll(_encoded(two), uspec)
     missing = {k: v for k, v in unroll.items() if k != "final_obs"}
-    with pytest.raises(DecodeError, match="1 steps are truncated but the unroll has no 'final_obs'"):
+    with pytest.raises(DecodeError, match="1 steps are truncated but the entry has no 'final_obs'"):
         decode_unroll(_encoded(missing), uspec)
 
 
