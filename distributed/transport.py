@@ -408,14 +408,14 @@ class TrajectoryStream:
         ones. Returns the trained count after this call."""
         if not entry_ids:
             return int(self.r.get(self.trained_key) or 0)
-        return int(self.r.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS,
+        return int(self.r.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS,
                                len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids))
 
     def queue_ack(self, pipe: redis.client.Pipeline, entry_ids: list[bytes], unroll_ids: list[str] = (),
                   counts: list[int] | None = None) -> None:
         """Queue `ack`'s script on `pipe` (several shards of one server acked in one round trip); the
         pipeline's reply for it is the trained count after it."""
-        pipe.eval(_ACK_TRAINED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS, len(entry_ids),
+        pipe.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS, len(entry_ids),
                   *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids)
 
     def duplicates(self, unroll_ids: list[str]) -> list[bool]:
@@ -434,8 +434,8 @@ class TrajectoryStream:
         """Acknowledge and delete duplicate deliveries untrained, counting the unrolls (`counts`, one per
         entry; default 1 each) of those acknowledged now."""
         if entry_ids:
-            self.r.eval(_ACK_DUPLICATES, 2, self.key, self.duplicates_key, GROUP, len(entry_ids), *entry_ids,
-                        *(counts or [1] * len(entry_ids)))
+            self.r.eval(_ACK_COUNTED, 3, self.key, self.duplicates_key, self.seen_key, GROUP, SEEN_IDS,
+                        len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)))
 
     def dead_letter(self, entry_id: bytes, data: bytes, reason: str) -> None:
         """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it (all only if
@@ -465,33 +465,23 @@ class TrajectoryStream:
 
 # Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer
 # NOSCRIPT to the retried command, and the user needs no SCRIPT permission.
-# Each entry's XACK on its own: only the unrolls of entries still pending count (a script re-sent after
-# a lost reply counts nothing the second time).
-# KEYS: stream, trained counter, seen set; ARGV: group, SEEN_IDS, n, n entry ids, n unroll counts, unroll ids.
-_ACK_TRAINED = """
+# Acks entries and adds their unrolls to a counter: trained ones (with their ids, remembered in the seen
+# set) or duplicates (no ids). Each entry's XACK on its own: only the unrolls of entries still pending
+# count (a script re-sent after a lost reply counts nothing the second time).
+# KEYS: stream, counter, seen set; ARGV: group, SEEN_IDS, n, n entry ids, n unroll counts, unroll ids.
+_ACK_COUNTED = """
 local n = tonumber(ARGV[3])
 local acked = 0
 for i = 4, 3 + n do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then acked = acked + tonumber(ARGV[i + n]) end
 end
 redis.call('XDEL', KEYS[1], unpack(ARGV, 4, 3 + n))
-local trained = redis.call('INCRBY', KEYS[2], acked)
-if acked > 0 then
-  for i = 4 + 2 * n, #ARGV do redis.call('ZADD', KEYS[3], trained, ARGV[i]) end
+local total = redis.call('INCRBY', KEYS[2], acked)
+if acked > 0 and #ARGV >= 4 + 2 * n then
+  for i = 4 + 2 * n, #ARGV do redis.call('ZADD', KEYS[3], total, ARGV[i]) end
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -1 - tonumber(ARGV[2]))
 end
-return trained
-"""
-
-# KEYS: stream, duplicates counter; ARGV: group, n, n entry ids, n unroll counts.
-_ACK_DUPLICATES = """
-local n = tonumber(ARGV[2])
-local acked = 0
-for i = 3, 2 + n do
-  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then acked = acked + tonumber(ARGV[i + n]) end
-end
-redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
-return redis.call('INCRBY', KEYS[2], acked)
+return total
 """
 
 # KEYS: stream, dead-letter stream, its counter; ARGV: group, entry id, reason, data.
