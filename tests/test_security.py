@@ -169,6 +169,7 @@ def test_the_documented_acl_user_can_run_an_actor_and_a_learner_and_nothing_else
         finally:
             actor.stop()
             actor_thread.join(20)
+            actor.close()  # its id lease, whose keeper thread would outlive this test's Redis
         assert actor_thread.error is None and learner.step >= 3
         denied = [entry for entry in admin.acl_log() if entry["username"] == "impala"]
         assert denied == []  # nothing the two did was refused
