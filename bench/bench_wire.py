@@ -2,11 +2,12 @@
 
 For each game, a real actor (its config's network, fresh weights, sampled actions) plays into an
 embedded Redis until `--unrolls` unrolls are on its trajectory stream. Those very unrolls are then
-encoded with each `transport.compression` setting, side by side: bytes per env step (one step of
-one learning stream), the ratio to raw, and the encoder's and decoder's cost per unroll (the decoder
-validating as the learner does).
+encoded with each `transport.compression` setting and `--per-entry` unrolls to a stream entry
+(`actor.send_batch`: one zstd frame per array then spans them all), side by side: bytes per env step
+(one step of one learning stream), the ratio to raw, one unroll per entry, and the encoder's and
+decoder's cost per unroll (the decoder validating as the learner does).
 
-    python bench/bench_wire.py [--unrolls 64] [--levels 1 3 9]
+    python bench/bench_wire.py [--unrolls 64] [--levels 1 3 9] [--per-entry 1 8]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 from agents.heads import make_model  # noqa: E402
 from config import load_config  # noqa: E402
 from distributed.actor import Actor  # noqa: E402
-from distributed.codec import UnrollSpec, decode_unroll, encode_unroll  # noqa: E402
+from distributed.codec import UnrollSpec, decode_unroll, decode_unrolls, encode_unrolls  # noqa: E402
 from distributed.launcher import EmbeddedRedis  # noqa: E402
 from distributed.params import ParamStore  # noqa: E402
 from distributed.transport import connect  # noqa: E402
@@ -62,14 +63,15 @@ def actor_unrolls(config: str, overrides: list[str], count: int) -> tuple[list[d
                  if name in uspec.arrays or len(a)} for _, fields in entries], uspec
 
 
-def measure(unrolls: list[dict], uspec: UnrollSpec, compression: str, level: int) -> tuple[float, float, float]:
-    """(bytes per env step, encode µs per unroll, decode µs per unroll)."""
+def measure(unrolls: list[dict], uspec: UnrollSpec, compression: str, level: int, per_entry: int
+            ) -> tuple[float, float, float]:
+    """(bytes per env step, encode µs per unroll, decode µs per unroll), `per_entry` unrolls to an entry."""
     start = time.perf_counter()
-    payloads = [encode_unroll(u, unroll_id=str(i), policy_version=0, actor_id=0, env=uspec.env.name,
-                              compression=compression, level=level) for i, u in enumerate(unrolls)]
+    payloads = [encode_unrolls(unrolls[i:i + per_entry], unroll_id=str(i), policy_version=0, actor_id=0,
+                               env=uspec.env.name, compression=compression, level=level)
+                for i in range(0, len(unrolls), per_entry)]
     encoded = time.perf_counter()
-    for data in payloads:
-        decode_unroll(data, uspec)
+    assert not any(isinstance(d, Exception) for d in decode_unrolls(payloads, uspec))
     decoded = time.perf_counter()
     steps = uspec.unroll_length * len(unrolls)
     n = len(unrolls)
@@ -80,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--unrolls", type=int, default=64, help="unrolls per game")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 3, 9], help="zstd levels to compare")
+    parser.add_argument("--per-entry", type=int, nargs="+", default=[1, 8], help="unrolls per stream entry")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'game':26s} {'setting':10s} {'bytes/step':>11s} {'vs raw':>7s} {'encode µs':>10s} {'decode µs':>10s}"
@@ -87,11 +90,12 @@ def main() -> None:
     for game, (config, overrides) in GAMES.items():
         unrolls, uspec = actor_unrolls(config, overrides, args.unrolls)
         raw = None
-        for compression, level in [("none", 0), *(("zstd", lv) for lv in args.levels)]:
-            per_step, enc, dec = measure(unrolls, uspec, compression, level or 1)
-            raw = raw or per_step
-            setting = "none" if compression == "none" else f"zstd:{level}"
-            print(f"{game:26s} {setting:10s} {per_step:11,.0f} {per_step / raw:7.3f} {enc:10,.0f} {dec:10,.0f}")
+        for per_entry in args.per_entry:
+            for compression, level in [("none", 0), *(("zstd", lv) for lv in args.levels)]:
+                per_step, enc, dec = measure(unrolls, uspec, compression, level or 1, per_entry)
+                raw = raw or per_step
+                setting = ("none" if compression == "none" else f"zstd:{level}") + f" x{per_entry}"
+                print(f"{game:26s} {setting:10s} {per_step:11,.1f} {per_step / raw:7.3f} {enc:10,.0f} {dec:10,.0f}")
         print(f"{'':26s} T={uspec.unroll_length}, {len(unrolls)} unrolls of one actor")
 
 
