@@ -480,7 +480,7 @@ def validate(cfg: Config) -> None:
         (cfg.learner.algo != "impala" or (cfg.learner.batch_size - replayed_per_batch(cfg.learner)) % max(cfg.actor.send_batch, 1) == 0,
          f"actor.send_batch={cfg.actor.send_batch} must divide the {cfg.learner.batch_size - replayed_per_batch(cfg.learner)} "
          "fresh unrolls of each batch (learner.batch_size minus the round(learner.replay_fraction * batch_size) "
-         "replayed): a batch takes whole stream entries of send_batch unrolls"),
+         "replayed): a batch takes whole stream entries of send_batch unrolls; set it to a divisor of that"),
         (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
          "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
         (0.0 <= cfg.learner.replay_fraction < 1.0,

@@ -140,6 +140,8 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["actor.unroll_length=0"], "actor.unroll_length must be >= 1"),
     (["actor.send_batch=0"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
     (["actor.send_batch=257"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
+    (["actor.send_batch=3"], r"actor.send_batch=3 must divide the 32 fresh unrolls of each batch"),
+    (["actor.send_batch=8", "learner.replay_fraction=0.875"], r"must divide the 4 fresh unrolls.*set it to a divisor"),
     (["league.opponent_temperature=-0.5"], r"league.opponent_temperature must be in \[0, 100\]"),
     (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
     (["learner.mirror_augment=sometimes"], "learner.mirror_augment='sometimes' must be random, both or none"),
