@@ -158,10 +158,9 @@ def encode_unrolls(unrolls: list[dict[str, np.ndarray]], *, unroll_id: str, poli
               "compression": compression}
     pack = _compressor(level).compress if compression == "zstd" else bytes
     body = {}
-    for name in unrolls[0].keys() | {k for u in unrolls for k in u}:
+    for name in dict.fromkeys(k for u in unrolls for k in u):  # every unroll's names, in order
         if name.startswith("final_obs"):  # [N_i, ...] each; an unroll without any leaves them out
-            parts = [u[name] for u in unrolls if name in u]
-            joined = np.concatenate(parts)
+            joined = np.concatenate([u[name] for u in unrolls if name in u])
         else:
             joined = np.stack([u[name] for u in unrolls])
         body[name] = [joined.dtype.str, list(joined.shape), pack(np.ascontiguousarray(joined).data)]
@@ -181,6 +180,12 @@ def split_unrolls(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     bounds = np.concatenate([[0], np.cumsum(counts)])
     return [{name: a[bounds[i]:bounds[i + 1]] if name.startswith("final_obs") else a[i] for name, a in arrays.items()}
             for i in range(n)]
+
+
+def as_entry(unroll: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One unroll's arrays as those of a decoded entry of one (the inverse of `split_unrolls`): views
+    with a leading [1], the final observations as they are."""
+    return {name: a if name.startswith("final_obs") else a[None] for name, a in unroll.items()}
 
 def unpack_message(data: Any, keys: tuple[str, ...], what: str = "message") -> dict:
     """The msgpack map in `data`, which must be bytes of at most MAX_MESSAGE_BYTES holding a map with
@@ -370,16 +375,13 @@ def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
     head0 = np.clip(action[:, :, 0], 0, A - 1)  # multi-head: the mask is over head 0
     legal = np.take_along_axis(mask[:, :T], head0[:, :, None], 2)
     checks.append(("an action is illegal under its own action_mask", ~legal.all((1, 2))))
-    reasons: list[str | None] = [None] * len(entries)
-    first_bad = [U] * len(entries)  # the first invalid unroll of each entry
-    found: dict[int, str] = {}
+    found: dict[int, str] = {}  # invalid unroll -> its first reason (the checks run in order)
     for reason, bad in checks:
         for u in np.flatnonzero(bad):
-            found.setdefault(int(u), reason)  # checks run in order: the first reason per unroll
-    for u, reason in sorted(found.items()):
-        e = owner[u]
-        if u < first_bad[e]:
-            first_bad[e], reasons[e] = u, reason
+            found.setdefault(int(u), reason)
+    reasons: list[str | None] = [None] * len(entries)
+    for u in sorted(found):  # an entry takes the reason of its first invalid unroll
+        reasons[owner[u]] = reasons[owner[u]] or found[u]
     return reasons
 
 

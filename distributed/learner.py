@@ -29,7 +29,7 @@ from agents.checkpoint import (CheckpointError, load_optimizer_state, model_stat
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, split_unrolls
+from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls, split_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
 from distributed.history import CheckpointHistory
@@ -85,8 +85,7 @@ class Batch:
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
         """Stack decoded unrolls (UnrollSpec arrays, [T+1, ...]; final observations [N_b, ...]) on
         `device`: `concat` of entries of one unroll each."""
-        return cls.concat([{name: a if name.startswith("final_obs") else a[None] for name, a in u.items()}
-                           for u in unrolls], device, pin)
+        return cls.concat([as_entry(u) for u in unrolls], device, pin)
 
     @classmethod
     def concat(cls, entries: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
@@ -634,6 +633,10 @@ class Learner:
         """The unrolls a stream entry with this header holds (counted as trained or duplicate with it)."""
         return header["unrolls"]
 
+    def unroll_versions(self, headers: list[dict]) -> list[int]:
+        """The policy version of each unroll of the entries with these headers, in batch order."""
+        return [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
+
     def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
         """(header, payload) of each stream entry, or the DecodeError that rejects it."""
         return decode_unrolls(entries, self.unroll_spec)
@@ -643,9 +646,8 @@ class Learner:
         unrolls in all): a `Prepared` batch of them and k unrolls sampled from the replay (fewer while
         it holds fewer), in pinned memory when the update runs on a GPU."""
         replayed = self.replay.sample(self.replayed) if self.replay is not None else []
-        batch = Batch.concat(payloads + [{name: a if name.startswith("final_obs") else a[None]
-                                          for name, a in r.unroll.items()} for r in replayed],
-                             torch.device("cpu"), pin=self.device.type == "cuda")
+        batch = Batch.concat(payloads + [as_entry(r.unroll) for r in replayed], torch.device("cpu"),
+                             pin=self.device.type == "cuda")
         fresh = [u for arrays in payloads for u in split_unrolls(arrays)] if self.replay is not None else []
         return Prepared(batch, fresh, [r.policy_version for r in replayed])
 
@@ -782,7 +784,7 @@ class Learner:
         window.update_s += time.monotonic() - started
         self.acknowledge(ids, headers)
         replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
-        lags = [self.step - 1 - h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
+        lags = [self.step - 1 - version for version in self.unroll_versions(headers)]
         window.add(self.frames - frames, lags, stats, replay_lags)
         now = time.monotonic()
         if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
@@ -795,8 +797,7 @@ class Learner:
         unroll it replayed. A batch whose update was skipped (non-finite loss) is not kept: replaying its
         extreme values would skip later updates too."""
         if not stats["skipped_update"]:
-            versions = [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
-            for unroll, version in zip(prepared.fresh, versions, strict=True):
+            for unroll, version in zip(prepared.fresh, self.unroll_versions(headers), strict=True):
                 self.replay.add(unroll, version)
         return [self.step - 1 - version for version in prepared.replayed_versions]
 

@@ -254,9 +254,9 @@ class ShardedTrajectories:
         return []
 
     # -- acknowledging -----------------------------------------------------------------------------
-    def _by_shard(self, entry_ids: list[ShardEntry], *values: list | tuple) -> dict[int, tuple[list, ...]]:
-        """Entry ids, and each list of values beside them (empty ones stay empty), grouped by shard:
-        shard -> (ids, values...), in order."""
+    def _by_shard(self, entry_ids: list[ShardEntry], *values: list | tuple | None) -> dict[int, tuple[list, ...]]:
+        """Entry ids, and each list of values beside them (empty or None ones stay empty), grouped by
+        shard: shard -> (ids, values...), in order."""
         out: dict[int, tuple[list, ...]] = {}
         for i, entry in enumerate(entry_ids):
             ids, *vals = out.setdefault(entry.shard, tuple([] for _ in range(1 + len(values))))
@@ -273,7 +273,7 @@ class ShardedTrajectories:
         for server in self.servers:  # acks kept while a server was down go first, if it is back
             if server.deferred and self._up(server):
                 self._flush_deferred(server)
-        groups = self._by_shard(entry_ids, counts or [1] * len(entry_ids), unroll_ids)
+        groups = self._by_shard(entry_ids, counts, unroll_ids)
         for server in self.servers:
             mine = {s: g for s, g in groups.items() if self.server_of[s] is server}
             if not mine:
@@ -358,7 +358,7 @@ class ShardedTrajectories:
 
     def skip_duplicates(self, entry_ids: list[ShardEntry], counts: list[int] | None = None) -> None:
         """Ack and delete duplicate deliveries (of `counts` unrolls each, default 1) untrained, in their shards."""
-        for s, (ids, shard_counts) in self._by_shard(entry_ids, counts or [1] * len(entry_ids)).items():
+        for s, (ids, shard_counts) in self._by_shard(entry_ids, counts).items():
             self._call(self.server_of[s], lambda: self.streams[s].skip_duplicates(ids, shard_counts))
 
     def dead_letter(self, entry_id: ShardEntry, data: bytes, reason: str) -> None:

@@ -408,15 +408,14 @@ class TrajectoryStream:
         ones. Returns the trained count after this call."""
         if not entry_ids:
             return int(self.r.get(self.trained_key) or 0)
-        return int(self.r.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS,
-                               len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids))
+        return int(self.r.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key,
+                               *_ack_args(entry_ids, counts, unroll_ids)))
 
     def queue_ack(self, pipe: redis.client.Pipeline, entry_ids: list[bytes], unroll_ids: list[str] = (),
                   counts: list[int] | None = None) -> None:
         """Queue `ack`'s script on `pipe` (several shards of one server acked in one round trip); the
         pipeline's reply for it is the trained count after it."""
-        pipe.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, GROUP, SEEN_IDS, len(entry_ids),
-                  *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids)
+        pipe.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, *_ack_args(entry_ids, counts, unroll_ids))
 
     def duplicates(self, unroll_ids: list[str]) -> list[bool]:
         """For each id, whether it is a duplicate delivery: an unroll trained on already (among the last
@@ -434,8 +433,7 @@ class TrajectoryStream:
         """Acknowledge and delete duplicate deliveries untrained, counting the unrolls (`counts`, one per
         entry; default 1 each) of those acknowledged now."""
         if entry_ids:
-            self.r.eval(_ACK_COUNTED, 3, self.key, self.duplicates_key, self.seen_key, GROUP, SEEN_IDS,
-                        len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)))
+            self.r.eval(_ACK_COUNTED, 3, self.key, self.duplicates_key, self.seen_key, *_ack_args(entry_ids, counts))
 
     def dead_letter(self, entry_id: bytes, data: bytes, reason: str) -> None:
         """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it (all only if
@@ -483,6 +481,12 @@ if acked > 0 and #ARGV >= 4 + 2 * n then
 end
 return total
 """
+
+
+def _ack_args(entry_ids: list[bytes], counts: list[int] | None, unroll_ids: list[str] = ()) -> list:
+    """ARGV of _ACK_COUNTED; no `counts`: one unroll per entry."""
+    return [GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids]
+
 
 # KEYS: stream, dead-letter stream, its counter; ARGV: group, entry id, reason, data.
 _DEAD_LETTER = """
