@@ -132,6 +132,9 @@ class LearnerConfig:
     rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)")
     rmsprop_eps: float = _f(0.01, "RMSProp epsilon (IMPALA: 0.01)")
     discount: float = _f(0.99, "gamma")
+    pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
+                                      "(the value targets keep learner.discount): below it, a move that wins now "
+                                      "gains more over one that wins later; null = learner.discount")
     entropy_cost: float = _f(0.01, "weight of the entropy bonus")
     baseline_cost: float = _f(0.5, "weight of the baseline loss 0.5 * sum (vs - V)^2 (IMPALA: 0.5)")
     grad_norm_clip: float = _f(40.0, "clip the global gradient norm to this (IMPALA: 40)")
@@ -432,6 +435,8 @@ def validate(cfg: Config) -> None:
         (cfg.learner.correction in CORRECTIONS,
          "learner.correction must be vtrace, is1, epsilon or none"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
+        (cfg.learner.pg_discount is None or 0.0 <= cfg.learner.pg_discount <= 1.0,
+         f"learner.pg_discount={cfg.learner.pg_discount} must be in [0, 1] (or null: learner.discount)"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
         (cfg.agent.torso in ("conv", "mlp", "fullyconv"), "agent.torso must be conv, mlp or fullyconv"),

@@ -242,8 +242,13 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     delta_t = rho_t (r_t + gamma V(x_final) - V(x_t)), vs_t = V(x_t) + delta_t, and the advantage
     min(pg_rho_bar, rho_t) (r_t + gamma V(x_final) - V(x_t)): V-trace (eq. 1) with v_{t+1} := V(x_final)
     and the next episode's values cut off.
+
+    `cfg.pg_discount` (when set) is the gamma of the policy-gradient advantage only, e.g.
+    r_t + gamma_pg vs_{t+1} - V(x_t) under V-trace; the value targets and a truncated step's
+    bootstrap keep `cfg.discount`.
     """
     discounts = (~batch.done).float() * cfg.discount
+    pg_discounts = None if cfg.pg_discount is None else (~batch.done).float() * cfg.pg_discount
     rewards = batch.reward
     if final_values is not None and batch.truncated is not None:
         rewards = rewards + cfg.discount * batch.truncated.float() * final_values
@@ -251,7 +256,8 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     log_mu = head.behaviour_log_prob(batch.behaviour_logits, batch.action)
     log_rhos = (log_pi - log_mu).detach()
     targets = dict(discounts=discounts, rewards=rewards, values=values[:-1].detach(),
-                   bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_)
+                   bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_,
+                   pg_discounts=pg_discounts)
     if cfg.correction == "vtrace":
         vt = vtrace.from_importance_weights(log_rhos, clip_rho_threshold=cfg.clip_rho_threshold,
                                             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,

@@ -136,13 +136,15 @@ def _clipped_ratio(log_rhos: torch.Tensor, threshold: Optional[float]) -> torch.
     return torch.exp(torch.clamp(log_rhos, max=math.log(threshold)))
 
 
-def _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value) -> None:
+def _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value, pg_discounts=None) -> None:
     named = {
         "log_rhos": log_rhos,
         "discounts": discounts,
         "rewards": rewards,
         "values": values,
     }
+    if pg_discounts is not None:
+        named["pg_discounts"] = pg_discounts
     if values.dim() != 2:
         raise ValueError(f"values must be [T, B], got shape {tuple(values.shape)}")
     if values.shape[0] < 1:
@@ -178,6 +180,7 @@ def from_importance_weights(
     clip_pg_rho_threshold: Optional[float] = 1.0,
     clip_c_threshold: Optional[float] = 1.0,
     lambda_: float = 1.0,
+    pg_discounts: Optional[torch.Tensor] = None,
 ) -> VTraceReturns:
     r"""V-trace targets from log importance weights (eq. (1), section 4.2).
 
@@ -207,19 +210,23 @@ def from_importance_weights(
         None means no clipping.
       lambda_: A float in [0, 1]. lambda of Remark 2, multiplies every c_i:
         c_i = lambda * min(c-bar, rho_i). 1.0 is plain V-trace.
+      pg_discounts: A float tensor of shape [T, B] or None. The gamma_s of the
+        policy-gradient advantage only (the targets v_s keep `discounts`); a
+        smaller one than the value's makes the advantage of a move that wins
+        later smaller than that of one that wins now. None means `discounts`.
 
     Returns:
       A `VTraceReturns` of:
         vs: A float tensor of shape [T, B], the V-trace targets v_s.
         pg_advantages: A float tensor of shape [T, B],
           min(pg-rho-bar, rho_s) * (r_s + gamma_s * v_{s+1} - V(x_s)),
-          with v_T = bootstrap_value.
+          with v_T = bootstrap_value and gamma_s from `pg_discounts`.
 
     Raises:
       ValueError: if shapes, dtypes or devices disagree, a threshold is not
         positive (or None), or lambda_ is outside [0, 1].
     """
-    _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value)
+    _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value, pg_discounts)
     _check_threshold("clip_rho_threshold", clip_rho_threshold)
     _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
     _check_threshold("clip_c_threshold", clip_c_threshold)
@@ -245,7 +252,8 @@ def from_importance_weights(
 
         vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
         clipped_pg_rhos = _clipped_ratio(log_rhos, clip_pg_rho_threshold)
-        pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_t_plus_1 - values)
+        pg_discounts = discounts if pg_discounts is None else pg_discounts
+        pg_advantages = clipped_pg_rhos * (rewards + pg_discounts * vs_t_plus_1 - values)
 
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 

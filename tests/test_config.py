@@ -130,6 +130,7 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["learner.batch_size=4097", "actor.high_water_mark=5000"], r"learner.batch_size must be in \[1, 4096\]"),
     (["learner.discount=1.5"], r"learner.discount must be in \[0, 1\]"),
     (["learner.discount=-0.1"], r"learner.discount must be in \[0, 1\]"),
+    (["learner.pg_discount=1.2"], r"learner.pg_discount=1.2 must be in \[0, 1\]"),
     (["actor.high_water_mark=31"], "actor.high_water_mark must be >= learner.batch_size"),
     (["learner.batch_size=300"], "actor.high_water_mark must be >= learner.batch_size"),
     (["learner.clip_rho_threshold=0"], "learner.clip_rho_threshold must be > 0 or null"),

@@ -56,6 +56,17 @@ def test_losses_match_the_hand_computation(correction):
     assert stats["rho_clipped_fraction"] == 0.5
 
 
+# learner.pg_discount = 0.5: the same value targets, the advantages with 0.5 in place of gamma:
+#   vtrace [1 (0.5 * 1.1 - 0.5), 5/6 (1 + 0.5 * 0.4 + 0.2)] = [0.05, 7/6];
+#   none   [0.5 * 1.36 - 0.5, 1 + 0.5 * 0.4 + 0.2] = [0.18, 1.4].
+@pytest.mark.parametrize("correction,adv", [("vtrace", [0.05, 7 / 6]), ("none", [0.18, 1.4])])
+def test_pg_discount_changes_the_advantages_not_the_value_targets(correction, adv):
+    vs = EXPECTED[correction][0]
+    stats = run_step(correction, pg_discount=0.5)
+    assert math.isclose(stats["baseline_loss"], 0.5 * ((vs - V) ** 2).mean(), rel_tol=1e-5)
+    assert math.isclose(stats["policy_gradient_loss"], -(LOG_PI * np.array(adv)).mean(), rel_tol=1e-5)
+
+
 def test_is1_without_pg_rho_clipping_uses_the_raw_ratio():
     stats = run_step("is1", clip_pg_rho_threshold=None)
     adv = np.array([1.5 * 0.724, 5 / 6 * 1.56])

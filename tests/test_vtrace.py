@@ -21,6 +21,7 @@ def reference_vtrace(
     clip_pg_rho_threshold=1.0,
     clip_c_threshold=1.0,
     lambda_=1.0,
+    pg_discounts=None,
 ):
     """Eq. (1) in its explicit-sum form, float64, one (s, b) at a time.
 
@@ -32,6 +33,7 @@ def reference_vtrace(
         np.asarray(a, dtype=np.float64) for a in (log_rhos, discounts, rewards, values)
     )
     bootstrap_value = np.asarray(bootstrap_value, dtype=np.float64)
+    pg_discounts = discounts if pg_discounts is None else np.asarray(pg_discounts, dtype=np.float64)
     T, B = values.shape
 
     def clip(rho, threshold):
@@ -56,7 +58,7 @@ def reference_vtrace(
         for s in range(T):
             v_next = vs[s + 1, b] if s + 1 < T else bootstrap_value[b]
             pg[s, b] = clip(rho[s], clip_pg_rho_threshold) * (
-                rewards[s, b] + discounts[s, b] * v_next - values[s, b]
+                rewards[s, b] + pg_discounts[s, b] * v_next - values[s, b]
             )
     return vs, pg
 
@@ -108,6 +110,38 @@ def test_matches_eq1_reference(clipping, T, B, log_rho_scale, done_prob):
     scale = max(1.0, np.abs(want_vs32).max(), np.abs(want_pg32).max())
     np.testing.assert_allclose(ours32.vs.numpy(), want_vs32, rtol=1e-4, atol=1e-5 * scale)
     np.testing.assert_allclose(ours32.pg_advantages.numpy(), want_pg32, rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("clipping", ["all_at_1", "rho_bar_ne_c_bar"])
+def test_pg_discounts_change_only_the_advantage(clipping):
+    # A policy-gradient gamma of 0.7 beside a value gamma of 0.99: vs is the plain V-trace target,
+    # the advantage uses 0.7 (0 at episode ends), against the float64 reference.
+    T, B = 9, 3
+    rng = np.random.default_rng(7)
+    inputs = _random_inputs(rng, T, B, 1.0, 0.2)
+    pg_discounts = 0.7 / 0.99 * inputs[1]
+    kwargs = CLIPPING[clipping]
+    plain = vtrace.from_importance_weights(*(torch.tensor(a) for a in inputs), **kwargs)
+    ours = vtrace.from_importance_weights(*(torch.tensor(a) for a in inputs), **kwargs,
+                                          pg_discounts=torch.tensor(pg_discounts))
+    want_vs, want_pg = reference_vtrace(*inputs, **kwargs, pg_discounts=pg_discounts)
+    np.testing.assert_allclose(ours.vs.numpy(), plain.vs.numpy(), rtol=0, atol=0)
+    np.testing.assert_allclose(ours.pg_advantages.numpy(), want_pg, rtol=1e-6, atol=1e-6)
+    assert np.abs(ours.pg_advantages.numpy() - plain.pg_advantages.numpy()).max() > 0.1
+
+
+def test_pg_discount_hand_values():
+    # A win (reward 1) on the last of three steps, V = 0.5 everywhere, on-policy. Value gamma 0.9:
+    # vs = 0.81, 0.9, 1. Policy-gradient gamma 0.5: advantages 0.5 * 0.9 - 0.5 = -0.05,
+    # 0.5 * 1 - 0.5 = 0, 1 - 0.5 = 0.5 (with gamma 0.9 they would be 0.31, 0.4, 0.5).
+    log_rhos = torch.zeros(3, 1, dtype=torch.float64)
+    discounts = torch.tensor([[0.9], [0.9], [0.0]], dtype=torch.float64)
+    rewards = torch.tensor([[0.0], [0.0], [1.0]], dtype=torch.float64)
+    values = torch.full((3, 1), 0.5, dtype=torch.float64)
+    out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, torch.zeros(1, dtype=torch.float64),
+                                         pg_discounts=discounts / 0.9 * 0.5)
+    np.testing.assert_allclose(out.vs[:, 0].numpy(), [0.81, 0.9, 1.0], atol=1e-12)
+    np.testing.assert_allclose(out.pg_advantages[:, 0].numpy(), [-0.05, 0.0, 0.5], atol=1e-12)
 
 
 def test_reference_sees_episode_boundary():
@@ -274,6 +308,8 @@ def _ok_inputs(T=4, B=3):
         ("bootstrap_value", torch.zeros(1, 3)),
         ("bootstrap_value", torch.zeros(2)),
         ("rewards", torch.zeros(4, 3, dtype=torch.float64)),
+        ("pg_discounts", torch.zeros(4, 2)),
+        ("pg_discounts", torch.zeros(4, 3, dtype=torch.float64)),
     ],
 )
 def test_from_importance_weights_rejects_bad_shapes(name, bad):
