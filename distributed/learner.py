@@ -247,8 +247,9 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     r_t + gamma_pg vs_{t+1} - V(x_t) under V-trace; the value targets and a truncated step's
     bootstrap keep `cfg.discount`.
     """
-    discounts = (~batch.done).float() * cfg.discount
-    pg_discounts = None if cfg.pg_discount is None else (~batch.done).float() * cfg.pg_discount
+    not_done = (~batch.done).float()
+    discounts = not_done * cfg.discount
+    pg_discounts = None if cfg.pg_discount is None else not_done * cfg.pg_discount
     rewards = batch.reward
     if final_values is not None and batch.truncated is not None:
         rewards = rewards + cfg.discount * batch.truncated.float() * final_values
