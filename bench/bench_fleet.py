@@ -3,17 +3,17 @@
 Real connect-four unrolls (sent by a real actor, see bench_wire.py) are encoded once. `--workers`
 processes then drive `--actors` simulated actors between them (default 256), each with its own Redis
 connection and its own shard (actor_id % shards), as a real actor: it sends one entry of `actor.send_batch`
-unrolls per transaction at `--rate` unrolls per second, with its `produced` count in the same transaction
+unrolls per add at `--rate` unrolls per second, with its `produced` count in the same script
 (`TrajectoryStream.add`), and follows the real backpressure rule (no add while its shard's backlog, as
 last counted, is above `actor.high_water_mark`; recounted every 50 ms, as `wait_for_room` polls). Each
-send re-packs a pre-encoded entry with a fresh id (ids must be unique, or the learner skips copies).
+send re-packs a pre-encoded entry with a fresh id, as an actor's entries have.
 
 The learner runs its own ingest path without the optimizer step, as bench_ingest.py: `Learner.ingest`
-(read every shard, duplicate check, decode, validate, stack) in the ingest thread and
+(read every shard, decode, validate, stack) in the ingest thread and
 `Learner.acknowledge` (ack to each entry's shard, count as trained) here. After `--seconds` the actors
 stop, then the learner; the table gives the learner-consumed SPS (env steps per second of acked
 unrolls), the peak `used_memory` of Redis (all servers), the final backlog, and whether
-produced == trained + dead-lettered + duplicates + backlog holds (nothing lost).
+produced == trained + dead-lettered + backlog holds (nothing lost).
 
     python bench/bench_fleet.py [--actors 256] [--shards 1 2 4] [--seconds 10] [--rate 4] [--workers 2]
                                 [--servers 1] [--set key=value ...]
@@ -149,7 +149,7 @@ def run_fleet(args: argparse.Namespace, shards: int, payload_file: str, tmp: str
         for s in servers:
             s.stop()
     # The backlog counts entries: send_batch unrolls each.
-    balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["duplicates"] + \
+    balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + \
         counts["backlog"] * cfg.actor.send_batch and counts["produced"] == sent
     return {"actors": args.actors, "shards": shards, "servers": len(servers),
             "sps": consumed * cfg.actor.unroll_length / elapsed, "unrolls_per_s": consumed / elapsed,
@@ -205,12 +205,12 @@ def main() -> None:
           f"actor.high_water_mark={cfg.actor.high_water_mark} per shard, send_batch={cfg.actor.send_batch}, "
           f"{args.seconds:g} s each, {args.workers} actor processes, {os.cpu_count()} cores")
     print(f"{'actors':>7} {'shards':>6} {'servers':>7} {'learner SPS':>12} {'unrolls/s':>10} {'peak MB':>8} "
-          f"{'backlog':>8}  produced = trained + dead + dup + backlog (entries x send_batch)")
+          f"{'backlog':>8}  produced = trained + dead + backlog (entries x send_batch)")
     for r in rows:
         c = r["counts"]
         print(f"{r['actors']:>7} {r['shards']:>6} {r['servers']:>7} {r['sps']:>12,.0f} {r['unrolls_per_s']:>10,.0f} "
               f"{r['peak_mb']:>8.1f} {r['backlog']:>8}  {c['produced']} = {c['trained']} + {c['dead_lettered']} + "
-              f"{c['duplicates']} + {c['backlog']} x {K}  {'ok' if r['balanced'] else 'MISMATCH'}")
+              f"{c['backlog']} x {K}  {'ok' if r['balanced'] else 'MISMATCH'}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ to a stream entry as actors send them, and replayed into an embedded Redis: `--u
 entry with a unique id. Then, side by side:
 
 - raw: XREADGROUP of the entries holding B unrolls at a time in one loop, then XACK, nothing else;
-- ingest: the learner's own path without the optimizer step: `Learner.ingest` (read, duplicate
-  check, decode, validate, stack) in the ingest thread, `learner.prefetch_batches` ahead, and
+- ingest: the learner's own path without the optimizer step: `Learner.ingest` (read, decode,
+  validate, stack) in the ingest thread, `learner.prefetch_batches` ahead, and
   `Learner.acknowledge` (ack, count as trained) in the update's thread, as `Learner.run` does.
 
 Both are measured in unrolls per second over the same entries; the ratio is ingest / raw. A shared
@@ -105,7 +105,7 @@ def main() -> None:
         learner = Learner(cfg, server.url, Path(tmp) / "ingest")
         raw_s = ingest_s = 0.0
         for r in range(args.rounds):
-            client.delete(key, learner.trajectories.streams[0].seen_key)  # a fresh stream: each id is new again
+            client.delete(key)  # a fresh stream
             fill(client, key, payloads)
             raw = raw_rate(client, key, B // K, K, len(payloads))
             ours = ingest_rate(learner, total)

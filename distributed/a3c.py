@@ -104,6 +104,7 @@ class A3CWorker(Actor):
         super().__init__(cfg, redis_url, actor_id, player)
         self.gradients = TrajectoryStream(self.redis, namespace(cfg.run.name, player), GRADIENTS)
         self.loss_cfg = dataclasses.replace(cfg.learner, correction="none")
+        self.gradients_sent = 0
         # A worker's batch is its own few unrolls: it trains on both orientations of each (`random` too).
         self.mirror = cfg.learner.mirror_augment != "none" and self.spec.mirror_actions is not None
 
@@ -118,9 +119,11 @@ class A3CWorker(Actor):
         self.model.zero_grad(set_to_none=True)
         loss, parts = actor_critic_loss(self.model, batch, self.loss_cfg)
         loss.backward()
+        self.gradients_sent += 1  # the stream's `produced` counts gradients, as the parameter server's acks do
         self.backlog = self.gradients.add([encode_gradients(
             self.model, policy_version=self.version, actor_id=self.actor_id,
-            frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})])
+            frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
+            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent)
         self.sent += len(unrolls)
         self.sync_params()
         self.refresh_opponents()
@@ -134,8 +137,6 @@ class ParameterServer(Learner):
     `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
     parts are the workers' own.
     """
-
-    detects_duplicates = False  # gradients carry no unroll ids; a re-sent one is applied again
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

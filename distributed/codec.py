@@ -125,7 +125,7 @@ class UnrollSpec:
 
 
 # unroll_id: the id of the entry's first unroll (`{actor_id}-{token}-{sequence}`), which names the entry
-# for duplicate detection; unrolls: n, how many it holds.
+# wherever it is traced (the dead-letter stream keeps the whole entry); unrolls: n, how many it holds.
 HEADER_FIELDS = {"schema": str, "unroll_id": str, "unrolls": int, "policy_version": int, "actor_id": int,
                  "opponent_id": str, "env": str, "created_at": float, "compression": str}
 

@@ -51,7 +51,7 @@ from tracking import Tracker, start_tracking
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
-COUNTERS = ("produced", "trained", "dead_lettered", "duplicates")  # delivery counts that only grow
+COUNTERS = ("produced", "trained", "dead_lettered")  # delivery counts that only grow
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
@@ -413,8 +413,6 @@ def pick_device(name: str) -> torch.device:
 class Learner:
     """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
 
-    detects_duplicates = True  # skip unrolls delivered twice (by unroll_id; see TrajectoryStream.duplicates)
-
     def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
                  rank: int = 0, dist_url: str | None = None):
         """`rank` and `dist_url` (tcp://host:port): this process's place among `learner.num_learners`
@@ -483,7 +481,7 @@ class Learner:
         self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
         self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
-        # Entry ids and unroll ids of batches the ingest thread has read but the update has not acked.
+        # Entry ids of batches the ingest thread has read but the update has not acked.
         self.in_flight: set = set()
         self.in_flight_unrolls = 0
         self.in_flight_lock = threading.Lock()
@@ -588,8 +586,8 @@ class Learner:
 
         It asks for as many entries as B needs at `actor.send_batch` unrolls each; entries holding
         more (another producer's) make the batch larger than B. Malformed entries go to the
-        dead-letter stream, and duplicate deliveries (an entry trained on already, or read twice in
-        this batch) are acknowledged untrained; neither counts towards B.
+        dead-letter stream and do not count towards B. No entry is in the stream twice (actors' adds
+        are done once, `TrajectoryStream.add`), so nothing is checked for duplicates here.
         """
         B = self.batch_size
         ids, headers, payloads = [], [], []
@@ -608,31 +606,16 @@ class Learner:
                 self.pending_cursor = entries[-1][0] if entries else None
                 with self.in_flight_lock:  # our pending entries include the prefetched batches
                     entries = [(entry_id, data) for entry_id, data in entries if entry_id not in self.in_flight]
-            decoded = []
             for (entry_id, data), got in zip(entries, self.decode([data for _, data in entries])):
                 if isinstance(got, DecodeError):
                     self.trajectories.dead_letter(entry_id, data, str(got))
                     log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), got)
                     continue
-                decoded.append((entry_id, *got))
-            duplicate = [False] * len(decoded)
-            if self.detects_duplicates:
-                # Checked together with the batch so far: both copies may be read into one batch.
-                uids = [h["unroll_id"] for h in headers] + [h["unroll_id"] for _, h, _ in decoded]
-                duplicate = self.trajectories.duplicates(uids, ids + [e for e, _, _ in decoded])[len(headers):]
-                with self.in_flight_lock:  # a copy of an entry in a prefetched batch
-                    duplicate = [d or h["unroll_id"] in self.in_flight for d, (_, h, _) in zip(duplicate, decoded)]
-                copies = [(entry_id, self.unrolls_in(h)) for (entry_id, h, _), dup in zip(decoded, duplicate) if dup]
-                if copies:
-                    self.trajectories.skip_duplicates(*map(list, zip(*copies)))
-                    log.warning("skipped %d duplicate deliveries of entries already trained on or in this batch "
-                                "(an XADD re-sent after a lost reply)", len(copies))
-            for (entry_id, header, payload), dup in zip(decoded, duplicate):
-                if not dup:
-                    ids.append(entry_id)
-                    headers.append(header)
-                    payloads.append(payload)
-                    have += self.unrolls_in(header)
+                header, payload = got
+                ids.append(entry_id)
+                headers.append(header)
+                payloads.append(payload)
+                have += self.unrolls_in(header)
         return ids, headers, payloads
 
     @staticmethod
@@ -673,19 +656,17 @@ class Learner:
         if got is None:
             return None
         ids, headers, payloads = got
-        uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         with self.in_flight_lock:
-            self.in_flight.update(ids, uids)
+            self.in_flight.update(ids)
             self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
         return ids, headers, self.prepare(payloads)
 
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
         """Ack a batch the update has trained on (counting its unrolls as trained)."""
-        uids = [h["unroll_id"] for h in headers] if self.detects_duplicates else []
         counts = [self.unrolls_in(h) for h in headers]
-        self.unrolls_trained = self.trajectories.ack(ids, uids, counts)
+        self.unrolls_trained = self.trajectories.ack(ids, counts)
         with self.in_flight_lock:
-            self.in_flight.difference_update(ids, uids)
+            self.in_flight.difference_update(ids)
             self.in_flight_unrolls -= sum(counts)
 
     # -- main loop ---------------------------------------------------------------------------------
@@ -891,7 +872,7 @@ class Learner:
             # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
             "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
-            "duplicate_unrolls": counts["duplicates"], "unrolls_rolled_back": self.rolled_back,
+            "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),

@@ -1,9 +1,9 @@
 """The learner's side of sharded trajectory streams (`transport.shards`, keys in transport.py's doc).
 
-`ShardedTrajectories` reads every shard of a learner's namespace and routes acks, dead letters and
-duplicate checks to the shard each entry came from. It answers the calls `Learner` makes of a
-`TrajectoryStream` (`read`, `ack`, `duplicates`, `skip_duplicates`, `dead_letter`, `claim_stale`,
-`remove_idle_consumers`, `accounting`), so the learner's loop reads the same with 1 or 256 shards.
+`ShardedTrajectories` reads every shard of a learner's namespace and routes acks and dead letters to
+the shard each entry came from. It answers the calls `Learner` makes of a `TrajectoryStream` (`read`,
+`ack`, `dead_letter`, `claim_stale`, `remove_idle_consumers`, `accounting`), so the learner's loop reads
+the same with 1 or 256 shards.
 
 Reading: the shards on one Redis are read in one XREADGROUP over their streams; with several servers
 each `read` first asks every server without blocking (round-robin start), and blocks (briefly) only when
@@ -13,8 +13,7 @@ A shard server other than the run's own Redis that goes away does not stop the l
 retries for SHARD_RETRY_S only, then the server is marked down (logged once) and skipped, probed again
 after 1, 2, 4 ... 30 s; the other shards keep training. Acks for entries of a down server (read before it
 went) are kept and sent when it is back, in order, before anything newer is read from it; until then
-those entries are treated as in flight (not re-read from the pending list, and a copy of one is a
-duplicate). A learner that dies while holding such acks leaves the entries pending: they are re-read and
+those entries are treated as in flight (not re-read from the pending list). A learner that dies while holding such acks leaves the entries pending: they are re-read and
 trained again after a restart (at least once). The run's own Redis keeps today's rule: its outage is
 retried for run.redis_retry_s, then the learner exits (it holds the lease, params and results too).
 A shard host that does not answer at all (rather than refusing the connection) costs each probe up to two
@@ -72,7 +71,7 @@ class _Server:
     outages: int = 0
     rotate: int = 0  # first shard of the next partial read (count < shards here)
     cluster: bool = False  # a Redis Cluster: one slot per shard, so one read and one ack script per shard
-    deferred: dict[int, tuple[list[bytes], list[int], list[str]]] = field(default_factory=dict)  # shard -> acks to send (ids, counts, unroll ids)
+    deferred: dict[int, tuple[list[bytes], list[int]]] = field(default_factory=dict)  # shard -> acks to send (ids, counts)
 
 
 class ShardedTrajectories:
@@ -266,14 +265,14 @@ class ShardedTrajectories:
                     kept.append(given[i])
         return out
 
-    def ack(self, entry_ids: list[ShardEntry], unroll_ids: list[str] | tuple = (), counts: list[int] | None = None) -> int:
+    def ack(self, entry_ids: list[ShardEntry], counts: list[int] | None = None) -> int:
         """Ack and delete trained entries (of `counts` unrolls each, default 1) in their shards
         (`TrajectoryStream.ack`, one round trip per server). Acks for a server that is down are kept and
         sent once it is back. Returns the trained count of all shards (those not acked now as last seen)."""
         for server in self.servers:  # acks kept while a server was down go first, if it is back
             if server.deferred and self._up(server):
                 self._flush_deferred(server)
-        groups = self._by_shard(entry_ids, counts, unroll_ids)
+        groups = self._by_shard(entry_ids, counts)
         for server in self.servers:
             mine = {s: g for s, g in groups.items() if self.server_of[s] is server}
             if not mine:
@@ -285,23 +284,23 @@ class ShardedTrajectories:
                 self._defer(server, mine)
         return sum(self.trained)
 
-    def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list, list]]) -> bool:
+    def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list]]) -> bool:
         if server.cluster:  # a cluster pipeline takes no EVAL: one script per shard
-            for s, (ids, counts, uids) in groups.items():
-                self.trained[s] = self.streams[s].ack(ids, uids, counts)
+            for s, (ids, counts) in groups.items():
+                self.trained[s] = self.streams[s].ack(ids, counts)
             return True
         pipe = server.client.pipeline(transaction=False)
-        for s, (ids, counts, uids) in groups.items():
-            self.streams[s].queue_ack(pipe, ids, uids, counts)
+        for s, (ids, counts) in groups.items():
+            self.streams[s].queue_ack(pipe, ids, counts)
         for s, trained in zip(groups, pipe.execute()):
             self.trained[s] = int(trained)
         return True
 
-    def _defer(self, server: _Server, groups: dict[int, tuple[list, list, list]]) -> None:
+    def _defer(self, server: _Server, groups: dict[int, tuple[list, list]]) -> None:
         with self.deferred_lock:
             first = not server.deferred
             for s, group in groups.items():
-                kept = server.deferred.setdefault(s, ([], [], []))
+                kept = server.deferred.setdefault(s, ([], []))
                 server.deferred[s] = tuple(a + b for a, b in zip(kept, group))
         if first:
             log.warning("shard server %s is down: acks of unrolls trained on wait for it (the entries stay "
@@ -318,48 +317,6 @@ class ShardedTrajectories:
             server.deferred = {}
         log.info("sent %d acks kept while shard server %s was down", sum(len(g[0]) for g in groups.values()),
                  _where(server))
-
-    def in_flight_unroll_ids(self) -> set[str]:
-        """Unroll ids trained on whose acks wait for a down server."""
-        with self.deferred_lock:
-            return {uid for server in self.servers for *_, uids in server.deferred.values() for uid in uids}
-
-    def duplicates(self, unroll_ids: list[str], entry_ids: list[ShardEntry] | None = None) -> list[bool]:
-        """For each unroll id (read from `entry_ids`, aligned), whether it is a duplicate delivery: trained
-        already (its shard's seen set, or an ack waiting for a down server), or earlier in the list."""
-        if not unroll_ids:
-            return []
-        entry_ids = entry_ids if entry_ids is not None else [ShardEntry(0, b"")] * len(unroll_ids)
-        seen = [False] * len(unroll_ids)
-        waiting = self.in_flight_unroll_ids()
-        by_shard: dict[int, list[int]] = {}
-        for i, entry in enumerate(entry_ids):
-            by_shard.setdefault(entry.shard, []).append(i)
-        for server in self.servers:  # one round trip per server
-            mine = [(s, index) for s, index in by_shard.items() if self.server_of[s] is server]
-            if not mine:
-                continue
-
-            def lookup() -> list:
-                pipe = server.client.pipeline(transaction=False)
-                for s, index in mine:
-                    pipe.zmscore(self.streams[s].seen_key, [unroll_ids[i] for i in index])
-                return pipe.execute()
-
-            replies = self._call(server, lookup, [[None] * len(index) for _, index in mine])
-            for (s, index), scores in zip(mine, replies):
-                for i, score in zip(index, scores):
-                    seen[i] = score is not None or unroll_ids[i] in waiting
-        out, earlier = [], set()
-        for uid, dup in zip(unroll_ids, seen):
-            out.append(dup or uid in earlier)
-            earlier.add(uid)
-        return out
-
-    def skip_duplicates(self, entry_ids: list[ShardEntry], counts: list[int] | None = None) -> None:
-        """Ack and delete duplicate deliveries (of `counts` unrolls each, default 1) untrained, in their shards."""
-        for s, (ids, shard_counts) in self._by_shard(entry_ids, counts).items():
-            self._call(self.server_of[s], lambda: self.streams[s].skip_duplicates(ids, shard_counts))
 
     def dead_letter(self, entry_id: ShardEntry, data: bytes, reason: str) -> None:
         """Dead-letter a rejected entry in its shard (`TrajectoryStream.dead_letter`); if its server is
@@ -385,7 +342,7 @@ class ShardedTrajectories:
     def accounting(self) -> dict[str, float]:
         """`TrajectoryStream.accounting` summed over the shards (each read atomically; a down server's
         shards count as last read). Per-shard backlogs are left in `backlogs`."""
-        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "duplicates": 0, "backlog": 0, "throttled_s": 0.0}
+        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
         for s, (stream, server) in enumerate(zip(self.streams, self.server_of)):
             counts = self._call(server, stream.accounting) if self._up(server) else None
             counts = counts or self.last_counts[s]

@@ -6,15 +6,14 @@ Keys (see docs/architecture.md):
   {run}:deadletter  stream of rejected entries: `reason`, `entry_id`, `data`
   {run}:deadletter:count  counter of rejected entries
   {run}:traj:produced  hash: actor (`{actor_id}-{token}`) -> unrolls it has added, set with its XADDs
+  {run}:traj:throttled hash: actor -> seconds it has waited for room (backpressure)
   {run}:traj:trained   counter of unrolls acked after an update trained on them
-  {run}:traj:duplicates  counter of duplicate deliveries skipped (see `TrajectoryStream.duplicates`)
-  {run}:traj:seen      sorted set of the last SEEN_IDS trained unroll ids (score: the trained count)
   {run}:done        set by the learner when the run is over; actors exit when they see it
 
 Shards (`transport.shards` = S, `shard_namespace`): actor i writes to shard i % S, the learner reads every
 shard. Shard 0 is the keys above, unchanged (so S=1 is the unsharded run, and a run given more shards
 still drains its old stream). Shard s > 0 has the same trajectory keys under the prefix `{<run>:s<s>}`:
-  {run:s1}:traj, {run:s1}:traj:produced, :trained, :duplicates, :seen, {run:s1}:deadletter, :count
+  {run:s1}:traj, {run:s1}:traj:produced, :throttled, :trained, {run:s1}:deadletter, :count
 The braces are a Redis Cluster hash tag: all keys of one shard hash to one slot (the Lua scripts below
 touch several of them) and different shards spread over slots. An exploiter P's shards are `{<run>:P:s<s>}`.
 On a Redis Cluster (`connect_shard`) shard 0 is tagged too: `{<run>:s0}:traj` ...
@@ -30,10 +29,12 @@ answers NOGROUP recreates the group and counts the loss (`TrajectoryStream.read`
 dead consumer are claimed by the live learner and the consumer is then removed (`DeadConsumerSweeper`).
 
 Accounting ("Delivery accounting" in docs/architecture.md): every unroll an actor produced is trained
-on, dead-lettered, or still in the stream; a copy that a re-sent XADD added is skipped as a duplicate:
-  sum(produced) + copies == trained + dead-lettered + duplicates + backlog.
-The learner's counters change in the same Lua script as the XACK and count only entries that the XACK
-acknowledged, so a script re-sent after a lost reply counts nothing twice.
+on, dead-lettered, or still in the stream:
+  sum(produced) == trained + dead-lettered + backlog.
+Each side's scripts do their work once however often they are re-sent: an actor's adds go in the same
+script as its `produced` count and are skipped when that count shows them done (`add`), and the
+learner's counters change in the same script as the XACK and count only entries that the XACK
+acknowledged. So no unroll is added twice, and the learner needs no duplicate check.
 """
 
 from __future__ import annotations
@@ -58,10 +59,6 @@ log = logging.getLogger("transport")
 
 GROUP = "learners"
 RESULTS_MAXLEN = 100_000  # episode results are statistics: the oldest may be trimmed
-# Trained unroll ids remembered for duplicate detection. A copy follows its original in the stream (it
-# is re-sent after the original's XADD), so it is trained on within a backlog (actor.high_water_mark) or
-# a dead-consumer claim (a minute) of it: far fewer unrolls than this. About 60 bytes each in Redis.
-SEEN_IDS = 100_000
 
 
 class RedisUnavailable(UserError, RuntimeError):
@@ -82,9 +79,9 @@ class RetryPolicy(Retry):
     processes turn into their RedisUnavailable exit. An outage is logged once when it starts and once when
     it ends, however many commands and threads wait on it. A refused password is never retried.
 
-    Commands are re-sent after a lost connection, so one whose reply was lost may run twice: an XADD
-    then duplicates an unroll (the learner detects and skips the copy, see `TrajectoryStream.duplicates`);
-    every other command the processes send is idempotent or counts only what it changed.
+    Commands are re-sent after a lost connection, so one whose reply was lost may run twice: every
+    command the processes send is idempotent or does only what is not done yet (an actor's adds, see
+    `TrajectoryStream.add`; acks count only what they acknowledged).
     """
 
     def __init__(self, where: str, limit_s: float, base_s: float = 0.1, cap_s: float = 2.0):
@@ -255,33 +252,29 @@ class TrajectoryStream:
         self.produced_key = f"{self.key}:produced"
         self.throttled_key = f"{self.key}:throttled"
         self.trained_key = f"{self.key}:trained"
-        self.duplicates_key = f"{self.key}:duplicates"
-        self.seen_key = f"{self.key}:seen"
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
     # -- actor side ---------------------------------------------------------------------------------
     def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0,
             throttled_s: float = 0.0) -> int:
-        """XADD encoded unrolls in one transaction (never with MAXLEN: that could drop unread unrolls).
+        """XADD encoded stream entries in one atomic script (never with MAXLEN: that could drop unread
+        unrolls).
 
-        With `producer` (an actor's `{actor_id}-{token}`), the same transaction sets its field of
-        `{run}:traj:produced` to `produced`, the unrolls it has added so far, this call's included:
-        a transaction re-sent after a lost reply adds copies of the unrolls but counts them once. Its
-        field of `{run}:traj:throttled` is set to `throttled_s`, the seconds it has waited for room so
-        far (`wait_for_room`), from which the learner tells what the actors would produce unthrottled.
+        With `producer` (an actor's `{actor_id}-{token}`, unique to the process), the same script sets
+        its field of `{run}:traj:produced` to `produced`, the unrolls it has added so far, this call's
+        included, and adds nothing when that field already holds `produced` or more: a call re-sent after
+        a lost reply (the retry policy does that) finds its adds done and does not repeat them, so every
+        unroll is in the stream once. A producer's calls must therefore raise `produced`. Its field of
+        `{run}:traj:throttled` is set to `throttled_s`, the seconds it has waited for room so far
+        (`wait_for_room`), from which the learner tells what the actors would produce unthrottled.
+        Without `producer` the entries are added unconditionally (a re-sent call adds them again).
 
         Returns the backlog after the adds (counted in the same round trip; see `backlog`).
         """
-        pipe = self.r.pipeline(transaction=True)
-        for data in payloads:
-            pipe.xadd(self.key, {"data": data})
-        if producer is not None:
-            pipe.hset(self.produced_key, producer, produced)
-            if throttled_s:
-                pipe.hset(self.throttled_key, producer, f"{throttled_s:.3f}")
-        pipe.xlen(self.key)
-        n = int(pipe.execute()[-1])
+        throttled = f"{throttled_s:.3f}" if producer is not None and throttled_s else ""
+        n = int(self.r.eval(_ADD_ONCE, 3, self.key, self.produced_key, self.throttled_key,
+                            producer or "", produced, throttled, *payloads))
         self.last_backlog = (n, time.monotonic())
         return n
 
@@ -401,39 +394,18 @@ class TrajectoryStream:
             if start in (b"0-0", "0-0"):
                 return claimed
 
-    def ack(self, entry_ids: list[bytes], unroll_ids: list[str] = (), counts: list[int] | None = None) -> int:
+    def ack(self, entry_ids: list[bytes], counts: list[int] | None = None) -> int:
         """Acknowledge and delete entries that an update has consumed, in one atomic script that also
         adds the unrolls of the entries acknowledged now (`counts`, one per entry; default 1 each) to
-        `{run}:traj:trained` and remembers `unroll_ids` (the entries') among the last SEEN_IDS trained
-        ones. Returns the trained count after this call."""
+        `{run}:traj:trained`. Returns the trained count after this call."""
         if not entry_ids:
             return int(self.r.get(self.trained_key) or 0)
-        return int(self.r.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key,
-                               *_ack_args(entry_ids, counts, unroll_ids)))
+        return int(self.r.eval(_ACK_COUNTED, 2, self.key, self.trained_key, *_ack_args(entry_ids, counts)))
 
-    def queue_ack(self, pipe: redis.client.Pipeline, entry_ids: list[bytes], unroll_ids: list[str] = (),
-                  counts: list[int] | None = None) -> None:
+    def queue_ack(self, pipe: redis.client.Pipeline, entry_ids: list[bytes], counts: list[int] | None = None) -> None:
         """Queue `ack`'s script on `pipe` (several shards of one server acked in one round trip); the
         pipeline's reply for it is the trained count after it."""
-        pipe.eval(_ACK_COUNTED, 3, self.key, self.trained_key, self.seen_key, *_ack_args(entry_ids, counts, unroll_ids))
-
-    def duplicates(self, unroll_ids: list[str]) -> list[bool]:
-        """For each id, whether it is a duplicate delivery: an unroll trained on already (among the last
-        SEEN_IDS), or an id earlier in `unroll_ids` (both copies read together)."""
-        if not unroll_ids:
-            return []
-        scores = self.r.zmscore(self.seen_key, unroll_ids)
-        out, earlier = [], set()
-        for uid, score in zip(unroll_ids, scores):
-            out.append(score is not None or uid in earlier)
-            earlier.add(uid)
-        return out
-
-    def skip_duplicates(self, entry_ids: list[bytes], counts: list[int] | None = None) -> None:
-        """Acknowledge and delete duplicate deliveries untrained, counting the unrolls (`counts`, one per
-        entry; default 1 each) of those acknowledged now."""
-        if entry_ids:
-            self.r.eval(_ACK_COUNTED, 3, self.key, self.duplicates_key, self.seen_key, *_ack_args(entry_ids, counts))
+        pipe.eval(_ACK_COUNTED, 2, self.key, self.trained_key, *_ack_args(entry_ids, counts))
 
     def dead_letter(self, entry_id: bytes, data: bytes, reason: str) -> None:
         """Move a rejected entry to `{run}:deadletter` with its reason, count it, and ack it (all only if
@@ -446,46 +418,52 @@ class TrajectoryStream:
 
     def accounting(self) -> dict[str, float]:
         """Where the unrolls of this stream went (see the module doc): `produced` (by all actors),
-        `trained`, `dead_lettered`, `duplicates` and `backlog` (unread or pending), read atomically;
+        `trained`, `dead_lettered` and `backlog` (unread or pending), read atomically;
         and `throttled_s`, the seconds all its actors have waited for room (backpressure)."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hvals(self.produced_key)
         pipe.get(self.trained_key)
         pipe.get(self.deadletter_count_key)
-        pipe.get(self.duplicates_key)
         pipe.xlen(self.key)
         pipe.hvals(self.throttled_key)
-        produced, trained, dead, duplicates, backlog, throttled = pipe.execute()
+        produced, trained, dead, backlog, throttled = pipe.execute()
         return {"produced": sum(int(n) for n in produced), "trained": int(trained or 0),
-                "dead_lettered": int(dead or 0), "duplicates": int(duplicates or 0), "backlog": backlog,
+                "dead_lettered": int(dead or 0), "backlog": backlog,
                 "throttled_s": sum(float(s) for s in throttled)}
 
 
 # Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer
 # NOSCRIPT to the retried command, and the user needs no SCRIPT permission.
-# Acks entries and adds their unrolls to a counter: trained ones (with their ids, remembered in the seen
-# set) or duplicates (no ids). Each entry's XACK on its own: only the unrolls of entries still pending
-# count (a script re-sent after a lost reply counts nothing the second time).
-# KEYS: stream, counter, seen set; ARGV: group, SEEN_IDS, n, n entry ids, n unroll counts, unroll ids.
+# An actor's adds, done once: skipped when the producer's `produced` field already shows them (a
+# re-sent script); the backlog after them is returned either way.
+# KEYS: stream, produced hash, throttled hash; ARGV: producer ('' = none), produced, throttled ('' = leave), entries.
+_ADD_ONCE = """
+local new = ARGV[1] == '' or tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1') < tonumber(ARGV[2])
+if new then
+  for i = 4, #ARGV do redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
+  if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+  if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
+end
+return redis.call('XLEN', KEYS[1])
+"""
+
+# Acks entries and adds their unrolls to the trained counter. Each entry's XACK on its own: only the
+# unrolls of entries still pending count (a script re-sent after a lost reply counts nothing the second time).
+# KEYS: stream, counter; ARGV: group, n, n entry ids, n unroll counts.
 _ACK_COUNTED = """
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[2])
 local acked = 0
-for i = 4, 3 + n do
+for i = 3, 2 + n do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then acked = acked + tonumber(ARGV[i + n]) end
 end
-redis.call('XDEL', KEYS[1], unpack(ARGV, 4, 3 + n))
-local total = redis.call('INCRBY', KEYS[2], acked)
-if acked > 0 and #ARGV >= 4 + 2 * n then
-  for i = 4 + 2 * n, #ARGV do redis.call('ZADD', KEYS[3], total, ARGV[i]) end
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -1 - tonumber(ARGV[2]))
-end
-return total
+redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
+return redis.call('INCRBY', KEYS[2], acked)
 """
 
 
-def _ack_args(entry_ids: list[bytes], counts: list[int] | None, unroll_ids: list[str] = ()) -> list:
+def _ack_args(entry_ids: list[bytes], counts: list[int] | None) -> list:
     """ARGV of _ACK_COUNTED; no `counts`: one unroll per entry."""
-    return [GROUP, SEEN_IDS, len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids)), *unroll_ids]
+    return [GROUP, len(entry_ids), *entry_ids, *(counts or [1] * len(entry_ids))]
 
 
 # KEYS: stream, dead-letter stream, its counter; ARGV: group, entry id, reason, data.

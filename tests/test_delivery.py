@@ -1,6 +1,6 @@
-"""Delivery accounting (docs/architecture.md, "Delivery accounting"): duplicate deliveries are detected
-and skipped, across learner restarts too, and the counters of produced, trained, dead-lettered and
-duplicate unrolls add up, including across a `kill -9` of the learner under real actor processes.
+"""Delivery accounting (docs/architecture.md, "Delivery accounting"): an actor's add re-sent after a
+lost reply is done once, acks count once, and the counters of produced, trained and dead-lettered
+unrolls add up, including across a `kill -9` of the learner under real actor processes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from distributed.launcher import EmbeddedRedis
-from distributed.transport import GROUP, SEEN_IDS, TrajectoryStream, connect, redis_outages
+from distributed.transport import GROUP, TrajectoryStream, connect, redis_outages
 from tests.test_faults import T, encode, small_config, valid_unroll
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,77 +37,51 @@ def run_learner_until(learner, done, timeout: float = 20.0) -> None:
     assert not thread.is_alive()
 
 
-# -- duplicates, unit level -------------------------------------------------------------------------
+# -- adds done once, acks counted once -------------------------------------------------------------
 
-def test_a_resent_transaction_adds_copies_but_counts_the_unrolls_once(redis_client, run_name):
+def test_a_resent_add_is_done_once_and_counts_its_unrolls_once(redis_client, run_name):
     stream = TrajectoryStream(redis_client, run_name)
-    stream.add([b"a", b"b"], producer="0-tok", produced=2)
-    stream.add([b"a", b"b"], producer="0-tok", produced=2)  # the same transaction, re-sent after a lost reply
-    stream.add([b"c"], producer="1-tok", produced=1)
+    assert stream.add([b"a", b"b"], producer="0-tok", produced=2) == 2
+    assert stream.add([b"a", b"b"], producer="0-tok", produced=2) == 2  # re-sent after a lost reply: nothing added
+    assert stream.add([b"c"], producer="1-tok", produced=1) == 3  # another producer's first add
+    assert stream.add([b"d"], producer="0-tok", produced=3) == 4
+    assert stream.add([b"c"], producer="1-tok", produced=1) == 4  # an old call arriving late: nothing added
+    assert [f[b"data"] for _, f in redis_client.xrange(stream.key)] == [b"a", b"b", b"c", b"d"]
     counts = stream.accounting()
-    assert counts["produced"] == 3 and counts["backlog"] == 5
-
-
-def test_duplicates_are_trained_ids_and_repeats_within_one_check(redis_client, run_name):
-    stream = TrajectoryStream(redis_client, run_name)
-    stream.ensure_group()
-    stream.add([b"x", b"y"])
-    entries = stream.read("learner-0", count=2, block_ms=10)
-    assert stream.ack([eid for eid, _ in entries], ["0-a-0", "0-a-1"]) == 2
-    assert stream.duplicates(["0-a-1", "0-a-2", "0-a-2", "0-a-0", "1-b-0"]) == [True, False, True, True, False]
-    assert stream.duplicates([]) == []
+    assert counts["produced"] == 4 and counts["backlog"] == 4
+    assert stream.add([b"e"]) == 5 and stream.add([b"e"]) == 6  # no producer: added unconditionally
+    assert stream.accounting()["produced"] == 4
 
 
 def test_ack_counts_only_what_it_acknowledged(redis_client, run_name):
     """A script re-sent after a lost reply finds its entries acked already and counts nothing."""
     stream = TrajectoryStream(redis_client, run_name)
     stream.ensure_group()
-    stream.add([b"x", b"y", b"z"])
-    entries = stream.read("learner-0", count=3, block_ms=10)
+    stream.add([b"x", b"y"])
+    entries = stream.read("learner-0", count=2, block_ms=10)
     ids = [eid for eid, _ in entries]
-    assert stream.ack(ids[:2], ["u0", "u1"]) == 2
-    assert stream.ack(ids[:2], ["u0", "u1"]) == 2  # again: nothing pending any more
-    stream.skip_duplicates(ids[2:])
-    stream.skip_duplicates(ids[2:])
+    assert stream.ack(ids) == 2
+    assert stream.ack(ids) == 2  # again: nothing pending any more
     stream.dead_letter(ids[0], b"x", "again")  # acked already: not dead-lettered as well
-    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1,
-                                   "backlog": 0, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
 
 
 def test_entries_of_several_unrolls_count_their_unrolls_once(redis_client, run_name):
     """Entries of 3, 2 and 4 unrolls: acking the first two counts 5 trained, once even if the script is
-    re-sent; skipping the third as a duplicate counts 4, once."""
+    re-sent; the third stays in the backlog."""
     stream = TrajectoryStream(redis_client, run_name)
     stream.ensure_group()
     stream.add([b"x", b"y", b"z"], producer="0-tok", produced=9)
     ids = [eid for eid, _ in stream.read("learner-0", count=3, block_ms=10)]
-    assert stream.ack(ids[:2], ["0-tok-0", "0-tok-3"], counts=[3, 2]) == 5
-    assert stream.ack(ids[:2], ["0-tok-0", "0-tok-3"], counts=[3, 2]) == 5
-    stream.skip_duplicates(ids[2:], counts=[4])
-    stream.skip_duplicates(ids[2:], counts=[4])
-    assert stream.accounting() == {"produced": 9, "trained": 5, "dead_lettered": 0, "duplicates": 4,
-                                   "backlog": 0, "throttled_s": 0.0}
-    assert redis_client.zrange(stream.seen_key, 0, -1) == [b"0-tok-0", b"0-tok-3"]
-
-
-def test_the_seen_set_keeps_the_last_seen_ids(redis_client, run_name, monkeypatch):
-    import distributed.transport as transport
-
-    monkeypatch.setattr(transport, "SEEN_IDS", 3)
-    stream = TrajectoryStream(redis_client, run_name)
-    stream.ensure_group()
-    for batch in (["a", "b"], ["c", "d"]):
-        stream.add([b"."] * 2)
-        entries = stream.read("learner-0", count=2, block_ms=10)
-        stream.ack([eid for eid, _ in entries], batch)
-    assert redis_client.zrange(stream.seen_key, 0, -1, withscores=True) == [(b"b", 2.0), (b"c", 4.0), (b"d", 4.0)]
-    assert SEEN_IDS >= 10_000  # production: far more than a backlog or a minute of claims
+    assert stream.ack(ids[:2], counts=[3, 2]) == 5
+    assert stream.ack(ids[:2], counts=[3, 2]) == 5
+    assert stream.accounting() == {"produced": 9, "trained": 5, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0}
 
 
 class ReplyDroppingProxy:
-    """A TCP proxy to Redis that, when armed, forwards the next request holding an EXEC and then cuts
-    the connection before the reply comes back: the transaction ran, the client never hears so."""
+    """A TCP proxy to Redis that, when armed, forwards the next request holding an EVAL and then cuts
+    the connection before the reply comes back: the script ran, the client never hears so."""
 
     def __init__(self, port: int):
         self.target = port
@@ -131,12 +105,12 @@ class ReplyDroppingProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, mute: threading.Event, requests: bool) -> None:
         try:
             while data := src.recv(1 << 16):
-                if requests and self.armed.is_set() and b"EXEC" in data:
+                if requests and self.armed.is_set() and b"EVAL" in data:
                     self.armed.clear()
                     mute.set()
                     self.dropped += 1
                     dst.sendall(data)
-                    time.sleep(0.2)  # Redis runs the transaction and replies; the reply goes nowhere
+                    time.sleep(0.2)  # Redis runs the script and replies; the reply goes nowhere
                     break
                 if mute.is_set():
                     break
@@ -154,10 +128,10 @@ class ReplyDroppingProxy:
         self.listener.close()
 
 
-def test_a_transaction_whose_reply_was_lost_is_resent_and_its_copies_are_skipped(tmp_path, redis_server, run_name):
-    """The real path of a duplicate: the actor's XADD transaction runs, its reply is lost, the retry
-    policy re-sends it. The stream then holds each unroll twice, produced counts them once, and the
-    learner trains on each once and skips the copies."""
+def test_an_add_whose_reply_was_lost_is_resent_and_done_once(tmp_path, redis_server, run_name):
+    """The real path of a re-sent add: the actor's script runs, its reply is lost, the retry policy
+    re-sends it. The re-sent script finds the producer's count done and adds nothing: the stream holds
+    each unroll once, and the learner trains on each once."""
     from distributed.learner import Learner
 
     proxy = ReplyDroppingProxy(redis_server.port)
@@ -165,47 +139,18 @@ def test_a_transaction_whose_reply_was_lost_is_resent_and_its_copies_are_skipped
         url = f"redis://:{redis_server.password}@127.0.0.1:{proxy.port}/0"
         actor_side = TrajectoryStream(connect(url), run_name)
         proxy.armed.set()
-        actor_side.add([encode(valid_unroll(1.0)), encode(valid_unroll(-1.0))], producer="0-tok", produced=2)
+        assert actor_side.add([encode(valid_unroll(1.0)), encode(valid_unroll(-1.0))], producer="0-tok",
+                              produced=2) == 2
         assert proxy.dropped == 1 and redis_outages(actor_side.r) == 1  # the reply was lost, the retry got one
         actor_side.add([encode(valid_unroll(0.5))], producer="0-tok", produced=3)
     finally:
         proxy.close()
     stream = TrajectoryStream(connect(redis_server.url), run_name)
-    assert stream.accounting()["backlog"] == 5 and stream.accounting()["produced"] == 3
+    assert stream.accounting()["backlog"] == 3 and stream.accounting()["produced"] == 3
     learner = Learner(small_config(run_name, tmp_path), redis_server.url, tmp_path / run_name)
     run_learner_until(learner, lambda: stream.accounting()["backlog"] == 1)  # B = 2: the last one waits
     assert learner.step == 1 and learner.frames == 2 * T
-    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "duplicates": 2,
-                                   "backlog": 1, "throttled_s": 0.0}
-
-
-# -- duplicates, through the learner ---------------------------------------------------------------
-
-def test_the_learner_skips_duplicate_deliveries_also_after_a_restart(tmp_path, redis_client, redis_url, run_name):
-    from distributed.learner import Learner
-
-    key = f"{run_name}:traj"
-    first, second = encode(valid_unroll(1.0)), encode(valid_unroll(-1.0))
-    for data in (first, first, second):  # a copy of `first` right behind it: both land in one batch
-        redis_client.xadd(key, {"data": data})
-    cfg = small_config(run_name, tmp_path, "learner.checkpoint_every_s=0.01")
-    learner = Learner(cfg, redis_url, tmp_path / run_name)
-    run_learner_until(learner, lambda: learner.step >= 1)
-    assert learner.step == 1 and learner.frames == 2 * T  # one update, on `first` and `second` once each
-    assert TrajectoryStream(redis_client, run_name).accounting() == {
-        "produced": 0, "trained": 2, "dead_lettered": 0, "duplicates": 1, "backlog": 0, "throttled_s": 0.0}
-
-    # A copy of each that arrives after a restart (a resend held up by an outage) is still detected.
-    resumed = Learner(cfg, redis_url, tmp_path / run_name, resume=True)
-    for data in (second, first, encode(valid_unroll(0.5)), encode(valid_unroll(0.0))):
-        redis_client.xadd(key, {"data": data})
-    run_learner_until(resumed, lambda: resumed.step >= 2)
-    assert resumed.step == 2 and resumed.frames == 2 * 2 * T
-    assert TrajectoryStream(redis_client, run_name).accounting() == {
-        "produced": 0, "trained": 4, "dead_lettered": 0, "duplicates": 3, "backlog": 0, "throttled_s": 0.0}
-    assert resumed.rolled_back == 0  # the first learner checkpointed after its update
-    record = json.loads((tmp_path / run_name / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["duplicate_unrolls"] == 3 and record["unrolls_trained"] == 4
+    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0}
 
 
 # -- kill -9 of the learner under real actor processes ----------------------------------------------
@@ -228,11 +173,10 @@ def _wait(condition, timeout: float, what: str, procs=()) -> None:
 
 
 def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, run_name):
-    """Two actor processes and a learner over real Redis. Faults: two garbage entries, four copies of
-    sent unrolls (two before the kill, two after the restart, as re-sent XADDs would add), and a
-    `kill -9` of the learner mid-run; it is restarted with --resume, the actors are stopped, and the
-    learner drains the stream. Then produced + copies + garbage == trained + dead-lettered + duplicates,
-    with nothing left, and the resumed model's frames count exactly the unrolls not rolled back."""
+    """Two actor processes and a learner over real Redis. Faults: two garbage entries and a `kill -9`
+    of the learner mid-run; it is restarted with --resume, the actors are stopped, and the learner
+    drains the stream. Then produced + garbage == trained + dead-lettered, with nothing left, and the
+    resumed model's frames count exactly the unrolls not rolled back."""
     run_dir = tmp_path / run_name
     run_dir.mkdir()
     settings = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "run.log_every_s=1",
@@ -253,10 +197,6 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
             procs += [learner, *actors]
             checkpoint = run_dir / "checkpoints" / "latest.json"
             _wait(lambda: stream.accounting()["trained"] >= 12 and checkpoint.exists(), 90, "training", procs)
-            _wait(lambda: client.xlen(stream.key) >= 2, 30, "two unrolls in the stream", procs)
-            copies = [fields[b"data"] for _, fields in client.xrange(stream.key, count=2)]
-            for data in copies:
-                client.xadd(stream.key, {"data": data})
             for garbage in (b"\x00not an unroll", b"\xc1"):
                 client.xadd(stream.key, {"data": garbage})
             _wait(lambda: stream.accounting()["trained"] >= 24, 60, "more training", procs)
@@ -271,8 +211,6 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
             procs = [learner, *actors]
             _wait(lambda: stream.accounting()["trained"] > trained_at_kill, 60, "the resumed learner", procs)
             recovery_s = time.monotonic() - restarted_at
-            for data in copies:  # trained on before the kill: still known as such to the new process
-                client.xadd(stream.key, {"data": data})
             _wait(lambda: stream.accounting()["trained"] >= trained_at_kill + 12, 60, "training after resume", procs)
 
             for actor in actors:
@@ -292,11 +230,11 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
     sent = sum(int(m) for i in range(2)
                for m in re.findall(r"sent (\d+) unrolls", (tmp_path / f"actor{i}.log").read_text()))
     rolled_back = trained_at_kill - in_checkpoint
-    print(f"\naccounting: {counts}, copies 4, garbage 2, trained at kill {trained_at_kill}, in checkpoint "
+    print(f"\naccounting: {counts}, garbage 2, trained at kill {trained_at_kill}, in checkpoint "
           f"{in_checkpoint}, rolled back {rolled_back}, first update {recovery_s:.1f} s after the restart")
     assert counts["produced"] == sent  # what the actors say they sent, counted once each
-    assert counts["backlog"] == 0 and counts["dead_lettered"] == 2 and counts["duplicates"] == 4
-    assert counts["produced"] + 4 + 2 == counts["trained"] + counts["dead_lettered"] + counts["duplicates"]
+    assert counts["backlog"] == 0 and counts["dead_lettered"] == 2
+    assert counts["produced"] + 2 == counts["trained"] + counts["dead_lettered"]
     assert 0 <= rolled_back <= trained_at_kill
     if rolled_back:
         assert f"{rolled_back} unrolls acked after the checkpoint (trained count {in_checkpoint} -> " in logs

@@ -52,8 +52,7 @@ _unroll_ids = itertools.count()
 
 def encode(arrays: dict[str, np.ndarray], env: str = "tictactoe", unroll_id: str | None = None,
            compression: str = "none") -> bytes:
-    """An unroll's bytes; each call gets a new unroll id unless one is given (the learner skips a
-    second delivery of an id as a duplicate)."""
+    """An unroll's bytes; each call gets a new unroll id unless one is given (as an actor's unrolls do)."""
     unroll_id = f"t-0-{next(_unroll_ids)}" if unroll_id is None else unroll_id
     return encode_unroll(arrays, unroll_id=unroll_id, policy_version=0, actor_id=0, env=env, compression=compression)
 

@@ -95,8 +95,8 @@ def test_actors_in_another_namespace_resume_after_the_link_is_cut_and_restored(t
           f"actors sent again {resumed_s:.1f} s after it was restored; final {final}")
     assert during["produced"] - cut["produced"] <= 2 * 2  # at most a send in flight per actor got through
     assert during["trained"] >= cut["trained"]  # the learner, beside Redis, went on with the backlog
-    # Nothing acked was lost and nothing trained twice: `produced` counts a re-sent XADD once, and its copy
-    # (a send whose reply the cut lost) is skipped as a duplicate, so each produced unroll is trained once.
+    # Nothing acked was lost and nothing trained twice: an add re-sent after the cut lost its reply is
+    # done once (`TrajectoryStream.add`), so each produced unroll is trained once.
     assert final["produced"] == final["trained"] + final["dead_lettered"]
     assert final["dead_lettered"] == 0 and final["backlog"] == 0
     for i in range(2):

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import time
 
-import msgpack
 import pytest
 from redis.crc import key_slot
 
@@ -21,13 +20,13 @@ from analysis.runs import delete_run_keys, list_redis_runs
 from config import ConfigError
 from distributed import shards as shards_module
 from distributed.launcher import EmbeddedRedis, redis_server_binary
-from distributed.shards import ShardedTrajectories, ShardEntry
+from distributed.shards import ShardedTrajectories
 from distributed.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard, shard_namespace,
                                    shard_urls)
 from tests.background import Background
 from tests.test_faults import T, encode, small_config, valid_unroll
 
-UNROLL_COUNTS = ("produced", "trained", "dead_lettered", "duplicates", "backlog")
+UNROLL_COUNTS = ("produced", "trained", "dead_lettered", "backlog")
 
 
 def delivery(stream) -> dict:
@@ -37,7 +36,7 @@ def delivery(stream) -> dict:
 
 def send(stream: TrajectoryStream, actor_id: int, rewards: list[float], sent: int = 0) -> int:
     """Add real encoded unrolls as actor `actor_id` does (ids `<actor>-tok-<n>`, produced counted in the
-    same transaction). Returns the actor's running total."""
+    same script). Returns the actor's running total."""
     payloads = [encode(valid_unroll(r), unroll_id=f"{actor_id}-tok-{sent + i}") for i, r in enumerate(rewards)]
     stream.add(payloads, producer=f"{actor_id}-tok", produced=sent + len(payloads))
     return sent + len(payloads)
@@ -59,16 +58,16 @@ def stop(learner, thread) -> None:
 
 def test_one_shard_keeps_the_run_keys_and_more_shards_get_one_hash_tag_each(redis_client, run_name):
     one = TrajectoryStream(redis_client, run_name)
-    assert (one.key, one.produced_key, one.trained_key, one.seen_key, one.duplicates_key, one.deadletter_key,
+    assert (one.key, one.produced_key, one.throttled_key, one.trained_key, one.deadletter_key,
             one.deadletter_count_key) == (
-        f"{run_name}:traj", f"{run_name}:traj:produced", f"{run_name}:traj:trained", f"{run_name}:traj:seen",
-        f"{run_name}:traj:duplicates", f"{run_name}:deadletter", f"{run_name}:deadletter:count")
+        f"{run_name}:traj", f"{run_name}:traj:produced", f"{run_name}:traj:throttled", f"{run_name}:traj:trained",
+        f"{run_name}:deadletter", f"{run_name}:deadletter:count")
     assert TrajectoryStream(redis_client, run_name, shard=0).key == one.key
     assert shard_namespace(run_name, 0) == run_name and shard_namespace(f"{run_name}:p", 2) == f"{{{run_name}:p:s2}}"
     three = TrajectoryStream(redis_client, "myrun", shard=3)
-    keys = [three.key, three.produced_key, three.trained_key, three.seen_key, three.duplicates_key,
-            three.deadletter_key, three.deadletter_count_key]
-    assert keys[0] == "{myrun:s3}:traj" and keys[5] == "{myrun:s3}:deadletter"
+    keys = [three.key, three.produced_key, three.throttled_key, three.trained_key, three.deadletter_key,
+            three.deadletter_count_key]
+    assert keys[0] == "{myrun:s3}:traj" and keys[4] == "{myrun:s3}:deadletter"
     assert len({key_slot(k.encode()) for k in keys}) == 1  # one slot: the Lua scripts may touch them together
     assert len({key_slot(TrajectoryStream(redis_client, "myrun", shard=s).key.encode()) for s in (1, 2, 3)}) == 3
     assert [actor_shard(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
@@ -94,8 +93,8 @@ def test_bad_shard_settings_are_refused_with_what_to_change(tmp_path, overrides,
 
 def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_shard(
         tmp_path, redis_client, redis_url, run_name):
-    """Five actors on three shards (actor i on shard i % 3; actor 4 a real `Actor`), 18 unrolls; a duplicate
-    copy on shard 1 and a garbage entry on shard 2. The learner trains on all of them; each shard's counts balance, and so do the totals."""
+    """Five actors on three shards (actor i on shard i % 3; actor 4 a real `Actor`), 18 unrolls; an add
+    re-sent on shard 1 (done once) and a garbage entry on shard 2. The learner trains on all of them; each shard's counts balance, and so do the totals."""
     from distributed.actor import Actor
     from distributed.learner import Learner
 
@@ -108,9 +107,9 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
     streams = [TrajectoryStream(redis_client, run_name, shard=s) for s in range(3)]
     for actor_id in range(4):
         send(streams[actor_shard(actor_id, 3)], actor_id, [1.0, -1.0, 0.5, 0.0])
-    redis_client.xadd(streams[1].key, {"data": encode(valid_unroll(1.0), unroll_id="1-tok-0")})  # a re-sent copy
+    send(streams[1], 1, [1.0, -1.0, 0.5, 0.0])  # actor 1's add re-sent: nothing added
     redis_client.xadd(streams[2].key, {"data": b"garbage"})
-    assert [s.backlog() for s in streams] == [8, 4 + 2 + 1, 4 + 1]
+    assert [s.backlog() for s in streams] == [8, 4 + 2, 4 + 1]
 
     learner = Learner(cfg, redis_url, tmp_path / run_name)
     thread = Background(learner.run)
@@ -120,9 +119,9 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
 
     per_shard = [delivery(s) for s in streams]
     assert per_shard == [
-        {"produced": 8, "trained": 8, "dead_lettered": 0, "duplicates": 0, "backlog": 0},
-        {"produced": 6, "trained": 6, "dead_lettered": 0, "duplicates": 1, "backlog": 0},
-        {"produced": 4, "trained": 4, "dead_lettered": 1, "duplicates": 0, "backlog": 0}]
+        {"produced": 8, "trained": 8, "dead_lettered": 0, "backlog": 0},
+        {"produced": 6, "trained": 6, "dead_lettered": 0, "backlog": 0},
+        {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}]
     assert learner.frames == 18 * T and learner.unrolls_trained == 18
     assert delivery(learner.trajectories) == {k: sum(c[k] for c in per_shard) for k in UNROLL_COUNTS}
     for s in streams:  # every ack went to the shard its entry came from
@@ -130,7 +129,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
     assert redis_client.xlen(streams[2].deadletter_key) == 1 and redis_client.xlen(f"{run_name}:deadletter") == 0
     record = json.loads((tmp_path / run_name / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["unrolls_trained"] == 18 and record["queue_depth_shards"] == [0, 0, 0]
-    assert record["dead_letters"] == 1 and record["duplicate_unrolls"] == 1
+    assert record["dead_letters"] == 1
     # `run.py runs` lists the shards' keys under the run and `--delete` removes them too.
     [row] = [r for r in list_redis_runs(redis_client) if r["name"] == run_name]
     assert row["keys"] > 10 and delete_run_keys(redis_client, run_name) == row["keys"]
@@ -172,9 +171,9 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
         stop(learner, thread)
         assert any("unreachable" in r.getMessage() for r in caplog.records)
         assert any("is back" in r.getMessage() for r in caplog.records)
-        assert delivery(shard0) == {"produced": 10, "trained": 10, "dead_lettered": 0, "duplicates": 0,
+        assert delivery(shard0) == {"produced": 10, "trained": 10, "dead_lettered": 0,
                                        "backlog": 0}
-        assert delivery(shard1) == {"produced": 8, "trained": 8, "dead_lettered": 0, "duplicates": 0,
+        assert delivery(shard1) == {"produced": 8, "trained": 8, "dead_lettered": 0,
                                        "backlog": 0}
         assert learner.frames == 18 * T
         assert far.xpending(shard1.key, GROUP)["pending"] == 0 == redis_client.xpending(shard0.key, GROUP)["pending"]
@@ -186,7 +185,7 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
 def test_acks_for_a_stopped_shard_server_wait_and_are_sent_when_it_is_back(redis_server, redis_client, run_name,
                                                                            monkeypatch):
     """Entries read from shard 1 just before its server stops: their ack is kept (the other shard's goes
-    through), they count as in flight (no pending re-read, a copy is a duplicate), and once the server is
+    through), they count as in flight (no pending re-read), and once the server is
     back the kept ack lands: trained on shard 1, nothing pending, nothing trained twice."""
     monkeypatch.setattr(shards_module, "SHARD_RETRY_S", 0.3)
     monkeypatch.setattr(shards_module, "PROBE_MAX_S", 0.2)
@@ -201,28 +200,21 @@ def test_acks_for_a_stopped_shard_server_wait_and_are_sent_when_it_is_back(redis
         sharded.ensure_group()
         entries = sharded.read("c", 4, 50) + sharded.read("c", 4, 50)
         assert sorted(e.shard for e, _ in entries) == [0, 0, 1, 1]
-        uids = [sharded_uid(data) for _, data in entries]
         os.kill(other.proc.pid, signal.SIGTERM)
         other.proc.wait(10)
-        sharded.ack([e for e, _ in entries], uids)
+        sharded.ack([e for e, _ in entries])
         assert shard0.accounting()["trained"] == 2 and sharded.servers_down() == 1
-        assert sharded.duplicates(["1-tok-0"], [ShardEntry(1, b"0-0")]) == [True]  # trained, its ack waits
         other.restart()
         time.sleep(0.3)  # past the next probe
         assert sharded.read("c", 4, 50, pending_after="0") == []  # kept entries are not handed out again
-        sharded.ack([], [])
+        sharded.ack([])
         assert sharded.servers_down() == 0
-        assert delivery(shard1) == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0,
+        assert delivery(shard1) == {"produced": 2, "trained": 2, "dead_lettered": 0,
                                        "backlog": 0}
         assert sharded.accounting()["trained"] == 4 and far.xpending(shard1.key, GROUP)["pending"] == 0
         far.close()
     finally:
         other.stop()
-
-
-def sharded_uid(data: bytes) -> str:
-    """The unroll id in an entry's header."""
-    return msgpack.unpackb(data, raw=False)["header"]["unroll_id"]
 
 
 def _free_cluster_port() -> int:
@@ -316,7 +308,7 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
     shard1, shard2 = (TrajectoryStream(cluster, run_name, shard=s) for s in (1, 2))
     send(shard2, 2, [0.25, -0.25])
     for shard in (shard0, shard1, shard2):  # every key of a shard in its stream's slot
-        keys = [shard.key, shard.trained_key, shard.seen_key, shard.deadletter_key]
+        keys = [shard.key, shard.produced_key, shard.trained_key, shard.deadletter_key]
         assert {key_slot(k.encode()) for k in keys} == {key_slot(shard.key.encode())}
     learner = Learner(cfg, redis_server.url, tmp_path / run_name)
     thread = Background(learner.run)
@@ -324,9 +316,9 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
     wait_for(lambda: sum(s.accounting()["backlog"] for s in (shard0, shard1, shard2)) == 0, 20,
              "every shard drained", thread)
     stop(learner, thread)
-    assert delivery(shard0) == {"produced": 4, "trained": 4, "dead_lettered": 1, "duplicates": 0, "backlog": 0}
-    assert delivery(shard1) == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
-    assert delivery(shard2) == {"produced": 2, "trained": 2, "dead_lettered": 0, "duplicates": 0, "backlog": 0}
+    assert delivery(shard0) == {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}
+    assert delivery(shard1) == {"produced": 2, "trained": 2, "dead_lettered": 0, "backlog": 0}
+    assert delivery(shard2) == {"produced": 2, "trained": 2, "dead_lettered": 0, "backlog": 0}
     assert learner.frames == 8 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
     assert not redis_client.exists(f"{run_name}:traj", f"{run_name}:traj:trained")  # nothing on the run's Redis
     cluster.close()
