@@ -342,35 +342,37 @@ def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
     """For each of E structurally valid entries (arrays [n_e, ...]), the first reason the values of its
     first invalid unroll are wrong, or None.
 
-    Each check runs once over all U = sum(n_e) unrolls concatenated and is reduced per unroll, then per
-    entry: the rows of a per-step array are its T or T+1 steps, those of a final array its N_u observations.
+    Each array is concatenated once over all U = sum(n_e) unrolls. A few whole-batch reductions then
+    clear a batch of valid entries (`_all_valid`, the common case); only a batch they do not clear is
+    checked unroll by unroll, and each invalid unroll's reason passed to its entry: the rows of a
+    per-step array are its T or T+1 steps, those of a final array its N_u observations.
     """
     A, heads, T = spec.env.num_actions, spec.env.action_heads, spec.unroll_length
-    owner = np.repeat(np.arange(len(entries)), [len(e["reward"]) for e in entries])  # entry of each unroll
-    U = len(owner)
-
-    def rows(name: str) -> np.ndarray:
-        return np.concatenate([e[name] for e in entries])
-
+    sizes = [len(e["reward"]) for e in entries]
+    U = sum(sizes)
+    floats = [name for name, (dtype, _) in {**spec.arrays, **spec.final_arrays}.items() if dtype.kind == "f"]
+    rows = {name: np.concatenate([e[name] for e in entries])
+            for name in ("truncated", "done", "action", "action_mask", *floats)}
+    if _all_valid(rows, floats, spec, U):
+        return [None] * len(entries)
+    owner = np.repeat(np.arange(len(entries)), sizes)  # entry of each unroll
     checks: list[tuple[str, np.ndarray]] = []
-    truncated, done = rows("truncated").reshape(U, T), rows("done").reshape(U, T)
+    truncated, done = rows["truncated"].reshape(U, T), rows["done"].reshape(U, T)
     checks.append(("truncated must be 0 or 1, and 1 only where done is 1",
                    ((truncated > 1) | (truncated > done)).any(1)))
     finals = np.repeat(np.arange(U), np.count_nonzero(truncated, axis=1))  # unroll of each final row
-    for name, (dtype, _) in {**spec.arrays, **spec.final_arrays}.items():
-        if dtype.kind != "f":
-            continue
+    for name in floats:
         if name in spec.arrays:
-            bad = ~np.isfinite(rows(name)).reshape(U, -1).all(1)
+            bad = ~np.isfinite(rows[name]).reshape(U, -1).all(1)
         else:
             bad = np.zeros(U, bool)
             if len(finals):
-                bad[finals[~np.isfinite(rows(name)).reshape(len(finals), -1).all(1)]] = True
+                bad[finals[~np.isfinite(rows[name]).reshape(len(finals), -1).all(1)]] = True
         checks.append((f"array '{name}' has non-finite values", bad))
-    action = rows("action").reshape(U, T, -1)  # [U, T, 1] or [U, T, H]
+    action = rows["action"].reshape(U, T, -1)  # [U, T, 1] or [U, T, H]
     checks.append((f"action out of range [0, {heads or A})",
                    ((action < 0) | (action >= (A if heads is None else np.asarray(heads)))).any((1, 2))))
-    mask = rows("action_mask").reshape(U, T + 1, A)
+    mask = rows["action_mask"].reshape(U, T + 1, A)
     checks.append(("done and action_mask must be 0 or 1", (done > 1).any(1) | (mask > 1).any((1, 2))))
     head0 = np.clip(action[:, :, 0], 0, A - 1)  # multi-head: the mask is over head 0
     legal = np.take_along_axis(mask[:, :T], head0[:, :, None], 2)
@@ -383,6 +385,24 @@ def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
     for u in sorted(found):  # an entry takes the reason of its first invalid unroll
         reasons[owner[u]] = reasons[owner[u]] or found[u]
     return reasons
+
+
+def _all_valid(rows: dict[str, np.ndarray], floats: list[str], spec: UnrollSpec, U: int) -> bool:
+    """Whether every value of the U unrolls in `rows` (each array concatenated over them) is valid, by
+    whole-batch reductions. It never clears an invalid batch: a NaN or infinity makes a sum non-finite.
+    It may fail a valid one (finite floats whose sum overflows), which `_value_errors` then clears
+    unroll by unroll."""
+    A, heads, T = spec.env.num_actions, spec.env.action_heads, spec.unroll_length
+    truncated, done, mask = rows["truncated"], rows["done"], rows["action_mask"]
+    if done.max(initial=0) > 1 or mask.max(initial=0) > 1 or (truncated > done).any():  # (truncated <= done <= 1)
+        return False
+    if not all(np.isfinite(rows[name].sum()) for name in floats):
+        return False
+    action = rows["action"].reshape(U, T, -1)
+    if action.min(initial=0) < 0 or (action.max(initial=0) >= A if heads is None else (action >= heads).any()):
+        return False
+    legal = np.take_along_axis(mask.reshape(U, T + 1, A)[:, :T], action[:, :, :1], 2)  # the mask is over head 0
+    return bool(legal.all())
 
 
 def encode_weights(state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:

@@ -296,6 +296,18 @@ def test_a_batch_rejects_exactly_its_malformed_entries_each_with_its_own_reason(
             np.testing.assert_array_equal(arrays["obs"][0], UNROLL["obs"])
 
 
+def test_finite_values_whose_sum_overflows_are_valid():
+    """The whole-batch check sums each float array (a NaN or infinity makes the sum non-finite); finite
+    rewards whose sum overflows float32 fail that check only, and the per-unroll check clears them."""
+    big = {**UNROLL, "reward": np.full(T, 3e38, np.float32)}
+    assert np.isinf(big["reward"].sum())
+    header, arrays = decode_unroll(encode(big), USPEC)
+    np.testing.assert_array_equal(arrays["reward"], big["reward"])
+    inf = {**UNROLL, "reward": np.where(np.arange(T) == 3, np.inf, 0).astype(np.float32)}
+    with pytest.raises(DecodeError, match="array 'reward' has non-finite values"):
+        decode_unroll(encode(inf), USPEC)
+
+
 def test_unroll_length_mismatch_against_spec():
     """An unroll of length T read by a learner configured for T + 1 is refused by shape."""
     with pytest.raises(DecodeError, match=rf"array 'obs' has shape \[1, {T + 1}, 6, 7, 2\], expected \[1, {T + 2}, 6, 7, 2\]"):

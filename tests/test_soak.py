@@ -5,8 +5,8 @@ Short in CI (SOAK_SECONDS, default 10 s of sampling after start-up); long on dem
     SOAK_SECONDS=3600 .venv/bin/python -m pytest -q -s tests/test_soak.py
 
 Every 0.5 s it samples the resident set (VmRSS) of the launcher, the learner and each actor, and Redis's
-`used_memory` less the two keys that grow by design up to a cap (the results stream, trimmed at about
-RESULTS_MAXLEN episodes, and the trained-id set, SEEN_IDS). It fails if a process's mean RSS over the
+`used_memory` less the key that grows by design up to a cap (the results stream, trimmed at about
+RESULTS_MAXLEN episodes). It fails if a process's mean RSS over the
 last third of the run exceeds that over the first third by more than GROWTH (and SLACK_MIB), if Redis's
 other memory grows likewise, or if a capped key exceeds its cap.
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from distributed.launcher import EmbeddedRedis
-from distributed.transport import RESULTS_MAXLEN, SEEN_IDS, connect
+from distributed.transport import RESULTS_MAXLEN, connect
 from tests.test_faults import _descendants
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def test_no_process_and_not_redis_grows_in_memory_over_a_run(tmp_path, run_name)
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         rss: dict[str, list[float]] = {}
         redis_other: list[float] = []
-        capped = {"results": 0, "seen": 0}
+        capped = {"results": 0}
         try:
             deadline = time.monotonic() + 120
             while not re.search(r"learner: frames [\d,]+/", log_path.read_text()):  # past start-up
@@ -92,10 +92,9 @@ def test_no_process_and_not_redis_grows_in_memory_over_a_run(tmp_path, run_name)
                     assert value is not None, f"{name} (pid {pid}) died"
                     rss.setdefault(name, []).append(value)
                 used = client.info("memory")["used_memory"]
-                growing = sum(client.memory_usage(key) or 0 for key in (f"{run_name}:results", f"{run_name}:traj:seen"))
+                growing = client.memory_usage(f"{run_name}:results") or 0
                 redis_other.append((used - growing) / 2**20)
                 capped["results"] = max(capped["results"], client.xlen(f"{run_name}:results"))
-                capped["seen"] = max(capped["seen"], client.zcard(f"{run_name}:traj:seen"))
                 time.sleep(0.5)
         finally:
             proc.terminate()
@@ -108,4 +107,4 @@ def test_no_process_and_not_redis_grows_in_memory_over_a_run(tmp_path, run_name)
             failures.append(name)
     print(f"\nsoak {SOAK_SECONDS:.0f} s, {len(redis_other)} samples: " + "; ".join(report) + f"; capped keys {capped}")
     assert not failures, f"memory grew in {failures}: {report}"
-    assert capped["results"] <= RESULTS_MAXLEN * 1.1 and capped["seen"] <= SEEN_IDS
+    assert capped["results"] <= RESULTS_MAXLEN * 1.1
