@@ -92,14 +92,8 @@ class Batch:
         """The unrolls of decoded stream entries (codec.decode_unrolls: arrays [n_e, ...], final
         observations [N_e, ...]), one after the other, as one batch on `device`; `pin`: into pinned
         host memory, from which `to` copies to a GPU without blocking."""
-        def stacked(name: str) -> torch.Tensor:  # each entry copied once, into its place time-major
-            first = entries[0][name]
-            out = np.empty((first.shape[1], sum(len(e[name]) for e in entries), *first.shape[2:]), first.dtype)
-            b = 0
-            for e in entries:
-                out[:, b:b + len(e[name])] = e[name].swapaxes(0, 1)
-                b += len(e[name])
-            return torch.from_numpy(out)
+        def stacked(name: str) -> torch.Tensor:  # [U, T, ...] -> a contiguous copy, time-major
+            return torch.from_numpy(np.concatenate([e[name] for e in entries]).swapaxes(0, 1).copy())
 
         def concatenated(name: str) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([e[name] for e in entries]))

@@ -285,7 +285,7 @@ class ShardedTrajectories:
         return sum(self.trained)
 
     def _ack_on(self, server: _Server, groups: dict[int, tuple[list, list]]) -> bool:
-        if server.cluster:  # a cluster pipeline takes no EVAL: one script per shard
+        if server.cluster or len(groups) == 1:  # a cluster pipeline takes no EVAL; one shard needs no pipeline
             for s, (ids, counts) in groups.items():
                 self.trained[s] = self.streams[s].ack(ids, counts)
             return True
