@@ -13,8 +13,9 @@ A shard server other than the run's own Redis that goes away does not stop the l
 retries for SHARD_RETRY_S only, then the server is marked down (logged once) and skipped, probed again
 after 1, 2, 4 ... 30 s; the other shards keep training. Acks for entries of a down server (read before it
 went) are kept and sent when it is back, in order, before anything newer is read from it; until then
-those entries are treated as in flight (not re-read from the pending list). A learner that dies while holding such acks leaves the entries pending: they are re-read and
-trained again after a restart (at least once). The run's own Redis keeps today's rule: its outage is
+those entries are treated as in flight (not re-read from the pending list). A learner that dies while
+holding such acks leaves the entries pending: they are re-read and trained again after a restart (at
+least once). The run's own Redis keeps today's rule: its outage is
 retried for run.redis_retry_s, then the learner exits (it holds the lease, params and results too).
 A shard host that does not answer at all (rather than refusing the connection) costs each probe up to two
 connect timeouts (5 s each), hence the growing probe interval.
