@@ -79,9 +79,10 @@ class RetryPolicy(Retry):
     processes turn into their RedisUnavailable exit. An outage is logged once when it starts and once when
     it ends, however many commands and threads wait on it. A refused password is never retried.
 
-    Commands are re-sent after a lost connection, so one whose reply was lost may run twice: every
-    command the processes send is idempotent or does only what is not done yet (an actor's adds, see
-    `TrajectoryStream.add`; acks count only what they acknowledged).
+    Commands are re-sent after a lost connection, so one whose reply was lost may run twice: the
+    commands the processes send are idempotent or do only what is not done yet (an actor's adds, see
+    `TrajectoryStream.add`; acks count only what they acknowledged), except the XADD of episode results
+    (`ResultsStream.add_many`), which may then record an episode twice.
     """
 
     def __init__(self, where: str, limit_s: float, base_s: float = 0.1, cap_s: float = 2.0):
