@@ -24,7 +24,8 @@ from config import Config
 from distributed.actor import Actor
 from distributed.codec import DecodeError, decode_weights, encode_weights, unpack_message
 from distributed.learner import Batch, Learner, actor_critic_loss, optimizer_step
-from distributed.transport import DeadConsumerSweeper, TrajectoryStream
+from distributed.ingest import BatchReader
+from distributed.transport import TrajectoryStream
 from league.players import MAIN, namespace
 
 GRADIENTS = "grads"  # stream `{run}:grads`
@@ -142,8 +143,9 @@ class ParameterServer(Learner):
         super().__init__(*args, **kwargs)
         self.label = "parameter server" if self.player == MAIN else f"parameter server {self.player}"
         self.trajectories = TrajectoryStream(self.redis, self.namespace, GRADIENTS)
-        self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)
         self.batch_size = self.unrolls_per_entry = 1  # A3C: every gradient is applied as soon as it arrives
+        self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in, 1,
+                                  self.cfg.learner.read_block_ms)
         self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
 
     @staticmethod

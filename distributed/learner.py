@@ -33,13 +33,12 @@ from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls,
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
 from distributed.history import CheckpointHistory
-from distributed.ingest import Prefetcher
+from distributed.ingest import BatchReader, Prefetcher, stack_entries
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import (DeadConsumerSweeper, LearnerLease, RedisUnavailable, ResultsStream,
-                                   connect, redis_outages, run_done_key)
+from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, redis_outages, run_done_key
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -92,25 +91,29 @@ class Batch:
         """The unrolls of decoded stream entries (codec.decode_unrolls: arrays [n_e, ...], final
         observations [N_e, ...]), one after the other, as one batch on `device`; `pin`: into pinned
         host memory, from which `to` copies to a GPU without blocking."""
-        def stacked(name: str) -> torch.Tensor:  # [U, T, ...] -> a contiguous copy, time-major
-            return torch.from_numpy(np.concatenate([e[name] for e in entries]).swapaxes(0, 1).copy())
+        return cls.from_arrays(stack_entries(entries), device, pin)
 
-        def concatenated(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([e[name] for e in entries]))
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], device: torch.device, pin: bool = False) -> "Batch":
+        """The batch of `ingest.stack_entries`'s time-major arrays ([T+1, B, ...], final observations
+        [N, ...]), sharing their memory on the CPU (unless `pin`: pinned copies)."""
+        names = arrays
 
-        names = entries[0]
-        obs = stacked("obs") if "obs" in names else {n[4:]: stacked(n) for n in names if n.startswith("obs.")}
-        behaviour = stacked("behaviour_logits" if "behaviour_logits" in names else "behaviour_log_probs")
-        batch = cls(obs=obs, action_mask=stacked("action_mask"), action=stacked("action"),
-                    reward=stacked("reward"), done=stacked("done").bool(), behaviour_logits=behaviour)
+        def tensor(name: str) -> torch.Tensor:
+            return torch.from_numpy(arrays[name])
+
+        obs = tensor("obs") if "obs" in names else {n[4:]: tensor(n) for n in names if n.startswith("obs.")}
+        behaviour = tensor("behaviour_logits" if "behaviour_logits" in names else "behaviour_log_probs")
+        batch = cls(obs=obs, action_mask=tensor("action_mask"), action=tensor("action"),
+                    reward=tensor("reward"), done=tensor("done").bool(), behaviour_logits=behaviour)
         if "truncated" in names:
-            batch.truncated = stacked("truncated").bool()
+            batch.truncated = tensor("truncated").bool()
             # final_obs rows are in step order within each unroll, unrolls one after the other: the
             # order of the nonzeros of truncated [B, T].
-            final_b, final_t = np.nonzero(batch.truncated.numpy().T)
+            final_b, final_t = np.nonzero(arrays["truncated"].T)
             batch.final_t = torch.from_numpy(final_t).long()
             batch.final_b = torch.from_numpy(final_b).long()
-            batch.final_obs = final_observations(obs, concatenated, names)
+            batch.final_obs = final_observations(obs, tensor, names)
         return batch.map(torch.Tensor.pin_memory) if pin else batch.to(device)
 
     def to(self, device: torch.device) -> "Batch":
@@ -168,12 +171,12 @@ class Batch:
         return chosen
 
 
-def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], concatenated, names) -> torch.Tensor | dict:
+def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], tensor, names) -> torch.Tensor | dict:
     """The final observations of a batch's truncated steps, [N, ...] like one step of `obs` ([T+1, B, ...]
-    or a dict of such): `concatenated(name)` of the unrolls' `final_obs` arrays, or none (N = 0) where
-    the unrolls carry none (an actor's own buffers leave them out when no step is truncated)."""
+    or a dict of such): `tensor(name)` of the stacked `final_obs` arrays, or none (N = 0) where the
+    unrolls carry none (an actor's own buffers leave them out when no step is truncated)."""
     def final(name: str, like: torch.Tensor) -> torch.Tensor:
-        return concatenated(name) if name in names else like.new_zeros((0, *like.shape[2:]))
+        return tensor(name) if name in names else like.new_zeros((0, *like.shape[2:]))
 
     if isinstance(obs, dict):
         return {k: final(f"final_obs.{k}", v) for k, v in obs.items()}
@@ -472,11 +475,11 @@ class Learner:
         self.resets_seen = (self.restored_resets if self.restored_resets is not None
                             else self.league.reset_count(player))
         self.consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
-        self.sweeper = DeadConsumerSweeper(self.trajectories, self.consumer)  # every minute, see next_batch
         self.stopping = False
-        self.pending_cursor: bytes | str | None = "0"  # re-read our own unacked entries first
-        # Entry ids of batches the ingest thread has read but the update has not acked.
-        self.in_flight: set = set()
+        # Reads, decodes and dead-letters (own pending entries first) for the ingest thread.
+        self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in,
+                                  cfg.actor.send_batch, cfg.learner.read_block_ms)
+        # Unrolls of the batches read but not yet acked (run.total_frames counts them before reading more).
         self.in_flight_unrolls = 0
         self.in_flight_lock = threading.Lock()
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
@@ -574,43 +577,15 @@ class Learner:
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
 
     # -- reading -----------------------------------------------------------------------------------
-    def next_batch(self) -> tuple[list[bytes], list[dict], list[dict]] | None:
-        """Block until entries holding B valid unrolls are read (own pending entries first): their ids,
-        headers and decoded arrays ([n, ...] each, see `decode`). None when stopping.
+    def next_batch(self) -> tuple[list, list[dict], list] | None:
+        """Block until entries holding B valid unrolls are read (`BatchReader.read`): their ids, headers
+        and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when an
+        exploiter's run is over."""
+        return self.reader.read(self.batch_size, lambda: not self.stopping and self.reading, self.run_is_over)
 
-        It asks for as many entries as B needs at `actor.send_batch` unrolls each; entries holding
-        more (another producer's) make the batch larger than B. Malformed entries go to the
-        dead-letter stream and do not count towards B. No entry is in the stream twice (actors' adds
-        are done once, `TrajectoryStream.add`), so nothing is checked for duplicates here.
-        """
-        B = self.batch_size
-        ids, headers, payloads = [], [], []
-        have = 0  # unrolls in `payloads`
-        while have < B:
-            if self.stopping or not self.reading:
-                return None
-            if not ids and self.sweeper.claim_due():  # dead consumers' unrolls are now our own pending ones
-                self.pending_cursor = "0"
-            entries = self.trajectories.read(self.consumer, -(-(B - have) // self.unrolls_per_entry),
-                                             self.cfg.learner.read_block_ms, pending_after=self.pending_cursor)
-            if not entries and self.player != MAIN and self.redis.exists(run_done_key(self.cfg.run.name)):
-                return None  # the main agent's run is over and this exploiter's actors are gone
-            if self.pending_cursor is not None:
-                # Page through our own unacked entries once (after a restart), then read new ones.
-                self.pending_cursor = entries[-1][0] if entries else None
-                with self.in_flight_lock:  # our pending entries include the prefetched batches
-                    entries = [(entry_id, data) for entry_id, data in entries if entry_id not in self.in_flight]
-            for (entry_id, data), got in zip(entries, self.decode([data for _, data in entries])):
-                if isinstance(got, DecodeError):
-                    self.trajectories.dead_letter(entry_id, data, str(got))
-                    log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), got)
-                    continue
-                header, payload = got
-                ids.append(entry_id)
-                headers.append(header)
-                payloads.append(payload)
-                have += self.unrolls_in(header)
-        return ids, headers, payloads
+    def run_is_over(self) -> bool:
+        """An exploiter's reads end with the main agent's run (its actors are gone then)."""
+        return self.player != MAIN and bool(self.redis.exists(run_done_key(self.cfg.run.name)))
 
     @staticmethod
     def unrolls_in(header: dict) -> int:
@@ -651,7 +626,6 @@ class Learner:
             return None
         ids, headers, payloads = got
         with self.in_flight_lock:
-            self.in_flight.update(ids)
             self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
         return ids, headers, self.prepare(payloads)
 
@@ -659,8 +633,8 @@ class Learner:
         """Ack a batch the update has trained on (counting its unrolls as trained)."""
         counts = [self.unrolls_in(h) for h in headers]
         self.unrolls_trained = self.trajectories.ack(ids, counts)
+        self.reader.release(ids)
         with self.in_flight_lock:
-            self.in_flight.difference_update(ids)
             self.in_flight_unrolls -= sum(counts)
 
     # -- main loop ---------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, re
     learner = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
     learner.trajectories.ensure_group()
     ids1, headers1, _ = learner.ingest()
-    learner.pending_cursor = "0"  # as after a sweep: page through our own pending entries again
+    learner.reader.pending_cursor = "0"  # as after a sweep: page through our own pending entries again
     ids2, headers2, prepared2 = learner.ingest()
     assert not set(ids1) & set(ids2)
     assert [h["unroll_id"] for h in headers1 + headers2] == [
@@ -76,7 +76,7 @@ def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, re
     learner.acknowledge(ids1, headers1)
     learner.acknowledge(ids2, headers2)
     assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
-    assert learner.in_flight == set()
+    assert learner.reader.in_flight == set()
 
 
 def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_client, redis_url, run_name):
