@@ -152,6 +152,10 @@ class LearnerConfig:
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds")
     prefetch_batches: int = _f(2, "batches read, decoded and stacked ahead of the update by the ingest thread; "
                                "0 = read in the update's own thread")
+    ingest_workers: int = _f(0, "worker processes that read, decode, check and stack the batches beside the "
+                             "learner (each its own consumer, handing batches over in shared memory), for a "
+                             "learner whose one ingest thread cannot keep up (a GPU learner of many actors); "
+                             "0 = the learner's own ingest thread. At most learner.prefetch_batches")
     num_learners: int = _f(1, "K: learner processes that train the main agent as one (data parallel, "
                            "torch.distributed): each reads its own B unrolls, gradients are averaged, so an "
                            "update trains on K * B unrolls")
@@ -475,6 +479,11 @@ def validate(cfg: Config) -> None:
         # ... and it notices one only between reads: the launcher waits 60 s for its final checkpoint.
         (1 <= cfg.learner.read_block_ms <= 30_000, "learner.read_block_ms must be in [1, 30000]"),
         (0 <= cfg.learner.prefetch_batches <= 64, "learner.prefetch_batches must be in [0, 64]"),
+        (0 <= cfg.learner.ingest_workers <= cfg.learner.prefetch_batches,
+         f"learner.ingest_workers={cfg.learner.ingest_workers} must be in [0, learner.prefetch_batches="
+         f"{cfg.learner.prefetch_batches}]: each worker fills one of the batches read ahead"),
+        (cfg.learner.ingest_workers == 0 or cfg.learner.algo == "impala",
+         "learner.ingest_workers needs learner.algo=impala (A3C's parameter server applies one gradient at a time)"),
         (1 <= cfg.learner.num_learners <= MAX_LEARNERS, f"learner.num_learners must be in [1, {MAX_LEARNERS}]"),
         # Unacked entries count against the mark: K-1 ranks may each hold prefetch_batches + 1 batches while the
         # last one still needs its B, and they wait for it in the next all-reduce.

@@ -34,7 +34,6 @@ import torch  # noqa: E402
 from bench_wire import actor_unrolls  # noqa: E402
 from config import load_config  # noqa: E402
 from distributed.codec import encode_unrolls  # noqa: E402
-from distributed.ingest import Prefetcher  # noqa: E402
 from distributed.launcher import EmbeddedRedis  # noqa: E402
 from distributed.learner import Learner  # noqa: E402
 from distributed.transport import GROUP, TrajectoryStream, connect  # noqa: E402
@@ -63,13 +62,17 @@ def raw_rate(client, key: str, per_read: int, per_entry: int, entries: int) -> f
 
 def ingest_rate(learner: Learner, unrolls: int) -> float:
     """Unrolls per second of the learner's ingest path and ack, without the update: as in
-    `Learner.run`, the ingest thread prepares `learner.prefetch_batches` batches ahead (0: in this
-    thread) and this thread acks each batch it takes."""
+    `Learner.run`, the ingest thread (or `learner.ingest_workers` processes) prepares
+    `learner.prefetch_batches` batches ahead (0: in this thread) and this thread acks each batch it
+    takes. The workers' start (a process each) is not timed."""
     learner.trajectories.ensure_group()
     learner.reading = True
-    depth = learner.cfg.learner.prefetch_batches
-    batches = Prefetcher(learner.ingest, depth) if depth else None
+    batches = learner.start_ingest()
+    first = batches.get() if batches else None  # started: time from the first batch on
     done, start = 0, time.perf_counter()
+    if first:
+        learner.acknowledge(first[0], first[1])
+        unrolls -= sum(h["unrolls"] for h in first[1])
     while done < unrolls:
         ids, headers, _ = batches.get() if batches else learner.ingest()
         learner.acknowledge(ids, headers)

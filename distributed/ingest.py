@@ -154,20 +154,20 @@ class BatchReader:
 
 
 def stack_entries(entries: list[dict[str, np.ndarray]],
-                  alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty) -> dict[str, np.ndarray]:
+                  alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The unrolls of decoded stream entries (`codec.decode_unrolls`: arrays [n_e, ...], final
     observations [N_e, ...]), one after the other, as time-major arrays of U = sum n_e unrolls:
     obs [T+1, U, ...], action [T, U], ... (`UnrollSpec`'s arrays with U after the time axis), and the
     final observations concatenated, [N, ...] with N = sum N_e (unroll after unroll, in step order).
 
-    alloc(shape, dtype) gives each output array (default: new memory; a worker passes views of its
-    shared-memory batch). Each array is copied twice (concatenate, then the time-major copy): two
+    alloc(name, shape, dtype) gives each output array, in the order of the entries' arrays (default:
+    new memory; an ingest worker places them in a shared-memory slot). Each array is copied twice (concatenate, then the time-major copy): two
     numpy calls per array whatever the number of entries."""
     out = {}
     for name in entries[0]:
         joined = np.concatenate([e[name] for e in entries])
         target = joined if name.startswith("final_obs") else joined.swapaxes(0, 1)
-        out[name] = alloc(target.shape, target.dtype)
+        out[name] = alloc(name, target.shape, target.dtype) if alloc else np.empty(target.shape, target.dtype)
         np.copyto(out[name], target)
     return out
 

@@ -102,7 +102,7 @@ class EmbeddedRedis:
     its last second or two: everysec postpones a write while the previous fsync runs. `stop()` removes
     the folder.
 
-    On Linux it also dies with the thread that created it (see `_die_with_parent`): create it from a
+    On Linux it also dies with the thread that created it (see `die_with_parent`): create it from a
     thread that outlives it, such as the main thread."""
 
     MAX_RESTARTS = 5  # by the watchdog: a server that keeps dying has a cause a restart will not fix
@@ -145,7 +145,7 @@ class EmbeddedRedis:
                  self.password, "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync",
                  "everysec", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
@@ -162,7 +162,7 @@ class EmbeddedRedis:
     def restart(self) -> None:
         """Stop redis-server if it still runs and start it again: same port, password and data folder.
 
-        The new server dies with the calling thread (`_die_with_parent`): call it from one that lives on."""
+        The new server dies with the calling thread (`die_with_parent`): call it from one that lives on."""
         with self._lock:
             self._stop_proc()
             self.restarts += 1  # counted before the new server answers, so a client that sees it sees the count
@@ -228,7 +228,7 @@ _PRCTL = _find_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """preexec_fn of every child: send it `sig` when the launcher dies, even by SIGKILL (Linux), so that
     no redis-server, learner or actor outlives it. The children are in their own sessions, so
     nothing else would stop them; elsewhere the launcher's own cleanup covers every ordinary exit."""
@@ -246,7 +246,7 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
         # is no longer its own once the launcher (which holds its lock) is dead. The signal comes when the
         # launcher's thread that started the child ends, while the rest of the process may still be
         # ending, so a check of the parent could not tell in time (see distributed/ownership.py).
-        _die_with_parent(signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
         if nice:
             os.nice(nice)
             try:  # with autogroup scheduling each session is weighed by its group's niceness instead

@@ -33,7 +33,8 @@ from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls,
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
 from distributed.history import CheckpointHistory
-from distributed.ingest import BatchReader, Prefetcher, stack_entries
+from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
+from distributed.ingest_workers import IngestWorkers, slot_nbytes, worker_settings
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
@@ -482,6 +483,8 @@ class Learner:
         # Unrolls of the batches read but not yet acked (run.total_frames counts them before reading more).
         self.in_flight_unrolls = 0
         self.in_flight_lock = threading.Lock()
+        self.workers: IngestWorkers | None = None  # learner.ingest_workers, started by start_ingest
+        self.redis_url = redis_url
         self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
         # Which unrolls `random` reflects: its own stream, one per rank, reproducible from run.seed.
@@ -610,6 +613,42 @@ class Learner:
         fresh = [u for arrays in payloads for u in split_unrolls(arrays)] if self.replay is not None else []
         return Prepared(batch, fresh, [r.policy_version for r in replayed])
 
+    def prepare_stacked(self, arrays: dict[str, np.ndarray]) -> Prepared:
+        """`prepare` for a batch an ingest worker stacked (time-major arrays in its shared-memory slot,
+        valid until the batch is acked): the batch shares that memory (pinned copies for a GPU); the
+        replayed unrolls, stacked here, are appended to a copy."""
+        cpu, pin = torch.device("cpu"), self.device.type == "cuda"
+        if self.replay is None:
+            return Prepared(Batch.from_arrays(arrays, cpu, pin), [], [])
+        replayed = self.replay.sample(self.replayed)
+        if replayed:
+            more = stack_entries([as_entry(r.unroll) for r in replayed])
+            arrays = {name: np.concatenate([a, more[name]], axis=0 if name.startswith("final_obs") else 1)
+                      for name, a in arrays.items()}
+        return Prepared(Batch.from_arrays(arrays, cpu, pin), unstack(arrays)[:-len(replayed) or None],
+                        [r.policy_version for r in replayed])
+
+    def start_ingest(self) -> Prefetcher | IngestWorkers | None:
+        """What reads the batches ahead of the update: `learner.ingest_workers` processes, the ingest
+        thread (`learner.prefetch_batches` ahead), or nothing (0: `ingest` in the update's thread)."""
+        cfg = self.cfg
+        if cfg.learner.ingest_workers:
+            settings = worker_settings(
+                redis_url=self.redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
+                env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
+                unroll_length=cfg.actor.unroll_length, shards=cfg.transport.shards,
+                shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
+                retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=self.batch_size,
+                done_key=None if self.player == MAIN else run_done_key(cfg.run.name))
+            frames_per_unroll = cfg.actor.unroll_length * self.group.size
+            self.workers = IngestWorkers(
+                settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches, self.batch_size,
+                slot_nbytes(self.unroll_spec, self.batch_size),
+                lambda: (cfg.run.total_frames - self.frames) / frames_per_unroll, self.prepare_stacked,
+                lambda: not self.stopping and self.reading)
+            return self.workers
+        return Prefetcher(self.ingest, cfg.learner.prefetch_batches) if cfg.learner.prefetch_batches else None
+
     def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
         """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
         marking it in flight until `acknowledge`. None when stopping.
@@ -633,6 +672,9 @@ class Learner:
         """Ack a batch the update has trained on (counting its unrolls as trained)."""
         counts = [self.unrolls_in(h) for h in headers]
         self.unrolls_trained = self.trajectories.ack(ids, counts)
+        if self.workers is not None:
+            self.workers.release(ids)
+            return
         self.reader.release(ids)
         with self.in_flight_lock:
             self.in_flight_unrolls -= sum(counts)
@@ -661,7 +703,9 @@ class Learner:
         self.trajectories.ensure_group()
         if main:
             self.count_rolled_back()
-        claimed = self.trajectories.claim_stale(self.consumer, min_idle_ms=60_000)
+        # Into the consumer that reads first: this learner's, or its first ingest worker's.
+        claimed = self.trajectories.claim_stale(self.consumer + ("-ingest0" if cfg.learner.ingest_workers else ""),
+                                                min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
         if main:
@@ -673,8 +717,7 @@ class Learner:
         self.started = last_ckpt = time.monotonic()
         self.started_at = time.time()
         window = MetricsWindow(self.started)
-        depth = cfg.learner.prefetch_batches
-        batches = Prefetcher(self.ingest, depth) if depth else None
+        batches = self.start_ingest()
         try:
             while True:
                 waited = time.monotonic()
@@ -738,8 +781,9 @@ class Learner:
         started = time.monotonic()
         stats = self.train_on(batch)
         window.update_s += time.monotonic() - started
-        self.acknowledge(ids, headers)
+        # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
         replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
+        self.acknowledge(ids, headers)
         lags = [self.step - 1 - version for version in self.unroll_versions(headers)]
         window.add(self.frames - frames, lags, stats, replay_lags)
         now = time.monotonic()

@@ -1,0 +1,352 @@
+"""Ingest worker processes (`learner.ingest_workers` = W): the learner's reading, decoding, value checks
+and stacking in W processes beside it, so that one learner takes more actors than one Python thread
+can decode for (its GIL bounds the ingest thread, distributed/ingest.py).
+
+Each worker is its own consumer of the trajectory shards (`<learner's consumer>-ingest<i>`): it reads
+its own pending entries first (what it held when a learner stopped), then new ones, dead-letters the
+malformed, and stacks each batch time-major straight into one of the learner's shared-memory slots
+(`multiprocessing.shared_memory`, `learner.prefetch_batches` of them). Worker 0 also runs the
+dead-consumer sweep. The learner acks a batch after the update that used it, as with the thread, then
+gives its slot back; nothing is acked by a worker except a dead-lettered entry. A learner that stops
+or dies leaves the batches its workers held pending for the next one.
+
+Learner and worker speak over the worker's stdin and stdout: length-prefixed msgpack maps, never
+pickle. learner -> worker: the settings (first), {"slot": s} (fill slot s with a batch), {"release":
+s} (slot s's batch is acked); closing stdin stops the worker. worker -> learner: {"slot", "ids",
+"headers", "arrays"} (a filled slot: entry ids as [shard, id], the entries' headers, and each array
+as [name, dtype, shape, byte offset]), {"end": true} (an exploiter's run is over) or {"error": text}.
+
+    python -m distributed.ingest_workers   # started by the learner, never by hand
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import msgpack
+import numpy as np
+
+from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
+from distributed.ingest import BatchReader, stack_entries
+from distributed.launcher import die_with_parent
+from distributed.shards import ShardedTrajectories, ShardEntry
+from distributed.transport import connect
+
+log = logging.getLogger("ingest")
+
+REPO = Path(__file__).resolve().parent.parent
+_LENGTH = struct.Struct("<I")
+ALIGN = 64  # each array of a slot starts on a cache line
+STOP_TIMEOUT_S = 10.0  # a worker ends its read (at most learner.read_block_ms) and exits within this
+
+
+def send(stream: BinaryIO, message: dict) -> None:
+    data = msgpack.packb(message, use_bin_type=True)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def receive(stream: BinaryIO) -> dict | None:
+    """The next message, or None at the end of the stream."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    (n,) = _LENGTH.unpack(head)
+    data = stream.read(n)
+    if len(data) < n:
+        return None
+    return msgpack.unpackb(data, raw=False)
+
+
+def slot_capacity(fresh: int) -> int:
+    """Unrolls one slot holds: twice a batch's F fresh ones, so that entries of other sizes than
+    `actor.send_batch` still fit (what does not fit waits for the next batch)."""
+    return 2 * fresh
+
+
+def slot_nbytes(spec: UnrollSpec, fresh: int) -> int:
+    """Bytes of a slot: `slot_capacity` unrolls at their largest (every step truncated), aligned."""
+    return slot_capacity(fresh) * spec.max_unroll_nbytes + ALIGN * (len(spec.arrays) + len(spec.final_arrays) + 1)
+
+
+class IngestWorkers:
+    """W worker processes filling `depth` shared-memory slots ahead of the update; `Prefetcher`'s
+    interface: `get` the next batch (None once there are no more), `release` a batch once acked, `close`.
+
+    settings: what a worker needs to read (`worker_settings`). consumer: the learner's consumer name
+    (worker i reads as `<consumer>-ingest<i>`). fresh: F, unrolls a batch reads. unrolls_left(): unrolls
+    the run may still take (run.total_frames), so that no slot is asked for beyond it. prepare(arrays):
+    what `get` returns for a batch's time-major arrays (views of its slot, valid until `release`).
+    keep_reading(): false once the learner stops (a `get` waiting then returns None).
+    Raises RuntimeError from `get` when a worker fails or dies, with its reason.
+    """
+
+    def __init__(self, settings: dict, consumer: str, workers: int, depth: int, fresh: int, nbytes: int,
+                 unrolls_left: Callable[[], float], prepare: Callable[[dict[str, np.ndarray]], object],
+                 keep_reading: Callable[[], bool] = lambda: True):
+        self.fresh = fresh
+        self.keep_reading = keep_reading
+        self.unrolls_left = unrolls_left
+        self.prepare = prepare
+        self.prepare_lock = threading.Lock()  # prepare may sample the replay: one at a time
+        self.closed = threading.Event()
+        self.ready: queue.Queue = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
+        self.slots = [shared_memory.SharedMemory(create=True, size=nbytes) for _ in range(depth)]
+        for s in range(depth):
+            self.free.put(s)
+        self.filled_by: dict[int, int] = {}  # slot -> worker, for slots asked for and not released
+        self.slot_of: dict[ShardEntry, int] = {}  # a handed-out batch's first id -> its slot
+        self.lock = threading.Lock()
+        self.procs: list[subprocess.Popen] = []
+        self.send_locks = [threading.Lock() for _ in range(workers)]  # the dispatch and update threads both send
+        for i in range(workers):
+            # SIGKILL when the learner dies (a worker ignores SIGTERM: the learner stops it by closing stdin).
+            proc = subprocess.Popen([sys.executable, "-m", "distributed.ingest_workers"], cwd=REPO,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+            send(proc.stdin, {**settings, "consumer": f"{consumer}-ingest{i}", "sweep": i == 0,
+                              "slots": [shm.name for shm in self.slots]})
+            self.procs.append(proc)
+        self.threads = [threading.Thread(target=self._receive, args=(i,), name=f"ingest-{i}", daemon=True)
+                        for i in range(workers)]
+        self.threads.append(threading.Thread(target=self._dispatch, name="ingest-dispatch", daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def _dispatch(self) -> None:
+        """Ask the least busy worker to fill each free slot, while the slots asked for hold fewer unrolls
+        than the run may still take (as the ingest thread reads, `Learner.ingest`)."""
+        while not self.closed.is_set():
+            try:
+                slot = self.free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            while len(self.filled_by) * self.fresh >= self.unrolls_left():
+                if self.closed.wait(0.005):
+                    return
+            with self.lock:
+                busy = [sum(w == i for w in self.filled_by.values()) for i in range(len(self.procs))]
+                worker = busy.index(min(busy))
+                self.filled_by[slot] = worker
+            if not self._send(worker, {"slot": slot}):
+                return  # the worker is gone, which _receive reports
+
+    def _send(self, worker: int, message: dict) -> bool:
+        """Send to a worker; False if it is gone."""
+        try:
+            with self.send_locks[worker]:
+                send(self.procs[worker].stdin, message)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _receive(self, i: int) -> None:
+        proc = self.procs[i]
+        while True:
+            message = receive(proc.stdout)
+            if message is None:
+                if not self.closed.is_set():
+                    self.ready.put(RuntimeError(f"learner ingest worker {i} {_exit(proc)}"))
+                return
+            if "error" in message:
+                self.ready.put(RuntimeError(f"learner ingest worker {i}: {message['error']}"))
+                return
+            if message.get("end"):
+                self.ready.put(None)
+                return
+            slot = message["slot"]
+            buf = self.slots[slot].buf
+            arrays = {name: np.ndarray(shape, np.dtype(dtype), buf, offset)
+                      for name, dtype, shape, offset in message["arrays"]}
+            ids = [ShardEntry(shard, entry_id) for shard, entry_id in message["ids"]]
+            with self.lock:
+                self.slot_of[ids[0]] = slot
+            with self.prepare_lock:
+                prepared = self.prepare(arrays)
+            self.ready.put((ids, message["headers"], prepared))
+
+    def get(self) -> tuple[list[ShardEntry], list[dict], object] | None:
+        """The next batch (ids, headers, `prepare`d arrays), waiting for it; None once the run has no
+        more to read, or once `keep_reading()` turns false. Raises RuntimeError when a worker failed."""
+        while True:
+            try:
+                item = self.ready.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if not self.keep_reading():
+                    return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def release(self, ids: list[ShardEntry]) -> None:
+        """The batch of these ids is acked: its worker forgets it and its slot takes the next one."""
+        with self.lock:
+            slot = self.slot_of.pop(ids[0])
+            worker = self.filled_by.pop(slot)
+        self._send(worker, {"release": slot})  # (a worker that is gone is reported by get)
+        self.free.put(slot)
+
+    def close(self) -> None:
+        """Stop the workers (their held batches stay pending for the next learner) and free the slots."""
+        self.closed.set()
+        for proc in self.procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for shm in self.slots:
+            try:
+                shm.close()
+            except BufferError:
+                pass  # a batch's tensors still map it; the memory goes with them
+            shm.unlink()
+
+
+def _exit(proc: subprocess.Popen) -> str:
+    try:
+        code = proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "stopped answering"
+    return f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+
+
+def worker_settings(*, redis_url: str, namespace: str, env: str, env_kwargs: dict, env_seats: list | None,
+                    unroll_length: int, shards: int, shard_urls: list[str], block_ms: int, retry_s: float,
+                    unrolls_per_entry: int, fresh: int, done_key: str | None) -> dict:
+    """What a worker reads with, as the first message sends it (done_key: the key whose existence ends
+    an exploiter's reads; None for the main agent)."""
+    return dict(redis_url=redis_url, namespace=namespace, env=env, env_kwargs=env_kwargs, env_seats=env_seats,
+                unroll_length=unroll_length, shards=shards, shard_urls=shard_urls, block_ms=block_ms,
+                retry_s=retry_s, unrolls_per_entry=unrolls_per_entry, fresh=fresh, done_key=done_key)
+
+
+class _SlotWriter:
+    """Places a batch's arrays one after the other in a slot's memory."""
+
+    def __init__(self, buf: memoryview):
+        self.buf = buf
+        self.offset = 0
+        self.placed: list[list] = []
+
+    def __call__(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        start = -(-self.offset // ALIGN) * ALIGN
+        array = np.ndarray(shape, dtype, self.buf, start)  # raises TypeError if it does not fit
+        self.placed.append([name, np.dtype(dtype).str, list(shape), start])
+        self.offset = start + array.nbytes
+        return array
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """The learner's slot `name`. The learner owns it: this process's resource tracker must not unlink
+    it when the worker exits (Python < 3.13 registers every attached segment)."""
+    shm = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (the documented work-around)
+    return shm
+
+
+def _worker() -> None:
+    """A worker's life: fill the slots it is asked to fill until its stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops it by closing stdin
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out = os.fdopen(os.dup(1), "wb")  # the protocol's own descriptor; stray prints go to stderr
+    os.dup2(2, 1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    inp = sys.stdin.buffer
+    settings = receive(inp)
+    if settings is None:
+        return
+    try:
+        _serve(settings, inp, out)
+    except Exception as e:  # reported to the learner, which stops with it
+        log.exception("learner ingest worker failed")
+        send(out, {"error": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1) from None
+
+
+def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
+    from envs.registry import env_spec
+
+    spec = UnrollSpec(env_spec(settings["env"], settings["env_kwargs"], settings["env_seats"]),
+                      settings["unroll_length"])
+    block_ms = settings["block_ms"]
+    client = connect(settings["redis_url"], block_ms=block_ms, retry_s=settings["retry_s"])
+    trajectories = ShardedTrajectories(client, settings["redis_url"], settings["namespace"], settings["shards"],
+                                       settings["shard_urls"], block_ms)
+    fresh, capacity = settings["fresh"], slot_capacity(settings["fresh"])
+
+    def decode(datas: list[bytes]) -> list:  # what no slot can hold is rejected with the malformed
+        return [DecodeError(f"the entry holds {got[0]['unrolls']} unrolls, more than a learner's batch slot takes "
+                            f"({capacity}): actor.send_batch must divide the fresh unrolls of each batch")
+                if not isinstance(got, DecodeError) and got[0]["unrolls"] > capacity else got
+                for got in decode_unrolls(datas, spec)]
+
+    reader = BatchReader(trajectories, settings["consumer"], decode, lambda header: header["unrolls"],
+                         settings["unrolls_per_entry"], block_ms, sweep=settings["sweep"])
+    done_key = settings["done_key"]
+    slots = [_attach(name) for name in settings["slots"]]
+    messages: queue.Queue = queue.Queue()
+    stopping = threading.Event()
+
+    def listen() -> None:
+        while (message := receive(inp)) is not None:
+            messages.put(message)
+        stopping.set()
+        messages.put(None)
+
+    threading.Thread(target=listen, name="stdin", daemon=True).start()
+    held: list[tuple] = []  # (id, header, payload) read beyond a slot's capacity: first in the next batch
+    ids_in: dict[int, list] = {}  # slot -> the ids of its batch, until released
+    while (message := messages.get()) is not None:
+        if "release" in message:
+            reader.release(ids_in.pop(message["release"]))
+            continue
+        slot = message["slot"]
+        have = sum(header["unrolls"] for _, header, _ in held)
+        if have < fresh:
+            got = reader.read(fresh - have, lambda: not stopping.is_set(),
+                              lambda: done_key is not None and bool(client.exists(done_key)))
+            if got is None:
+                if not stopping.is_set():
+                    send(out, {"end": True})
+                return
+            held += zip(*got)
+        batch, held = _fit(held, capacity)
+        writer = _SlotWriter(slots[slot].buf)
+        stack_entries([payload for _, _, payload in batch], writer)
+        ids_in[slot] = [entry_id for entry_id, _, _ in batch]
+        send(out, {"slot": slot, "ids": [[e.shard, e.id] for e in ids_in[slot]],
+                   "headers": [header for _, header, _ in batch], "arrays": writer.placed})
+
+
+def _fit(entries: list[tuple], capacity: int) -> tuple[list[tuple], list[tuple]]:
+    """The first entries that fit a slot of `capacity` unrolls, and those left for the next batch (no
+    entry holds more than a slot: the decoder rejects it)."""
+    have = 0
+    for k, (_, header, _) in enumerate(entries):
+        have += header["unrolls"]
+        if have > capacity:
+            return entries[:k], entries[k:]
+    return entries, []
+
+
+if __name__ == "__main__":
+    _worker()

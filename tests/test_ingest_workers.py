@@ -1,0 +1,132 @@
+"""Ingest worker processes (learner.ingest_workers, distributed/ingest_workers.py): batches read,
+decoded and stacked in other processes reach the update as the ingest thread's would, each unroll
+once, malformed entries dead-lettered, nothing acked before its update, nothing lost when the
+learner stops, and a worker that dies stops the learner with its reason."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from config import ConfigError
+from distributed.ingest import stack_entries, unstack
+from distributed.learner import Batch, Learner
+from distributed.transport import GROUP, TrajectoryStream
+from tests.test_delivery import run_learner_until
+from tests.test_faults import encode, small_config, tampered, valid_unroll
+
+WORKERS = ("learner.ingest_workers=2", "learner.prefetch_batches=2")
+
+
+def _fill(redis_client, run_name: str, rewards) -> list[bytes]:
+    datas = [encode(valid_unroll(float(r))) for r in rewards]
+    for data in datas:
+        redis_client.xadd(f"{run_name}:traj", {"data": data})
+    return datas
+
+
+def _rewards_of(prepared) -> list[float]:
+    return prepared.batch.reward[0].tolist()
+
+
+def test_workers_hand_over_every_unroll_once_and_dead_letter_the_malformed(tmp_path, redis_client, redis_url,
+                                                                          run_name):
+    """Ten valid unrolls (rewards 0..9) and one malformed entry; B = 2, two workers. Every valid unroll
+    reaches the update exactly once, stacked as the thread stacks it; the malformed one is
+    dead-lettered with its reason; nothing is acked before `acknowledge`."""
+    _fill(redis_client, run_name, range(5))
+    redis_client.xadd(f"{run_name}:traj", {"data": tampered(lambda m: m["arrays"].pop("reward"))})
+    _fill(redis_client, run_name, range(5, 10))
+    learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
+    learner.trajectories.ensure_group()
+    batches = learner.start_ingest()
+    stream = TrajectoryStream(redis_client, run_name)
+    try:
+        rewards = []
+        for k in range(5):  # two slots: a batch must be acked before a third is read
+            ids, headers, prepared = batches.get()
+            rewards += _rewards_of(prepared)
+            if k == 0:
+                assert stream.accounting()["trained"] == 0  # nothing acked before its update
+                expected = Batch.stack([valid_unroll(r) for r in _rewards_of(prepared)], torch.device("cpu"))
+                for name in ("obs", "action_mask", "action", "reward", "done", "behaviour_logits", "truncated"):
+                    assert torch.equal(getattr(prepared.batch, name), getattr(expected, name)), name
+            learner.acknowledge(ids, headers)
+        assert sorted(rewards) == [float(r) for r in range(10)]
+    finally:
+        batches.close()
+    assert stream.accounting() == {"produced": 0, "trained": 10, "dead_lettered": 1, "backlog": 0, "throttled_s": 0.0}
+    [(_, fields)] = redis_client.xrange(f"{run_name}:deadletter")
+    assert b"reward" in fields[b"reason"]
+
+
+def test_batches_workers_held_when_the_learner_stopped_are_trained_by_the_next_one(tmp_path, redis_client,
+                                                                                    redis_url, run_name):
+    """A learner with workers stops after its first update: the batches its workers had read stay
+    pending on their consumers, none counted as trained; the next learner's workers read them first."""
+    _fill(redis_client, run_name, [i % 3 - 1 for i in range(12)])
+    cfg = small_config(run_name, tmp_path, *WORKERS)
+    learner = Learner(cfg, redis_url, tmp_path / run_name)
+    learner.train_on = lambda batch, train_on=learner.train_on: (time.sleep(0.5), train_on(batch))[1]
+    run_learner_until(learner, lambda: learner.step >= 1)
+    stream = TrajectoryStream(redis_client, run_name)
+    counts = stream.accounting()
+    assert counts["trained"] == 2 * learner.step and counts["backlog"] == 12 - 2 * learner.step
+    consumers = {c["name"].decode(): c["pending"] for c in redis_client.xinfo_consumers(stream.key, GROUP)}
+    assert sum(consumers.values()) > 0 and all("-ingest" in name for name, n in consumers.items() if n)
+    again = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name, resume=True)
+    run_learner_until(again, lambda: stream.accounting()["backlog"] == 0)
+    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+    assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
+
+
+def test_a_worker_that_dies_stops_the_learner_with_its_reason(tmp_path, redis_client, redis_url, run_name):
+    learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
+    learner.trajectories.ensure_group()
+    batches = learner.start_ingest()
+    try:
+        batches.procs[1].send_signal(signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="ingest worker 1 was killed by signal 9"):
+            batches.get()
+    finally:
+        batches.close()
+
+
+def test_replayed_unrolls_join_a_workers_batch_after_its_fresh_ones(tmp_path, redis_client, redis_url, run_name):
+    """B = 4 with replay 0.5: two fresh unrolls from a worker's slot, two from the replay appended; the
+    fresh ones handed to the replay are the slot's, as copies that outlive it."""
+    learner = Learner(small_config(run_name, tmp_path, "learner.batch_size=4", "learner.replay_fraction=0.5",
+                                   *WORKERS), redis_url, tmp_path / run_name)
+    for r in (7.0, 8.0):
+        learner.replay.add(valid_unroll(r), policy_version=3)
+    fresh = stack_entries([{k: v[None] for k, v in valid_unroll(r).items()} for r in (1.0, 2.0)])
+    prepared = learner.prepare_stacked(fresh)
+    assert prepared.batch.reward.shape == (4, 4)
+    assert prepared.batch.reward[0, :2].tolist() == [1.0, 2.0]
+    assert sorted(prepared.batch.reward[0, 2:].tolist()) == [7.0, 8.0]
+    assert prepared.replayed_versions == [3, 3]
+    assert [u["reward"][0] for u in prepared.fresh] == [1.0, 2.0]
+    fresh["reward"][:] = -5.0  # the slot is reused: the prepared batch is not
+    assert prepared.batch.reward[0, :2].tolist() == [1.0, 2.0]
+
+
+def test_unstack_gives_back_each_unroll_with_its_final_observations():
+    unrolls = [valid_unroll(float(r)) for r in range(3)]
+    unrolls[1]["truncated"][1] = unrolls[1]["done"][1] = 1
+    unrolls[1]["final_obs"] = np.full((1, *unrolls[1]["obs"].shape[1:]), 5, unrolls[1]["obs"].dtype)
+    for u in (unrolls[0], unrolls[2]):
+        u["final_obs"] = np.zeros((0, *u["obs"].shape[1:]), u["obs"].dtype)
+    back = unstack(stack_entries([{k: v if k == "final_obs" else v[None] for k, v in u.items()} for u in unrolls]))
+    for original, again in zip(unrolls, back):
+        assert original.keys() == again.keys()
+        for name in original:
+            np.testing.assert_array_equal(original[name], again[name])
+
+
+def test_ingest_workers_need_a_slot_each(tmp_path, run_name):
+    with pytest.raises(ConfigError, match="learner.ingest_workers=3 must be in \\[0, learner.prefetch_batches=2\\]"):
+        small_config(run_name, tmp_path, "learner.ingest_workers=3")
