@@ -13,13 +13,20 @@ Both are measured in unrolls per second over the same entries; the ratio is inge
 machine's speed drifts from second to second, so `--rounds` pairs run one right after the other (each
 on a fresh stream) and the ratio is that of the totals.
 
+Beside the rates, the CPU time each process spent per batch of B unrolls (Linux: /proc), which says
+what the ratio cannot on a machine that the processes fill: the learner process's share bounds one
+learner's ingest however many cores it has (with `learner.ingest_workers` the workers' share spreads
+over as many processes), and Redis's share is what the run's server pays.
+
     python bench/bench_ingest.py [--unrolls 8000] [--rounds 3] [--set actor.send_batch=1]
-                                 [--set transport.compression=zstd] [--set key=value ...]
+                                 [--set transport.compression=zstd] [--set learner.ingest_workers=2
+                                 --set learner.prefetch_batches=4] [--set key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -48,6 +55,31 @@ def fill(client, key: str, payloads: list[bytes]) -> None:
         pipe.execute()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads); 0 where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by processes (by pid) between `start` and `stop`, per role."""
+
+    def __init__(self):
+        self.spent: dict[str, float] = {}
+        self.started: dict[str, tuple[list[int], float]] = {}
+
+    def start(self, role: str, pids: list[int]) -> None:
+        self.started[role] = (pids, sum(map(cpu_s, pids)))
+
+    def stop(self) -> None:
+        for role, (pids, before) in self.started.items():
+            self.spent[role] = self.spent.get(role, 0.0) + sum(map(cpu_s, pids)) - before
+        self.started = {}
+
+
 def raw_rate(client, key: str, per_read: int, per_entry: int, entries: int) -> float:
     """Unrolls per second of XREADGROUP (`per_read` entries at a time) + XACK alone."""
     client.xgroup_create(key, "raw", id="0")
@@ -60,7 +92,7 @@ def raw_rate(client, key: str, per_read: int, per_entry: int, entries: int) -> f
     return read * per_entry / (time.perf_counter() - start)
 
 
-def ingest_rate(learner: Learner, unrolls: int) -> float:
+def ingest_rate(learner: Learner, unrolls: int, meter: CpuMeter, redis_pid: int) -> float:
     """Unrolls per second of the learner's ingest path and ack, without the update: as in
     `Learner.run`, the ingest thread (or `learner.ingest_workers` processes) prepares
     `learner.prefetch_batches` batches ahead (0: in this thread) and this thread acks each batch it
@@ -69,6 +101,10 @@ def ingest_rate(learner: Learner, unrolls: int) -> float:
     learner.reading = True
     batches = learner.start_ingest()
     first = batches.get() if batches else None  # started: time from the first batch on
+    workers = [p.pid for p in learner.workers.procs] if learner.workers else []
+    meter.start("learner", [os.getpid()])
+    meter.start("workers", workers)
+    meter.start("redis", [redis_pid])
     done, start = 0, time.perf_counter()
     if first:
         learner.acknowledge(first[0], first[1])
@@ -78,6 +114,7 @@ def ingest_rate(learner: Learner, unrolls: int) -> float:
         learner.acknowledge(ids, headers)
         done += sum(h["unrolls"] for h in headers)
     elapsed = time.perf_counter() - start
+    meter.stop()
     learner.reading = False
     if batches:
         batches.close()
@@ -107,11 +144,15 @@ def main() -> None:
         key = TrajectoryStream(client, "ingest").key
         learner = Learner(cfg, server.url, Path(tmp) / "ingest")
         raw_s = ingest_s = 0.0
+        raw_cpu, ingest_cpu = CpuMeter(), CpuMeter()
         for r in range(args.rounds):
             client.delete(key)  # a fresh stream
             fill(client, key, payloads)
+            raw_cpu.start("client", [os.getpid()])
+            raw_cpu.start("redis", [server.proc.pid])
             raw = raw_rate(client, key, B // K, K, len(payloads))
-            ours = ingest_rate(learner, total)
+            raw_cpu.stop()
+            ours = ingest_rate(learner, total, ingest_cpu, server.proc.pid)
             assert client.xpending(key, GROUP)["pending"] == 0
             raw_s, ingest_s = raw_s + total / raw, ingest_s + total / ours
             print(f"  round {r + 1}: raw {raw:9,.0f}  ingest {ours:9,.0f} unrolls/s  ratio {ours / raw:.2f}")
@@ -121,6 +162,10 @@ def main() -> None:
     print(f"  raw XREADGROUP + XACK             : {raw:10,.0f} unrolls/s")
     print(f"  learner ingest (read..stack) + ack: {ours:10,.0f} unrolls/s  ({ours * uspec.unroll_length:,.0f} steps/s)")
     print(f"  ratio ingest / raw                : {ours / raw:10.2f}")
+    batches = total * args.rounds / B
+    for name, meter in (("raw", raw_cpu), ("ingest", ingest_cpu)):
+        print(f"  CPU per batch of {B}, {name:6}     : " + ", ".join(
+            f"{role} {spent / batches * 1e3:.3f} ms" for role, spent in meter.spent.items()))
 
 
 if __name__ == "__main__":

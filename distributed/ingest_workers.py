@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import selectors
 import signal
 import struct
 import subprocess
@@ -52,20 +53,28 @@ STOP_TIMEOUT_S = 10.0  # a worker ends its read (at most learner.read_block_ms) 
 
 def send(stream: BinaryIO, message: dict) -> None:
     data = msgpack.packb(message, use_bin_type=True)
-    stream.write(_LENGTH.pack(len(data)) + data)
+    view = memoryview(_LENGTH.pack(len(data)) + data)
+    while view:  # an unbuffered stream may take part of it
+        view = view[stream.write(view):]
     stream.flush()
 
 
 def receive(stream: BinaryIO) -> dict | None:
     """The next message, or None at the end of the stream."""
-    head = stream.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        return None
-    (n,) = _LENGTH.unpack(head)
-    data = stream.read(n)
-    if len(data) < n:
-        return None
-    return msgpack.unpackb(data, raw=False)
+    head = _read_exactly(stream, _LENGTH.size)
+    data = head and _read_exactly(stream, _LENGTH.unpack(head)[0])
+    return None if data is None else msgpack.unpackb(data, raw=False)
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    """n bytes, or None at the end of the stream (an unbuffered stream may return fewer at a time)."""
+    data = bytearray()
+    while len(data) < n:
+        part = stream.read(n - len(data))
+        if not part:
+            return None
+        data += part
+    return bytes(data)
 
 
 def slot_capacity(fresh: int) -> int:
@@ -98,109 +107,83 @@ class IngestWorkers:
         self.keep_reading = keep_reading
         self.unrolls_left = unrolls_left
         self.prepare = prepare
-        self.prepare_lock = threading.Lock()  # prepare may sample the replay: one at a time
-        self.closed = threading.Event()
-        self.ready: queue.Queue = queue.Queue()
-        self.free: queue.Queue = queue.Queue()
         self.slots = [shared_memory.SharedMemory(create=True, size=nbytes) for _ in range(depth)]
-        for s in range(depth):
-            self.free.put(s)
+        self.idle: list[int] = list(range(depth))  # slots no worker has been asked to fill
         self.filled_by: dict[int, int] = {}  # slot -> worker, for slots asked for and not released
         self.slot_of: dict[ShardEntry, int] = {}  # a handed-out batch's first id -> its slot
-        self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
-        self.send_locks = [threading.Lock() for _ in range(workers)]  # the dispatch and update threads both send
         for i in range(workers):
             # SIGKILL when the learner dies (a worker ignores SIGTERM: the learner stops it by closing stdin).
-            proc = subprocess.Popen([sys.executable, "-m", "distributed.ingest_workers"], cwd=REPO,
+            # Unbuffered: the receiver waits on the pipes with select, which sees no data held in a buffer.
+            proc = subprocess.Popen([sys.executable, "-m", "distributed.ingest_workers"], cwd=REPO, bufsize=0,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL))
             send(proc.stdin, {**settings, "consumer": f"{consumer}-ingest{i}", "sweep": i == 0,
                               "slots": [shm.name for shm in self.slots]})
             self.procs.append(proc)
-        self.threads = [threading.Thread(target=self._receive, args=(i,), name=f"ingest-{i}", daemon=True)
-                        for i in range(workers)]
-        self.threads.append(threading.Thread(target=self._dispatch, name="ingest-dispatch", daemon=True))
-        for thread in self.threads:
-            thread.start()
+        self.selector = selectors.DefaultSelector()
+        for i, proc in enumerate(self.procs):
+            self.selector.register(proc.stdout, selectors.EVENT_READ, i)
+        self.ended = False
+        self._ask()
 
-    def _dispatch(self) -> None:
-        """Ask the least busy worker to fill each free slot, while the slots asked for hold fewer unrolls
-        than the run may still take (as the ingest thread reads, `Learner.ingest`)."""
-        while not self.closed.is_set():
-            try:
-                slot = self.free.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            while len(self.filled_by) * self.fresh >= self.unrolls_left():
-                if self.closed.wait(0.005):
-                    return
-            with self.lock:
-                busy = [sum(w == i for w in self.filled_by.values()) for i in range(len(self.procs))]
-                worker = busy.index(min(busy))
-                self.filled_by[slot] = worker
-            if not self._send(worker, {"slot": slot}):
-                return  # the worker is gone, which _receive reports
+    def _ask(self) -> None:
+        """Ask the least busy workers to fill the idle slots, while the slots asked for hold fewer
+        unrolls than the run may still take (as the ingest thread reads, `Learner.ingest`)."""
+        while self.idle and len(self.filled_by) * self.fresh < self.unrolls_left():
+            slot = self.idle.pop()
+            busy = [sum(w == i for w in self.filled_by.values()) for i in range(len(self.procs))]
+            worker = busy.index(min(busy))
+            self.filled_by[slot] = worker
+            self._send(worker, {"slot": slot})
 
-    def _send(self, worker: int, message: dict) -> bool:
-        """Send to a worker; False if it is gone."""
+    def _send(self, worker: int, message: dict) -> None:
         try:
-            with self.send_locks[worker]:
-                send(self.procs[worker].stdin, message)
-            return True
+            send(self.procs[worker].stdin, message)
         except (OSError, ValueError):
-            return False
-
-    def _receive(self, i: int) -> None:
-        proc = self.procs[i]
-        while True:
-            message = receive(proc.stdout)
-            if message is None:
-                if not self.closed.is_set():
-                    self.ready.put(RuntimeError(f"learner ingest worker {i} {_exit(proc)}"))
-                return
-            if "error" in message:
-                self.ready.put(RuntimeError(f"learner ingest worker {i}: {message['error']}"))
-                return
-            if message.get("end"):
-                self.ready.put(None)
-                return
-            slot = message["slot"]
-            buf = self.slots[slot].buf
-            arrays = {name: np.ndarray(shape, np.dtype(dtype), buf, offset)
-                      for name, dtype, shape, offset in message["arrays"]}
-            ids = [ShardEntry(shard, entry_id) for shard, entry_id in message["ids"]]
-            with self.lock:
-                self.slot_of[ids[0]] = slot
-            with self.prepare_lock:
-                prepared = self.prepare(arrays)
-            self.ready.put((ids, message["headers"], prepared))
+            pass  # the worker is gone: `get` reports it
 
     def get(self) -> tuple[list[ShardEntry], list[dict], object] | None:
-        """The next batch (ids, headers, `prepare`d arrays), waiting for it; None once the run has no
-        more to read, or once `keep_reading()` turns false. Raises RuntimeError when a worker failed."""
-        while True:
-            try:
-                item = self.ready.get(timeout=0.05)
-                break
-            except queue.Empty:
-                if not self.keep_reading():
+        """The next batch a worker filled (ids, headers, `prepare`d arrays), waiting for it; None once
+        the run has no more to read, or once `keep_reading()` turns false. Raises RuntimeError when a
+        worker failed or died, with its reason."""
+        while not self.ended:
+            for key, _ in self.selector.select(timeout=0.05):
+                i, proc = key.data, self.procs[key.data]
+                message = receive(proc.stdout)
+                if message is None or "error" in message:
+                    raise RuntimeError(f"learner ingest worker {i} " + (
+                        _exit(proc) if message is None else f"failed: {message['error']}"))
+                if message.get("end"):  # an exploiter's run is over
+                    self.ended = True
                     return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+                return self._batch(message)
+            if not self.keep_reading():
+                return None
+            self._ask()  # slots held back by run.total_frames
+        return None
+
+    def _batch(self, message: dict) -> tuple[list[ShardEntry], list[dict], object]:
+        slot = message["slot"]
+        buf = self.slots[slot].buf
+        arrays = {name: np.ndarray(shape, np.dtype(dtype), buf, offset)
+                  for name, dtype, shape, offset in message["arrays"]}
+        ids = [ShardEntry(shard, entry_id) for shard, entry_id in message["ids"]]
+        self.slot_of[ids[0]] = slot
+        return ids, message["headers"], self.prepare(arrays)
 
     def release(self, ids: list[ShardEntry]) -> None:
-        """The batch of these ids is acked: its worker forgets it and its slot takes the next one."""
-        with self.lock:
-            slot = self.slot_of.pop(ids[0])
-            worker = self.filled_by.pop(slot)
-        self._send(worker, {"release": slot})  # (a worker that is gone is reported by get)
-        self.free.put(slot)
+        """The update has trained on the batch of these ids: its worker acks it (counting its unrolls as
+        trained) and forgets it, and its slot takes the next batch."""
+        slot = self.slot_of.pop(ids[0])
+        worker = self.filled_by.pop(slot)
+        self._send(worker, {"release": slot})
+        self.idle.append(slot)
+        self._ask()
 
     def close(self) -> None:
         """Stop the workers (their held batches stay pending for the next learner) and free the slots."""
-        self.closed.set()
+        self.selector.close()
         for proc in self.procs:
             try:
                 proc.stdin.close()
@@ -262,6 +245,14 @@ def _attach(name: str) -> shared_memory.SharedMemory:
     return shm
 
 
+_reply_lock = threading.Lock()  # a worker's two threads both answer the learner
+
+
+def reply(out: BinaryIO, message: dict) -> None:
+    with _reply_lock:
+        send(out, message)
+
+
 def _worker() -> None:
     """A worker's life: fill the slots it is asked to fill until its stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops it by closing stdin
@@ -278,7 +269,7 @@ def _worker() -> None:
         _serve(settings, inp, out)
     except Exception as e:  # reported to the learner, which stops with it
         log.exception("learner ingest worker failed")
-        send(out, {"error": f"{type(e).__name__}: {e}"})
+        reply(out, {"error": f"{type(e).__name__}: {e}"})
         raise SystemExit(1) from None
 
 
@@ -306,19 +297,30 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
     messages: queue.Queue = queue.Queue()
     stopping = threading.Event()
 
+    ids_in: dict[int, tuple[list, list[int]]] = {}  # slot -> its batch's ids and unrolls per entry, until released
+
     def listen() -> None:
-        while (message := receive(inp)) is not None:
-            messages.put(message)
+        """Requests to the main thread; releases acked here at once, while the main thread reads on
+        (as the learner's update thread acks beside its ingest thread)."""
+        try:
+            while (message := receive(inp)) is not None:
+                if "release" in message:
+                    ids, counts = ids_in.pop(message["release"])
+                    trajectories.ack(ids, counts)
+                    reader.release(ids)
+                else:
+                    messages.put(message)
+        except Exception as e:  # the main thread may be in a read: report and end the process here
+            log.exception("learner ingest worker failed")
+            reply(out, {"error": f"{type(e).__name__}: {e}"})
+            os._exit(1)
         stopping.set()
         messages.put(None)
 
-    threading.Thread(target=listen, name="stdin", daemon=True).start()
+    listener = threading.Thread(target=listen, name="stdin", daemon=True)
+    listener.start()
     held: list[tuple] = []  # (id, header, payload) read beyond a slot's capacity: first in the next batch
-    ids_in: dict[int, list] = {}  # slot -> the ids of its batch, until released
     while (message := messages.get()) is not None:
-        if "release" in message:
-            reader.release(ids_in.pop(message["release"]))
-            continue
         slot = message["slot"]
         have = sum(header["unrolls"] for _, header, _ in held)
         if have < fresh:
@@ -326,15 +328,16 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
                               lambda: done_key is not None and bool(client.exists(done_key)))
             if got is None:
                 if not stopping.is_set():
-                    send(out, {"end": True})
-                return
+                    reply(out, {"end": True})
+                break
             held += zip(*got)
         batch, held = _fit(held, capacity)
         writer = _SlotWriter(slots[slot].buf)
         stack_entries([payload for _, _, payload in batch], writer)
-        ids_in[slot] = [entry_id for entry_id, _, _ in batch]
-        send(out, {"slot": slot, "ids": [[e.shard, e.id] for e in ids_in[slot]],
-                   "headers": [header for _, header, _ in batch], "arrays": writer.placed})
+        ids_in[slot] = ([entry_id for entry_id, _, _ in batch], [header["unrolls"] for _, header, _ in batch])
+        reply(out, {"slot": slot, "ids": [[e.shard, e.id] for e in ids_in[slot][0]],
+                    "headers": [header for _, header, _ in batch], "arrays": writer.placed})
+    listener.join()  # the acks of the batches the learner releases before it closes our stdin
 
 
 def _fit(entries: list[tuple], capacity: int) -> tuple[list[tuple], list[tuple]]:

@@ -669,12 +669,13 @@ class Learner:
         return ids, headers, self.prepare(payloads)
 
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
-        """Ack a batch the update has trained on (counting its unrolls as trained)."""
-        counts = [self.unrolls_in(h) for h in headers]
-        self.unrolls_trained = self.trajectories.ack(ids, counts)
+        """Ack a batch the update has trained on (counting its unrolls as trained). With ingest workers
+        the worker that read it acks it (`IngestWorkers.release`): the learner sends no command."""
         if self.workers is not None:
             self.workers.release(ids)
             return
+        counts = [self.unrolls_in(h) for h in headers]
+        self.unrolls_trained = self.trajectories.ack(ids, counts)
         self.reader.release(ids)
         with self.in_flight_lock:
             self.in_flight_unrolls -= sum(counts)
@@ -765,8 +766,10 @@ class Learner:
 
     def checkpoint_trained(self) -> None:
         """`checkpoint` between updates. With several learners every rank has acked what it trained on
-        once they agreed to go on, so rank 0 records the run's trained count from Redis, not its own acks'."""
-        if self.group.distributed and self.group.is_main:
+        once they agreed to go on, so rank 0 records the run's trained count from Redis, not its own acks'
+        (so does a learner whose ingest workers ack for it: up to learner.prefetch_batches acks may be
+        on their way, which a crash's `rolled_back` would count too)."""
+        if (self.group.distributed or self.workers is not None) and self.group.is_main:
             self.unrolls_trained = self.trajectories.accounting()["trained"]
         self.checkpoint()
 
@@ -842,7 +845,7 @@ class Learner:
             log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
             self.metrics_file.close()
             return
-        if self.group.distributed:  # the run's trained count: every rank has acked (see checkpoint_trained)
+        if self.group.distributed or self.workers is not None:  # the run's trained count: every rank (worker) has acked
             self.unrolls_trained = self.trajectories.accounting()["trained"]
         self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
