@@ -400,7 +400,10 @@ def _bad_value(e: OmegaConfBaseException, prefix: str = "bad config value") -> C
 
 def learners_in_flight(learner: LearnerConfig) -> int:
     """Unrolls that K data-parallel learners may hold read but unacked while the last of them still waits
-    for its batch: (K - 1) * (prefetch_batches + 1) * B + B."""
+    for its batch: (K - 1) * (prefetch_batches + 1) * B + B with the ingest thread. With ingest workers
+    every rank's prefetch_batches slots may each hold a batch read in part: K * prefetch_batches * B."""
+    if learner.ingest_workers:
+        return learner.num_learners * learner.prefetch_batches * learner.batch_size
     return ((learner.num_learners - 1) * (learner.prefetch_batches + 1) + 1) * learner.batch_size
 
 
@@ -486,11 +489,15 @@ def validate(cfg: Config) -> None:
          "learner.ingest_workers needs learner.algo=impala (A3C's parameter server applies one gradient at a time)"),
         (1 <= cfg.learner.num_learners <= MAX_LEARNERS, f"learner.num_learners must be in [1, {MAX_LEARNERS}]"),
         # Unacked entries count against the mark: K-1 ranks may each hold prefetch_batches + 1 batches while the
-        # last one still needs its B, and they wait for it in the next all-reduce.
-        (cfg.learner.num_learners == 1 or cfg.actor.high_water_mark >= learners_in_flight(cfg.learner),
-         f"actor.high_water_mark must be >= (learner.num_learners - 1) * (learner.prefetch_batches + 1) * "
-         f"learner.batch_size + learner.batch_size = {learners_in_flight(cfg.learner)}: K-1 learners may hold "
-         "that many unrolls unacked while the last one waits for its batch"),
+        # last one still needs its B, and they wait for it in the next all-reduce; ingest workers may hold a
+        # part of a batch in every slot.
+        ((cfg.learner.num_learners == 1 and not cfg.learner.ingest_workers)
+         or cfg.actor.high_water_mark >= learners_in_flight(cfg.learner),
+         f"actor.high_water_mark must be >= {learners_in_flight(cfg.learner)}: the learners may hold that many "
+         "unrolls unacked while one of them still waits for its batch ("
+         + ("learner.num_learners * learner.prefetch_batches * learner.batch_size with ingest workers, each slot "
+            "a batch read in part)" if cfg.learner.ingest_workers else
+            "(learner.num_learners - 1) * (learner.prefetch_batches + 1) * learner.batch_size + learner.batch_size)")),
         (cfg.learner.algo != "impala" or (cfg.learner.batch_size - replayed_per_batch(cfg.learner)) % max(cfg.actor.send_batch, 1) == 0,
          f"actor.send_batch={cfg.actor.send_batch} must divide the {cfg.learner.batch_size - replayed_per_batch(cfg.learner)} "
          "fresh unrolls of each batch (learner.batch_size minus the round(learner.replay_fraction * batch_size) "

@@ -1,27 +1,40 @@
 #!/usr/bin/env bash
-# The GPU measurements in one run, for a machine with a CUDA GPU and about 16 cores (about 9 minutes):
-#   1. bench_sps.py, connect four, ACTORS actors, the learner on CUDA: learner-consumed SPS against what the
+# The GPU measurements in one run, for a machine with a CUDA GPU and about 16 cores (about 10 minutes):
+#   1. bench_ingest.py: the learner's ingest against a bare XREADGROUP + XACK loop, with its thread and
+#      with WORKERS ingest worker processes, and each process's CPU per batch;
+#   2. bench_sps.py, connect four, ACTORS actors, the learner on CUDA: learner-consumed SPS against what the
 #      actors produce unthrottled (same run), the queue against the high-water mark, the learner's time
-#      in updates and waiting for batches; at B = 32 and at B = 128;
-#   2. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side.
+#      in updates and waiting for batches; at B = 32 with the ingest thread, then with WORKERS ingest
+#      workers at B = 32 and B = 128;
+#   3. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side.
 # Everything goes to OUT (default /tmp/on_gpu) and to standard output.
 #
 #   bash bench/on_gpu.sh [OUT]
-#   DEVICE=cpu ACTORS=2 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
+#   DEVICE=cpu ACTORS=2 WORKERS=1 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/on_gpu}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 ACTORS=${ACTORS:-14}
-SECONDS_MEASURED=${SECONDS_MEASURED:-60}
+WORKERS=${WORKERS:-4}
+SECONDS_MEASURED=${SECONDS_MEASURED:-45}
 MINUTES=${MINUTES:-2}
 mkdir -p "$OUT"
 "$PY" -c "import os, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), os.cpu_count(), 'cores')"
-for B in 32 128; do
+for W in 0 "$WORKERS"; do
+  "$PY" bench/bench_ingest.py --unrolls 16000 --rounds 2 --set learner.ingest_workers="$W" \
+    --set learner.prefetch_batches=$((2 * W + 2)) | tee "$OUT/bench_ingest_W$W.txt"
+done
+for run in "32 thread" "32 workers" "128 workers"; do
+  set -- $run
+  # Workers: two slots each, and a high-water mark with room for every slot read in part.
+  ingest=()
+  [ "$2" = workers ] && ingest=(--set learner.ingest_workers="$WORKERS" --set learner.prefetch_batches=$((2 * WORKERS))
+                                --set actor.high_water_mark=$((2 * WORKERS * $1)))
   "$PY" bench/bench_sps.py --config configs/connect_four.yaml --seconds "$SECONDS_MEASURED" --warmup 20 \
-    --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --set learner.batch_size="$B" \
-    | tee "$OUT/bench_sps_B$B.txt"
+    --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --set learner.batch_size="$1" \
+    "${ingest[@]}" | tee "$OUT/bench_sps_B$1_$2.txt"
 done
 "$PY" run.py compare --study algos --config configs/connect_four.yaml --minutes "$MINUTES" --seeds 0 \
   --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --out "$OUT/algos" | tee "$OUT/compare.txt"

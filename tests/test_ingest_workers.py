@@ -130,3 +130,13 @@ def test_unstack_gives_back_each_unroll_with_its_final_observations():
 def test_ingest_workers_need_a_slot_each(tmp_path, run_name):
     with pytest.raises(ConfigError, match="learner.ingest_workers=3 must be in \\[0, learner.prefetch_batches=2\\]"):
         small_config(run_name, tmp_path, "learner.ingest_workers=3")
+
+
+def test_the_high_water_mark_leaves_room_for_every_slot_read_in_part(tmp_path, run_name):
+    """Four slots of B = 32, each partly read, hold up to 128 unrolls unacked: a mark below that could
+    stop the actors while every slot waits for the rest of its batch."""
+    with pytest.raises(ConfigError, match="actor.high_water_mark must be >= 128: .* with ingest workers"):
+        small_config(run_name, tmp_path, "learner.ingest_workers=2", "learner.prefetch_batches=4",
+                     "learner.batch_size=32", "actor.high_water_mark=127")
+    small_config(run_name, tmp_path, "learner.ingest_workers=2", "learner.prefetch_batches=4",
+                 "learner.batch_size=32", "actor.high_water_mark=128")
