@@ -12,7 +12,7 @@ import torch
 
 from distributed.ingest import Prefetcher
 from distributed.learner import Batch
-from distributed.transport import TrajectoryStream
+from distributed.transport import GROUP, TrajectoryStream
 from tests.test_delivery import run_learner_until
 from tests.test_faults import T, encode, small_config, valid_unroll
 
@@ -79,25 +79,31 @@ def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, re
     assert learner.reader.in_flight == set()
 
 
-def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_client, redis_url, run_name):
+@pytest.mark.parametrize("ingest", [("learner.prefetch_batches=4",),
+                                    ("learner.ingest_workers=2", "learner.prefetch_batches=4",
+                                     "actor.high_water_mark=16")], ids=["thread", "workers"])
+def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_client, redis_url, run_name, ingest):
     """A learner with prefetch depth 4 stopped after its first update: the batches its ingest thread
-    had read stay pending (backlog), none counted as trained, and the next learner trains them."""
+    (or its ingest workers, each its own consumer) had read stay pending (backlog), none counted as
+    trained, and the next learner trains them."""
     from distributed.learner import Learner
 
     key = f"{run_name}:traj"
     for i in range(12):
         redis_client.xadd(key, {"data": encode(valid_unroll(float(i % 3) - 1))})
-    cfg = small_config(run_name, tmp_path, "learner.prefetch_batches=4")
-    learner = Learner(cfg, redis_url, tmp_path / run_name)
+    learner = Learner(small_config(run_name, tmp_path, *ingest), redis_url, tmp_path / run_name)
     learner.train_on = lambda batch, train_on=learner.train_on: (time.sleep(0.3), train_on(batch))[1]
     run_learner_until(learner, lambda: learner.step >= 1)
     stream = TrajectoryStream(redis_client, run_name)
     counts = stream.accounting()
     assert counts["trained"] == 2 * learner.step and counts["backlog"] == 12 - 2 * learner.step
-    again = Learner(small_config(run_name, tmp_path, "learner.prefetch_batches=4"), redis_url, tmp_path / run_name,
-                    resume=True)
+    pending = {c["name"].decode(): c["pending"] for c in redis_client.xinfo_consumers(key, GROUP)}
+    held = {name for name, n in pending.items() if n}
+    assert held and all(name.endswith(("-ingest0", "-ingest1")) == (len(ingest) > 1) for name in held)
+    again = Learner(small_config(run_name, tmp_path, *ingest), redis_url, tmp_path / run_name, resume=True)
     run_learner_until(again, lambda: stream.accounting()["backlog"] == 0)
     assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+    assert redis_client.xpending(key, GROUP)["pending"] == 0
 
 
 def test_a_stacked_batch_moves_to_the_device_unchanged():

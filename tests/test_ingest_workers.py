@@ -1,12 +1,11 @@
 """Ingest worker processes (learner.ingest_workers, distributed/ingest_workers.py): batches read,
 decoded and stacked in other processes reach the update as the ingest thread's would, each unroll
 once, malformed entries dead-lettered, nothing acked before its update, nothing lost when the
-learner stops, and a worker that dies stops the learner with its reason."""
+learner stops (tests/test_ingest.py), and a worker that dies stops the learner with its reason."""
 
 from __future__ import annotations
 
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -15,8 +14,7 @@ import torch
 from config import ConfigError
 from distributed.ingest import stack_entries, unstack
 from distributed.learner import Batch, Learner
-from distributed.transport import GROUP, TrajectoryStream
-from tests.test_delivery import run_learner_until
+from distributed.transport import TrajectoryStream
 from tests.test_faults import encode, small_config, tampered, valid_unroll
 
 WORKERS = ("learner.ingest_workers=2", "learner.prefetch_batches=2")
@@ -62,26 +60,6 @@ def test_workers_hand_over_every_unroll_once_and_dead_letter_the_malformed(tmp_p
     assert stream.accounting() == {"produced": 0, "trained": 10, "dead_lettered": 1, "backlog": 0, "throttled_s": 0.0}
     [(_, fields)] = redis_client.xrange(f"{run_name}:deadletter")
     assert b"reward" in fields[b"reason"]
-
-
-def test_batches_workers_held_when_the_learner_stopped_are_trained_by_the_next_one(tmp_path, redis_client,
-                                                                                    redis_url, run_name):
-    """A learner with workers stops after its first update: the batches its workers had read stay
-    pending on their consumers, none counted as trained; the next learner's workers read them first."""
-    _fill(redis_client, run_name, [i % 3 - 1 for i in range(12)])
-    cfg = small_config(run_name, tmp_path, *WORKERS)
-    learner = Learner(cfg, redis_url, tmp_path / run_name)
-    learner.train_on = lambda batch, train_on=learner.train_on: (time.sleep(0.5), train_on(batch))[1]
-    run_learner_until(learner, lambda: learner.step >= 1)
-    stream = TrajectoryStream(redis_client, run_name)
-    counts = stream.accounting()
-    assert counts["trained"] == 2 * learner.step and counts["backlog"] == 12 - 2 * learner.step
-    consumers = {c["name"].decode(): c["pending"] for c in redis_client.xinfo_consumers(stream.key, GROUP)}
-    assert sum(consumers.values()) > 0 and all("-ingest" in name for name, n in consumers.items() if n)
-    again = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name, resume=True)
-    run_learner_until(again, lambda: stream.accounting()["backlog"] == 0)
-    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
-    assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
 
 
 def test_a_worker_that_dies_stops_the_learner_with_its_reason(tmp_path, redis_client, redis_url, run_name):
