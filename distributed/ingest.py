@@ -15,12 +15,15 @@ import threading
 from typing import Callable, Generic, TypeVar
 
 import numpy as np
+import redis
 
 from distributed.codec import DecodeError
 from distributed.shards import ShardedTrajectories, ShardEntry
 from distributed.transport import DeadConsumerSweeper
 
 log = logging.getLogger("learner")
+
+KEEP_ALIVE_S = 15.0  # well inside the dead-consumer sweep's 60 s of idleness
 
 Item = TypeVar("Item")
 
@@ -151,6 +154,18 @@ class BatchReader:
         """These entries are acked (or given back): no longer in flight."""
         with self.lock:
             self.in_flight.difference_update(ids)
+
+    def keep_alive(self, stop: threading.Event, every_s: float = KEEP_ALIVE_S) -> None:
+        """Until `stop` is set, every `every_s` seconds reset the idle time of the entries in flight, so
+        that a dead-consumer sweep (this learner's other readers', another rank's) never takes what a
+        live reader holds, however long its batches wait for their update. Run it in a thread of its own."""
+        while not stop.wait(every_s):
+            with self.lock:
+                held = list(self.in_flight)
+            try:
+                self.trajectories.touch(self.consumer, held)
+            except redis.RedisError as e:  # the reads report a lost Redis; this tries again next time
+                log.debug("could not renew the entries in flight: %s", e)
 
 
 def stack_entries(entries: list[dict[str, np.ndarray]],

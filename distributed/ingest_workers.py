@@ -12,9 +12,12 @@ or dies leaves the batches its workers held pending for the next one.
 
 Learner and worker speak over the worker's stdin and stdout: length-prefixed msgpack maps, never
 pickle. learner -> worker: the settings (first), {"slot": s} (fill slot s with a batch), {"release":
-s} (slot s's batch is acked); closing stdin stops the worker. worker -> learner: {"slot", "ids",
-"headers", "arrays"} (a filled slot: entry ids as [shard, id], the entries' headers, and each array
-as [name, dtype, shape, byte offset]), {"end": true} (an exploiter's run is over) or {"error": text}.
+s} (the update has trained on slot s's batch: ack it); closing stdin stops the worker. worker ->
+learner: {"slot": s, "meta": [offset, length]} (slot s is filled; its description, a msgpack map of the
+entry ids as [shard, id], the entries' `unrolls` and `policy_version`, and each array as [name, dtype,
+shape, byte offset], lies in the slot at offset), {"end": true} (an exploiter's run is over) or
+{"error": text, "redis": whether it lost Redis}. Every reply is a few dozen bytes, so a worker never
+waits on a full pipe.
 
     python -m distributed.ingest_workers   # started by the learner, never by hand
 """
@@ -36,19 +39,28 @@ from typing import BinaryIO, Callable
 
 import msgpack
 import numpy as np
+import redis
 
 from distributed.codec import DecodeError, UnrollSpec, decode_unrolls
 from distributed.ingest import BatchReader, stack_entries
 from distributed.launcher import die_with_parent
 from distributed.shards import ShardedTrajectories, ShardEntry
-from distributed.transport import connect
+from config import UserError
+from distributed.transport import RedisUnavailable, connect
+from envs.registry import env_spec
 
 log = logging.getLogger("ingest")
 
 REPO = Path(__file__).resolve().parent.parent
 _LENGTH = struct.Struct("<I")
 ALIGN = 64  # each array of a slot starts on a cache line
+LEARNER_HEADER = ("unrolls", "policy_version")  # what the learner reads of an entry's header
+META_BASE, META_PER_ENTRY = 4096, 128  # room in a slot for its batch's description (ids, headers, arrays)
 STOP_TIMEOUT_S = 10.0  # a worker ends its read (at most learner.read_block_ms) and exits within this
+
+
+class IngestWorkerError(UserError, RuntimeError):
+    """An ingest worker failed or died; the message names it and says why."""
 
 
 def send(stream: BinaryIO, message: dict) -> None:
@@ -84,8 +96,11 @@ def slot_capacity(fresh: int) -> int:
 
 
 def slot_nbytes(spec: UnrollSpec, fresh: int) -> int:
-    """Bytes of a slot: `slot_capacity` unrolls at their largest (every step truncated), aligned."""
-    return slot_capacity(fresh) * spec.max_unroll_nbytes + ALIGN * (len(spec.arrays) + len(spec.final_arrays) + 1)
+    """Bytes of a slot: `slot_capacity` unrolls at their largest (every step truncated), aligned, and
+    the batch's description (`_describe`: at most one entry per unroll, each id and header well
+    under META_PER_ENTRY bytes)."""
+    arrays = slot_capacity(fresh) * spec.max_unroll_nbytes + ALIGN * (len(spec.arrays) + len(spec.final_arrays) + 1)
+    return arrays + META_BASE + slot_capacity(fresh) * META_PER_ENTRY
 
 
 class IngestWorkers:
@@ -107,17 +122,16 @@ class IngestWorkers:
         self.keep_reading = keep_reading
         self.unrolls_left = unrolls_left
         self.prepare = prepare
+        _check_shared_memory(depth * nbytes)
         self.slots = [shared_memory.SharedMemory(create=True, size=nbytes) for _ in range(depth)]
         self.idle: list[int] = list(range(depth))  # slots no worker has been asked to fill
         self.filled_by: dict[int, int] = {}  # slot -> worker, for slots asked for and not released
         self.slot_of: dict[ShardEntry, int] = {}  # a handed-out batch's first id -> its slot
         self.procs: list[subprocess.Popen] = []
         for i in range(workers):
-            # SIGKILL when the learner dies (a worker ignores SIGTERM: the learner stops it by closing stdin).
             # Unbuffered: the receiver waits on the pipes with select, which sees no data held in a buffer.
             proc = subprocess.Popen([sys.executable, "-m", "distributed.ingest_workers"], cwd=REPO, bufsize=0,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_worker_signals)
             send(proc.stdin, {**settings, "consumer": f"{consumer}-ingest{i}", "sweep": i == 0,
                               "slots": [shm.name for shm in self.slots]})
             self.procs.append(proc)
@@ -145,32 +159,35 @@ class IngestWorkers:
 
     def get(self) -> tuple[list[ShardEntry], list[dict], object] | None:
         """The next batch a worker filled (ids, headers, `prepare`d arrays), waiting for it; None once
-        the run has no more to read, or once `keep_reading()` turns false. Raises RuntimeError when a
-        worker failed or died, with its reason."""
-        while not self.ended:
+        the run has no more to read, or once `keep_reading()` turns false.
+
+        Raises:
+          redis.ConnectionError: a worker lost Redis (as the learner's own commands would raise it).
+          IngestWorkerError: a worker failed otherwise, or died."""
+        while not self.ended and self.keep_reading():
             for key, _ in self.selector.select(timeout=0.05):
                 i, proc = key.data, self.procs[key.data]
                 message = receive(proc.stdout)
-                if message is None or "error" in message:
-                    raise RuntimeError(f"learner ingest worker {i} " + (
-                        _exit(proc) if message is None else f"failed: {message['error']}"))
+                if message is None:
+                    raise IngestWorkerError(f"learner ingest worker {i} {_exit(proc)}")
+                if "error" in message:
+                    error = redis.ConnectionError if message.get("redis") else IngestWorkerError
+                    raise error(f"learner ingest worker {i} failed: {message['error']}")
                 if message.get("end"):  # an exploiter's run is over
                     self.ended = True
                     return None
                 return self._batch(message)
-            if not self.keep_reading():
-                return None
             self._ask()  # slots held back by run.total_frames
         return None
 
     def _batch(self, message: dict) -> tuple[list[ShardEntry], list[dict], object]:
-        slot = message["slot"]
+        slot, (start, length) = message["slot"], message["meta"]
         buf = self.slots[slot].buf
-        arrays = {name: np.ndarray(shape, np.dtype(dtype), buf, offset)
-                  for name, dtype, shape, offset in message["arrays"]}
-        ids = [ShardEntry(shard, entry_id) for shard, entry_id in message["ids"]]
+        meta = msgpack.unpackb(buf[start:start + length], raw=False)
+        arrays = {name: np.ndarray(shape, np.dtype(dtype), buf, offset) for name, dtype, shape, offset in meta["arrays"]}
+        ids = [ShardEntry(shard, entry_id) for shard, entry_id in meta["ids"]]
         self.slot_of[ids[0]] = slot
-        return ids, message["headers"], self.prepare(arrays)
+        return ids, meta["headers"], self.prepare(arrays)
 
     def release(self, ids: list[ShardEntry]) -> None:
         """The update has trained on the batch of these ids: its worker acks it (counting its unrolls as
@@ -186,7 +203,7 @@ class IngestWorkers:
         self.selector.close()
         for proc in self.procs:
             try:
-                proc.stdin.close()
+                proc.stdin.close()  # the worker sends the acks it was asked for, and exits
             except OSError:
                 pass
         for proc in self.procs:
@@ -201,6 +218,30 @@ class IngestWorkers:
             except BufferError:
                 pass  # a batch's tensors still map it; the memory goes with them
             shm.unlink()
+
+
+def _check_shared_memory(nbytes: int, where: str = "/dev/shm") -> None:
+    """Raise IngestWorkerError if `where` (Linux's shared memory) has less than `nbytes` free: a slot
+    written past it would kill its worker with SIGBUS."""
+    try:
+        stat = os.statvfs(where)
+    except OSError:
+        return  # no /dev/shm to look at (not Linux)
+    free = stat.f_bavail * stat.f_frsize
+    if free < nbytes:
+        raise IngestWorkerError(
+            f"learner.ingest_workers: the batch slots need up to {nbytes / 2**20:.1f} MB of shared memory, and {where} "
+            f"has {free / 2**20:.1f} MB free: lower learner.prefetch_batches (or learner.batch_size), or give the "
+            "machine more (a container: docker run --shm-size=1g)")
+
+
+def _worker_signals() -> None:
+    """preexec_fn of a worker: SIGINT and SIGTERM ignored from the start (a terminal's Ctrl-C reaches the
+    learner's whole process group; the learner stops its workers by closing their stdin), and SIGKILL
+    when the learner dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
 
 
 def _exit(proc: subprocess.Popen) -> str:
@@ -230,11 +271,17 @@ class _SlotWriter:
         self.placed: list[list] = []
 
     def __call__(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        start = -(-self.offset // ALIGN) * ALIGN
-        array = np.ndarray(shape, dtype, self.buf, start)  # raises TypeError if it does not fit
+        start = self.place(np.dtype(dtype).itemsize * int(np.prod(shape)))
         self.placed.append([name, np.dtype(dtype).str, list(shape), start])
-        self.offset = start + array.nbytes
-        return array
+        return np.ndarray(shape, dtype, self.buf, start)
+
+    def place(self, nbytes: int) -> int:
+        """The offset of the next `nbytes`, aligned. Raises ValueError past the slot's end."""
+        start = -(-self.offset // ALIGN) * ALIGN
+        if start + nbytes > len(self.buf):
+            raise ValueError(f"a batch of {start + nbytes} bytes does not fit its slot of {len(self.buf)}")
+        self.offset = start + nbytes
+        return start
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
@@ -255,8 +302,6 @@ def reply(out: BinaryIO, message: dict) -> None:
 
 def _worker() -> None:
     """A worker's life: fill the slots it is asked to fill until its stdin closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops it by closing stdin
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb")  # the protocol's own descriptor; stray prints go to stderr
     os.dup2(2, 1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
@@ -268,14 +313,20 @@ def _worker() -> None:
     try:
         _serve(settings, inp, out)
     except Exception as e:  # reported to the learner, which stops with it
-        log.exception("learner ingest worker failed")
-        reply(out, {"error": f"{type(e).__name__}: {e}"})
+        _failed(out, e)
         raise SystemExit(1) from None
 
 
-def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
-    from envs.registry import env_spec
+def _failed(out: BinaryIO, error: Exception) -> None:
+    """Tell the learner why this worker ends (and whether it lost Redis)."""
+    log.exception("learner ingest worker failed")
+    try:
+        reply(out, {"error": f"{type(error).__name__}: {error}", "redis": isinstance(error, (redis.RedisError, RedisUnavailable))})
+    except OSError:
+        pass  # the learner is gone or stopping
 
+
+def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
     spec = UnrollSpec(env_spec(settings["env"], settings["env_kwargs"], settings["env_seats"]),
                       settings["unroll_length"])
     block_ms = settings["block_ms"]
@@ -311,14 +362,14 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
                 else:
                     messages.put(message)
         except Exception as e:  # the main thread may be in a read: report and end the process here
-            log.exception("learner ingest worker failed")
-            reply(out, {"error": f"{type(e).__name__}: {e}"})
+            _failed(out, e)
             os._exit(1)
         stopping.set()
         messages.put(None)
 
     listener = threading.Thread(target=listen, name="stdin", daemon=True)
     listener.start()
+    threading.Thread(target=reader.keep_alive, args=(stopping,), name="keep-alive", daemon=True).start()
     held: list[tuple] = []  # (id, header, payload) read beyond a slot's capacity: first in the next batch
     while (message := messages.get()) is not None:
         slot = message["slot"]
@@ -335,8 +386,13 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
         writer = _SlotWriter(slots[slot].buf)
         stack_entries([payload for _, _, payload in batch], writer)
         ids_in[slot] = ([entry_id for entry_id, _, _ in batch], [header["unrolls"] for _, header, _ in batch])
-        reply(out, {"slot": slot, "ids": [[e.shard, e.id] for e in ids_in[slot][0]],
-                    "headers": [header for _, header, _ in batch], "arrays": writer.placed})
+        # The description goes in the slot too: a pipe holds 64 KiB, and a reply the learner has not read
+        # yet must not stop this worker from reading on.
+        meta = msgpack.packb({"ids": [[e.shard, e.id] for e in ids_in[slot][0]], "arrays": writer.placed,
+                              "headers": [{k: header[k] for k in LEARNER_HEADER} for _, header, _ in batch]})
+        start = writer.place(len(meta))
+        slots[slot].buf[start:start + len(meta)] = meta
+        reply(out, {"slot": slot, "meta": [start, len(meta)]})
     listener.join()  # the acks of the batches the learner releases before it closes our stdin
 
 

@@ -34,7 +34,7 @@ from distributed.data_parallel import (DataParallelError, Group, average_gradien
                                        join)
 from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
-from distributed.ingest_workers import IngestWorkers, slot_nbytes, worker_settings
+from distributed.ingest_workers import IngestWorkerError, IngestWorkers, slot_nbytes, worker_settings
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
@@ -719,6 +719,9 @@ class Learner:
         self.started_at = time.time()
         window = MetricsWindow(self.started)
         batches = self.start_ingest()
+        held = threading.Event()  # set when the loop ends: the entries in flight are no longer renewed
+        if self.workers is None:  # (workers renew their own)
+            threading.Thread(target=self.reader.keep_alive, args=(held,), name="keep-alive", daemon=True).start()
         try:
             while True:
                 waited = time.monotonic()
@@ -738,6 +741,7 @@ class Learner:
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
         finally:
+            held.set()
             self.reading = False  # the ingest thread's read ends; what it prefetched stays pending
             if batches:
                 batches.close()
@@ -1005,7 +1009,8 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
     cleanly (final checkpoint) on SIGTERM/SIGINT. `report(run_dir, tracker)`, if given, logs the
     report's figures to the trackers at the end of the run. `rank`, `dist_url`: see `Learner`.
-    Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first)."""
+    Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first),
+    IngestWorkerError (an ingest worker failed; the checkpoint is written first)."""
     torch.set_num_threads(1)
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.report = report
@@ -1017,6 +1022,13 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         learner.checkpoint()  # keep what was learned: the checkpoint is a local file
         raise RedisUnavailable(f"the learner lost Redis ({type(e).__name__}: {e}); checkpoint at update "
                                f"{learner.step} written to {learner.checkpoint_path}; `--resume` continues") from None
+    except IngestWorkerError as e:
+        try:
+            learner.checkpoint_trained()
+        except redis.RedisError:
+            learner.checkpoint()
+        raise IngestWorkerError(f"{e}; checkpoint at update {learner.step} written to {learner.checkpoint_path}; "
+                                "`--resume` continues (what the workers held is read again)") from None
     except DataParallelError as e:
         # The update that failed has not stepped: the weights are those of the last update every rank made.
         try:

@@ -326,6 +326,12 @@ class ShardedTrajectories:
         self._call(self.server_of[s], lambda: self.streams[s].dead_letter(entry_id.id, data, reason))
 
     # -- dead consumers ----------------------------------------------------------------------------
+    def touch(self, consumer: str, entry_ids: list[ShardEntry]) -> None:
+        """`TrajectoryStream.touch` of these entries in their shards (those of a down server wait)."""
+        for s, (ids,) in self._by_shard(entry_ids).items():
+            if self._up(self.server_of[s]):
+                self._call(self.server_of[s], lambda: self.streams[s].touch(consumer, ids))
+
     def claim_stale(self, consumer: str, min_idle_ms: int, count: int = 100) -> int:
         """XAUTOCLAIM other consumers' idle entries in every reachable shard; returns how many."""
         return sum(self._call(server, lambda: stream.claim_stale(consumer, min_idle_ms, count), 0)

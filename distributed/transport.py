@@ -382,6 +382,12 @@ class TrajectoryStream:
                     removed.append(name)
         return removed
 
+    def touch(self, consumer: str, entry_ids: list[bytes]) -> None:
+        """Reset the idle time of entries pending on `consumer` (XCLAIM to itself, JUSTID: no delivery
+        counted), so that no `claim_stale` takes them from a consumer that still holds them."""
+        if entry_ids:
+            self.r.xclaim(self.key, GROUP, consumer, 0, entry_ids, justid=True)
+
     def claim_stale(self, consumer: str, min_idle_ms: int, count: int = 100) -> int:
         """XAUTOCLAIM entries pending on other (dead) consumers for longer than `min_idle_ms`.
 

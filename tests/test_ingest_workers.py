@@ -6,16 +6,24 @@ learner stops (tests/test_ingest.py), and a worker that dies stops the learner w
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import numpy as np
+import psutil
 import pytest
+import redis
 import torch
 
 from config import ConfigError
-from distributed.ingest import stack_entries, unstack
+from distributed.codec import UnrollSpec, decode_unrolls
+from distributed.ingest import BatchReader, stack_entries, unstack
+from distributed.ingest_workers import IngestWorkerError, _check_shared_memory
 from distributed.learner import Batch, Learner
-from distributed.transport import TrajectoryStream
-from tests.test_faults import encode, small_config, tampered, valid_unroll
+from distributed.shards import ShardedTrajectories
+from distributed.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
+from envs.registry import env_spec
+from tests.test_faults import T, encode, small_config, tampered, valid_unroll
 
 WORKERS = ("learner.ingest_workers=2", "learner.prefetch_batches=2")
 
@@ -118,3 +126,127 @@ def test_the_high_water_mark_leaves_room_for_every_slot_read_in_part(tmp_path, r
                      "learner.batch_size=32", "actor.high_water_mark=127")
     small_config(run_name, tmp_path, "learner.ingest_workers=2", "learner.prefetch_batches=4",
                  "learner.batch_size=32", "actor.high_water_mark=128")
+
+
+def test_entries_a_live_reader_holds_are_never_taken_by_the_sweep(redis_client, redis_url, run_name):
+    """Worker 0 sweeps entries idle for a while into its own pending list: a sibling that still holds
+    some (its batch waiting for a long update) renews them, so they are not taken from it and trained
+    twice. Once it stops renewing (it died), the sweep takes them."""
+    _fill(redis_client, run_name, range(4))
+    spec = UnrollSpec(env_spec("tictactoe"), T)
+    trajectories = ShardedTrajectories(redis_client, redis_url, run_name)
+    trajectories.ensure_group()
+
+    def reader(name: str) -> BatchReader:
+        return BatchReader(trajectories, name, lambda datas: decode_unrolls(datas, spec), lambda h: h["unrolls"],
+                           1, 50, sweep=False)
+
+    holder, sweeping = reader("holder"), reader("sweeping")
+    sweeping.sweeper = DeadConsumerSweeper(trajectories, "sweeping", min_idle_ms=400, every_s=0.1)
+    ids, _, _ = holder.read(2, lambda: True)
+    alive = threading.Event()
+    renewing = threading.Thread(target=holder.keep_alive, args=(alive, 0.1))
+    renewing.start()
+    time.sleep(0.8)
+    assert sweeping.sweeper.claim_due() == 0
+    alive.set()
+    renewing.join()
+    time.sleep(0.6)
+    assert sweeping.sweeper.claim_due() == 2
+    assert {e["consumer"] for e in redis_client.xpending_range(f"{run_name}:traj", GROUP, "-", "+", 10)} == {
+        b"sweeping"}
+
+
+def test_a_worker_that_loses_redis_raises_what_the_learner_reports_as_lost_redis(tmp_path, redis_url, run_name):
+    learner = Learner(small_config(run_name, tmp_path, "run.redis_retry_s=0", *WORKERS), redis_url, tmp_path / run_name)
+    learner.redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
+    batches = learner.start_ingest()
+    try:
+        with pytest.raises(redis.ConnectionError, match="learner ingest worker [01] failed: .*127.0.0.1:1"):
+            batches.get()
+    finally:
+        batches.close()
+
+
+def test_a_worker_that_dies_under_run_learner_leaves_a_checkpoint(tmp_path, redis_client, redis_url, run_name):
+    from distributed.learner import run_learner
+
+    _fill(redis_client, run_name, range(6))
+    cfg = small_config(run_name, tmp_path, *WORKERS)
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    threads = torch.get_num_threads()
+
+    def kill_a_worker() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            workers = [p for p in psutil.Process().children() if "distributed.ingest_workers" in p.cmdline()]
+            if workers and redis_client.get(f"{run_name}:traj:trained") == b"6":
+                workers[0].kill()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    try:
+        with pytest.raises(IngestWorkerError, match=r"learner ingest worker \d was killed by signal 9; checkpoint "
+                                                    r"at update 3 written"):
+            run_learner(cfg, redis_url, tmp_path / run_name)
+    finally:
+        killer.join()
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+        torch.set_num_threads(threads)
+    assert (tmp_path / run_name / "checkpoints" / "latest.safetensors").exists()
+
+
+def test_a_batch_of_many_small_entries_is_read_ahead_in_every_slot(tmp_path, redis_client, redis_url, run_name):
+    """B = 512 entries of one unroll: each slot's description is as long as its batch, and still every
+    slot is filled without the learner reading a reply (it lies in the slot, not in the 64 KiB pipe);
+    the workers then stop at once."""
+    key = f"{run_name}:traj"
+    data = encode(valid_unroll(1.0))
+    pipe = redis_client.pipeline(transaction=False)
+    for _ in range(1024):
+        pipe.xadd(key, {"data": data})
+    pipe.execute()
+    learner = Learner(small_config(run_name, tmp_path, "learner.batch_size=512", "actor.send_batch=1",
+                                   "actor.high_water_mark=1024", "learner.ingest_workers=1",
+                                   "learner.prefetch_batches=2"), redis_url, tmp_path / run_name)
+    learner.trajectories.ensure_group()
+    batches = learner.start_ingest()
+    try:
+        deadline = time.monotonic() + 20
+        while redis_client.xpending(key, GROUP)["pending"] < 1024 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert redis_client.xpending(key, GROUP)["pending"] == 1024  # both slots read ahead
+        for _ in range(2):
+            ids, headers, prepared = batches.get()
+            assert len(ids) == 512 and prepared.batch.reward.shape == (T, 512)
+            learner.acknowledge(ids, headers)
+    finally:
+        start = time.monotonic()
+        batches.close()
+    assert time.monotonic() - start < 5 and [p.returncode for p in batches.procs] == [0]
+    assert TrajectoryStream(redis_client, run_name).accounting()["trained"] == 1024
+
+
+def test_workers_ignore_a_terminals_ctrl_c_from_their_start(tmp_path, redis_url, run_name):
+    """Ctrl-C in a terminal reaches the learner's whole process group: the learner stops its workers
+    itself (closing their stdin), so they ignore SIGINT and SIGTERM from the moment they start."""
+    learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
+    batches = learner.start_ingest()
+    try:
+        for proc in batches.procs:
+            proc.send_signal(signal.SIGINT)  # at once: the worker has not imported anything yet
+            proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert [proc.poll() for proc in batches.procs] == [None, None]
+    finally:
+        batches.close()
+    assert [proc.returncode for proc in batches.procs] == [0, 0]
+
+
+def test_too_little_shared_memory_is_a_clear_error():
+    with pytest.raises(IngestWorkerError, match="need up to .* MB of shared memory, and /dev/shm has .* free: lower "
+                                                "learner.prefetch_batches"):
+        _check_shared_memory(1 << 60)
