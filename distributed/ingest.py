@@ -155,11 +155,12 @@ class BatchReader:
         with self.lock:
             self.in_flight.difference_update(ids)
 
-    def keep_alive(self, stop: threading.Event, every_s: float = KEEP_ALIVE_S) -> None:
+    def keep_alive(self, stop: threading.Event, every_s: float | None = None) -> None:
         """Until `stop` is set, every `every_s` seconds reset the idle time of the entries in flight, so
         that a dead-consumer sweep (this learner's other readers', another rank's) never takes what a
-        live reader holds, however long its batches wait for their update. Run it in a thread of its own."""
-        while not stop.wait(every_s):
+        live reader holds, however long its batches wait for their update (default KEEP_ALIVE_S). Run it
+        in a thread of its own."""
+        while not stop.wait(every_s or KEEP_ALIVE_S):
             with self.lock:
                 held = list(self.in_flight)
             try:

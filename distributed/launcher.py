@@ -29,7 +29,7 @@ from config import Config
 from distributed.ownership import OWNER_ENV, PEER_LOST_EXIT
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
-from league.players import MAIN, checkpoint_dir, learner_players, namespace
+from league.players import MAIN, learner_players, namespace
 from league.store import LeagueStore
 
 if TYPE_CHECKING:

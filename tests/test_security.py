@@ -150,9 +150,11 @@ def documented_acl(run: str, password: str) -> list[str]:
     return m.group(1).replace("<run>", run).replace("<password>", password).split()
 
 
-def test_the_documented_acl_user_can_run_an_actor_and_a_learner_and_nothing_else(tmp_path, run_name):
+def test_the_documented_acl_user_can_run_an_actor_and_a_learner_and_nothing_else(tmp_path, run_name, monkeypatch):
     from distributed.actor import Actor
     from distributed.learner import Learner
+
+    monkeypatch.setattr("distributed.ingest.KEEP_ALIVE_S", 0.05)  # the learner renews its entries in flight too
 
     with EmbeddedRedis() as server:
         admin = connect(server.url)
