@@ -1025,6 +1025,8 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     except IngestWorkerError as e:
         try:
             learner.checkpoint_trained()
+            if learner.lease is not None:
+                learner.lease.release()  # so that `--resume` needs not wait for it to lapse
         except redis.RedisError:
             learner.checkpoint()
         raise IngestWorkerError(f"{e}; checkpoint at update {learner.step} written to {learner.checkpoint_path}; "
