@@ -28,10 +28,11 @@ for W in 0 "$WORKERS"; do
 done
 for run in "32 thread" "32 workers" "128 workers"; do
   set -- $run
-  # Workers: two slots each, and a high-water mark with room for every slot read in part.
+  # Workers: two slots each, and a high-water mark (default 256) with room for every slot read in part.
+  mark=$((2 * WORKERS * $1 > 256 ? 2 * WORKERS * $1 : 256))
   ingest=()
   [ "$2" = workers ] && ingest=(--set learner.ingest_workers="$WORKERS" --set learner.prefetch_batches=$((2 * WORKERS))
-                                --set actor.high_water_mark=$((2 * WORKERS * $1)))
+                                --set actor.high_water_mark="$mark")
   "$PY" bench/bench_sps.py --config configs/connect_four.yaml --seconds "$SECONDS_MEASURED" --warmup 20 \
     --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --set learner.batch_size="$1" \
     "${ingest[@]}" | tee "$OUT/bench_sps_B$1_$2.txt"
