@@ -63,6 +63,31 @@ def test_unrolls_are_produced_consumed_acked_and_params_advance(finished_run, re
     assert (tmp / name / "config.yaml").exists()
 
 
+def test_a_run_with_ingest_workers_trains_every_unroll_once_and_leaves_nothing_behind(tmp_path, redis_server,
+                                                                                     run_name):
+    """`learner.ingest_workers=2`: the same run through worker processes and shared-memory slots; every
+    delivered unroll acked, the trained count that of the updates, and no slot left in /dev/shm."""
+    from distributed.transport import TrajectoryStream, connect
+
+    def slots() -> set[Path]:  # Python's shared-memory segments
+        return set(Path("/dev/shm").glob("psm_*"))
+
+    before = slots()
+    proc = train(tmp_path, run_name, redis_server.url, "--set", "learner.ingest_workers=2",
+                 "--set", "learner.prefetch_batches=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, metadata = read_checkpoint(tmp_path / run_name / "checkpoints" / "latest.safetensors")
+    meta = json.loads(metadata["meta"])
+    assert meta["frames"] >= 3000 and meta["step"] == meta["frames"] // 32
+    r = connect(redis_server.url)
+    counts = TrajectoryStream(r, run_name).accounting()
+    assert counts["trained"] == meta["step"] * 4 and counts["dead_lettered"] == 0
+    assert r.xpending(f"{run_name}:traj", GROUP)["pending"] == 0
+    consumers = {c["name"].decode() for c in r.xinfo_consumers(f"{run_name}:traj", GROUP)}
+    assert any(name.endswith("-ingest1") for name in consumers)
+    assert slots() <= before
+
+
 def test_resume_continues_from_the_checkpoint(finished_run, redis_server):
     tmp, name, _ = finished_run
     before = json.loads(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["meta"])
