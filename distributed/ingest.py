@@ -188,10 +188,10 @@ def stack_entries(entries: list[dict[str, np.ndarray]],
     return out
 
 
-def unstack(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """The U unrolls of `stack_entries`'s arrays, each as `UnrollSpec` lists them ([T+1, ...], final
-    observations [N_u, ...]): views, no copies."""
+def unstack(arrays: dict[str, np.ndarray], first: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The U unrolls of `stack_entries`'s arrays (or the `first` of them), each as `UnrollSpec` lists them
+    ([T+1, ...], final observations [N_u, ...]): views, no copies."""
     counts = np.count_nonzero(arrays["truncated"], axis=0)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     return [{name: a[bounds[u]:bounds[u + 1]] if name.startswith("final_obs") else a[:, u] for name, a in arrays.items()}
-            for u in range(len(counts))]
+            for u in range(len(counts) if first is None else first)]

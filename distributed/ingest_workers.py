@@ -89,6 +89,11 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
     return bytes(data)
 
 
+def worker_consumer(consumer: str, i: int) -> str:
+    """The consumer name of worker i of the learner whose own name is `consumer`."""
+    return f"{consumer}-ingest{i}"
+
+
 def slot_capacity(fresh: int) -> int:
     """Unrolls one slot holds: twice a batch's F fresh ones, so that entries of other sizes than
     `actor.send_batch` still fit (what does not fit waits for the next batch)."""
@@ -132,7 +137,7 @@ class IngestWorkers:
             # Unbuffered: the receiver waits on the pipes with select, which sees no data held in a buffer.
             proc = subprocess.Popen([sys.executable, "-m", "distributed.ingest_workers"], cwd=REPO, bufsize=0,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_worker_signals)
-            send(proc.stdin, {**settings, "consumer": f"{consumer}-ingest{i}", "sweep": i == 0,
+            send(proc.stdin, {**settings, "consumer": worker_consumer(consumer, i), "sweep": i == 0,
                               "slots": [shm.name for shm in self.slots]})
             self.procs.append(proc)
         self.selector = selectors.DefaultSelector()

@@ -29,12 +29,13 @@ from agents.checkpoint import (CheckpointError, load_optimizer_state, model_stat
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
-from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls, split_unrolls
+from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
 from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
-from distributed.ingest_workers import IngestWorkerError, IngestWorkers, slot_nbytes, worker_settings
+from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
+                                        worker_settings)
 from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
@@ -608,25 +609,25 @@ class Learner:
         unrolls in all): a `Prepared` batch of them and k unrolls sampled from the replay (fewer while
         it holds fewer), in pinned memory when the update runs on a GPU."""
         replayed = self.replay.sample(self.replayed) if self.replay is not None else []
-        batch = Batch.concat(payloads + [as_entry(r.unroll) for r in replayed], torch.device("cpu"),
-                             pin=self.device.type == "cuda")
-        fresh = [u for arrays in payloads for u in split_unrolls(arrays)] if self.replay is not None else []
-        return Prepared(batch, fresh, [r.policy_version for r in replayed])
+        return self.prepared(stack_entries(payloads + [as_entry(r.unroll) for r in replayed]), replayed)
 
     def prepare_stacked(self, arrays: dict[str, np.ndarray]) -> Prepared:
         """`prepare` for a batch an ingest worker stacked (time-major arrays in its shared-memory slot,
         valid until the batch is acked): the batch shares that memory (pinned copies for a GPU); the
         replayed unrolls, stacked here, are appended to a copy."""
-        cpu, pin = torch.device("cpu"), self.device.type == "cuda"
-        if self.replay is None:
-            return Prepared(Batch.from_arrays(arrays, cpu, pin), [], [])
-        replayed = self.replay.sample(self.replayed)
+        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
         if replayed:
             more = stack_entries([as_entry(r.unroll) for r in replayed])
             arrays = {name: np.concatenate([a, more[name]], axis=0 if name.startswith("final_obs") else 1)
                       for name, a in arrays.items()}
-        return Prepared(Batch.from_arrays(arrays, cpu, pin), unstack(arrays)[:-len(replayed) or None],
-                        [r.policy_version for r in replayed])
+        return self.prepared(arrays, replayed)
+
+    def prepared(self, arrays: dict[str, np.ndarray], replayed: list) -> Prepared:
+        """The `Prepared` batch of time-major arrays whose last len(replayed) unrolls are `replayed`; the
+        fresh ones before them (views) go to the replay after the update."""
+        batch = Batch.from_arrays(arrays, torch.device("cpu"), pin=self.device.type == "cuda")
+        fresh = unstack(arrays, batch.reward.shape[1] - len(replayed)) if self.replay is not None else []
+        return Prepared(batch, fresh, [r.policy_version for r in replayed])
 
     def start_ingest(self) -> Prefetcher | IngestWorkers | None:
         """What reads the batches ahead of the update: `learner.ingest_workers` processes, the ingest
@@ -705,8 +706,8 @@ class Learner:
         if main:
             self.count_rolled_back()
         # Into the consumer that reads first: this learner's, or its first ingest worker's.
-        claimed = self.trajectories.claim_stale(self.consumer + ("-ingest0" if cfg.learner.ingest_workers else ""),
-                                                min_idle_ms=60_000)
+        claimed = self.trajectories.claim_stale(worker_consumer(self.consumer, 0) if cfg.learner.ingest_workers
+                                                else self.consumer, min_idle_ms=60_000)
         if claimed:
             log.info("claimed %d unrolls left pending by a stopped learner", claimed)
         if main:
