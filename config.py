@@ -96,6 +96,8 @@ class AgentConfig:
     landing_plane: bool = _f(False, "conv torso, connect four: add an input plane that marks each column's landing "
                              "cell (the empty cell a piece dropped there would take), so that one conv window "
                              "sees whether a three-in-a-row can be completed now")
+    threat_planes: bool = _f(False, "conv torso, connect four: add two input planes that mark, for each player, the "
+                             "empty cells that would complete a four-in-a-row (a threat, playable now or not)")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
@@ -455,6 +457,8 @@ def validate(cfg: Config) -> None:
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
         (not cfg.agent.landing_plane or (cfg.agent.torso == "conv" and cfg.env.name == "connect_four"),
          "agent.landing_plane needs agent.torso=conv and a game whose pieces fall (env.name=connect_four)"),
+        (not cfg.agent.threat_planes or (cfg.agent.torso == "conv" and cfg.env.name == "connect_four"),
+         "agent.threat_planes needs agent.torso=conv and env.name=connect_four (two piece planes, four in a row)"),
         (cfg.agent.padding == "valid" or cfg.agent.kernel_size % 2 == 1,
          "agent.padding=same needs an odd agent.kernel_size"),
         (cfg.run.wandb_mode in ("offline", "online", "disabled"), "run.wandb_mode must be offline, online or disabled"),

@@ -148,6 +148,8 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["learner.mirror_augment=sometimes"], "learner.mirror_augment='sometimes' must be random, both or none"),
     (["agent.landing_plane=true", "env.name=tictactoe"], "agent.landing_plane needs agent.torso=conv and a game "
                                                            "whose pieces fall"),
+    (["agent.threat_planes=true", "agent.torso=mlp"], "agent.threat_planes needs agent.torso=conv and "
+                                                      "env.name=connect_four"),
 ])
 def test_range_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -89,3 +89,72 @@ def test_a_landing_plane_network_takes_the_plain_two_plane_board():
     assert model.conv[0].in_channels == 3
     logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
     assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
+
+
+def _threats_by_enumeration(board):
+    """Reference for threat_cells: every window of four in the four directions, cell by cell."""
+    h, w, _ = board.shape
+    out = torch.zeros(h, w, 2)
+    for r in range(h):
+        for c in range(w):
+            for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+                cells = [(r + i * dr, c + i * dc) for i in range(4)]
+                if not all(0 <= y < h and 0 <= x < w for y, x in cells):
+                    continue
+                for p in (0, 1):
+                    mine = [board[y, x, p] == 1 for y, x in cells]
+                    theirs = [board[y, x, 1 - p] == 1 for y, x in cells]
+                    if sum(mine) == 3 and not any(theirs):
+                        y, x = cells[mine.index(False)]
+                        out[y, x, p] = 1
+    return out
+
+
+def test_threat_cells_mark_the_empty_cell_of_each_three_in_a_row():
+    """Row 0 at the top. Player 0 holds (5,0) (5,1) (5,2) and (5,6) (4,6) (3,6): threats (5,3) and (2,6).
+    Player 1 holds (4,1) (3,2) (2,3), an anti-diagonal whose lower end (5,0) is player 0's, and (5,4),
+    which blocks the window (5,1)-(5,4): its one threat is the upper end (1,4)."""
+    from agents.network import threat_cells
+
+    board = torch.zeros(6, 7, 2)
+    for r, c in ((5, 0), (5, 1), (5, 2), (5, 6), (4, 6), (3, 6)):
+        board[r, c, 0] = 1
+    for r, c in ((4, 1), (3, 2), (2, 3), (5, 4)):
+        board[r, c, 1] = 1
+    expected = torch.zeros(6, 7, 2)
+    expected[5, 3, 0] = expected[2, 6, 0] = 1
+    expected[1, 4, 1] = 1
+    torch.testing.assert_close(threat_cells(board[None])[0], expected)
+    torch.testing.assert_close(_threats_by_enumeration(board), expected)
+
+
+def test_threat_cells_agree_with_enumeration_over_random_games():
+    """Every position of 40 random connect-four games, as PettingZoo's observations, batched at once."""
+    import numpy as np
+    from pettingzoo.classic import connect_four_v3
+
+    from agents.network import threat_cells
+
+    rng = np.random.default_rng(0)
+    boards = []
+    env = connect_four_v3.raw_env()
+    for game in range(40):
+        env.reset(seed=game)
+        while not any(env.terminations.values()):
+            obs = env.observe(env.agent_selection)
+            boards.append(torch.tensor(obs["observation"]).float())
+            env.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+    batch = torch.stack(boards)
+    got = threat_cells(batch)
+    expected = torch.stack([_threats_by_enumeration(b) for b in batch])
+    assert expected.sum() > 50  # the games do make threats
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_threat_plane_network_takes_the_plain_two_plane_board():
+    cfg = AgentConfig(torso="conv", conv_layers=1, kernel_size=4, padding="valid", channels=8, hidden=16,
+                      landing_plane=True, threat_planes=True)
+    model = ActorCritic((6, 7, 2), 7, cfg)
+    assert model.conv[0].in_channels == 5
+    logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
+    assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
