@@ -129,7 +129,7 @@ def test_threat_cells_mark_the_empty_cell_of_each_three_in_a_row():
 
 
 def test_threat_cells_agree_with_enumeration_over_random_games():
-    """Every position of 40 random connect-four games, as PettingZoo's observations, batched at once."""
+    """Every position of 8 random connect-four games, as PettingZoo's observations, batched at once."""
     import numpy as np
     from pettingzoo.classic import connect_four_v3
 
@@ -138,7 +138,7 @@ def test_threat_cells_agree_with_enumeration_over_random_games():
     rng = np.random.default_rng(0)
     boards = []
     env = connect_four_v3.raw_env()
-    for game in range(40):
+    for game in range(8):
         env.reset(seed=game)
         while not any(env.terminations.values()):
             obs = env.observe(env.agent_selection)
@@ -147,7 +147,7 @@ def test_threat_cells_agree_with_enumeration_over_random_games():
     batch = torch.stack(boards)
     got = threat_cells(batch)
     expected = torch.stack([_threats_by_enumeration(b) for b in batch])
-    assert expected.sum() > 50  # the games do make threats
+    assert expected.sum() > 10  # the games do make threats
     torch.testing.assert_close(got, expected)
 
 
