@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from agents.heads import sample_actions
@@ -81,12 +82,13 @@ def test_landing_cells_mark_where_a_dropped_piece_would_land():
     assert got[:, 2].sum() == 0 and got[5, [0, 1, 3, 4, 5, 6]].tolist() == [1.0] * 6
 
 
-def test_a_landing_plane_network_takes_the_plain_two_plane_board():
-    """The plane is computed inside the network: observations stay PettingZoo's [N, 6, 7, 2]."""
+@pytest.mark.parametrize("landing, threats, in_channels", [(True, False, 3), (True, True, 5), (False, True, 4)])
+def test_extra_plane_networks_take_the_plain_two_plane_board(landing, threats, in_channels):
+    """The planes are computed inside the network: observations stay PettingZoo's [N, 6, 7, 2]."""
     cfg = AgentConfig(torso="conv", conv_layers=1, kernel_size=4, padding="valid", channels=8, hidden=16,
-                      landing_plane=True)
+                      landing_plane=landing, threat_planes=threats)
     model = ActorCritic((6, 7, 2), 7, cfg)
-    assert model.conv[0].in_channels == 3
+    assert model.conv[0].in_channels == in_channels
     logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
     assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
 
@@ -149,12 +151,3 @@ def test_threat_cells_agree_with_enumeration_over_random_games():
     expected = torch.stack([_threats_by_enumeration(b) for b in batch])
     assert expected.sum() > 10  # the games do make threats
     torch.testing.assert_close(got, expected)
-
-
-def test_a_threat_plane_network_takes_the_plain_two_plane_board():
-    cfg = AgentConfig(torso="conv", conv_layers=1, kernel_size=4, padding="valid", channels=8, hidden=16,
-                      landing_plane=True, threat_planes=True)
-    model = ActorCritic((6, 7, 2), 7, cfg)
-    assert model.conv[0].in_channels == 5
-    logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
-    assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
