@@ -137,7 +137,9 @@ def test_runs_lists_local_directories_and_shared_redis_runs_and_deletes_only_a_r
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_ends_the_run_within_seconds_with_a_checkpoint_and_exit_code_128_plus_n(tmp_path, run_name, sig):
-    proc = _start_train(tmp_path, run_name, "--set", "run.wandb_mode=offline")
+    # wandb (offline) with Ctrl-C only: its closing is part of "within seconds", and it adds seconds to each run.
+    wandb = "offline" if sig == signal.SIGINT else "disabled"
+    proc = _start_train(tmp_path, run_name, "--set", f"run.wandb_mode={wandb}")
     lines: list[str] = []
     try:
         _read_until(proc, TRAINING, lines)
@@ -146,7 +148,9 @@ def test_a_stop_signal_ends_the_run_within_seconds_with_a_checkpoint_and_exit_co
     finally:
         proc.kill()
     assert proc.returncode == 128 + sig, out
-    assert took < 8, f"took {took:.1f} s\n{out}"
+    # 2-4 s alone; up to 10 s seen with another test's run beside it (`pytest -n 2` on 2 cores). A run
+    # that waits out a timeout or a kill takes 30 s or more.
+    assert took < 15, f"took {took:.1f} s\n{out}"
     assert "learner done" in out and (tmp_path / run_name / "checkpoints" / "latest.safetensors").exists()
     assert f"`run.py train --resume {tmp_path / run_name}` continues it" in out
     assert "Traceback" not in out

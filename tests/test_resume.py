@@ -76,9 +76,9 @@ def test_a_resumed_run_continues_its_learning_rate_schedule_and_its_time_budget(
     first = resumed_records[0]
     # linear: lr * (1 - elapsed / 6 s); the resumed learner starts at elapsed >= 3 s, so at half or less.
     assert first["learning_rate"] <= LR * (1 - before["elapsed_s"] / BUDGET_S) + 1e-9
-    # Within 5 % or 0.24 s of the schedule (2e-5 of the learning rate when the budget was 12 s).
-    assert first["learning_rate"] == pytest.approx(LR * (1 - first["elapsed_s"] / BUDGET_S), rel=0.05,
-                                                   abs=LR * 0.24 / BUDGET_S)
+    # And no lower than the schedule at the record's time: the rate was set by the record's last update,
+    # between the resume and the record (a busy machine may put a second between them).
+    assert first["learning_rate"] >= LR * max(0.0, 1 - first["elapsed_s"] / BUDGET_S) - 1e-9
 
 
 def test_counters_and_the_time_axis_continue_across_the_resume_and_the_gap_is_not_drawn(resumed):
