@@ -275,6 +275,29 @@ def test_malformed_input_raises_decode_error_naming_the_problem(data, reason):
         decode_unroll(data, USPEC)
 
 
+def test_one_illegal_step_anywhere_in_a_batch_rejects_its_entry_alone():
+    """The batch-wide legality check looks each step's action up in the flat action_mask of all the
+    batch's unrolls. Random actions under masks that allow every action, in entries of 1-3 unrolls (so a
+    lookup in the wrong place would pass); then one step of one unroll made illegal: exactly its entry is
+    rejected, wherever the step is."""
+    rng = np.random.default_rng(0)
+    A = SPEC.num_actions
+    for _ in range(20):
+        unrolls = []
+        for _ in range(7):
+            unrolls.append({**UNROLL, "action_mask": np.ones((T + 1, A), np.uint8),
+                            "action": rng.integers(0, A, T).astype(np.int64)})
+        sizes = [2, 1, 3, 1]
+        entry_of = np.repeat(np.arange(len(sizes)), sizes)
+        u, t = rng.integers(len(unrolls)), rng.integers(T)
+        unrolls[u]["action_mask"][t, unrolls[u]["action"][t]] = 0
+        bounds = np.cumsum([0, *sizes])
+        entries = [encode_unrolls(unrolls[bounds[e]:bounds[e + 1]], **HEADER) for e in range(len(sizes))]
+        rejected = [isinstance(got, DecodeError) and "illegal under its own action_mask" in str(got)
+                    for got in decode_unrolls(entries, USPEC)]
+        assert rejected == [e == entry_of[u] for e in range(len(sizes))], (u, t)
+
+
 def test_a_batch_rejects_exactly_its_malformed_entries_each_with_its_own_reason():
     """The batched value checks reduce per unroll: every malformed entry of MALFORMED, each between two
     valid unrolls (one of them with a different reward), is rejected with the reason it gets alone, and
