@@ -14,10 +14,10 @@ Learner and worker speak over the worker's stdin and stdout: length-prefixed msg
 pickle. learner -> worker: the settings (first), {"slot": s} (fill slot s with a batch), {"release":
 s} (the update has trained on slot s's batch: ack it), or both in one message (ack it, then fill slot
 s again); closing stdin stops the worker. worker -> learner: {"slot": s, "meta": [offset, length]}
-(slot s is filled; its description, a msgpack map of the
-entry ids as [shard, id], the entries' `unrolls` and `policy_version`, and each array as [name, dtype,
-shape, byte offset], lies in the slot at offset), {"end": true} (an exploiter's run is over) or
-{"error": text, "redis": whether it lost Redis}. Every reply is a few dozen bytes, so a worker never
+(slot s is filled; its description, a msgpack map of the entry ids as [shard, id], the entries'
+`unrolls` and `policy_version`, and each array as [name, dtype, shape, byte offset], lies in the slot
+at offset), {"end": true} (an exploiter's run is over) or {"error": text, "redis": whether it lost
+Redis}. Every reply is a few dozen bytes, so a worker never
 waits on a full pipe.
 
     python -m distributed.ingest_workers   # started by the learner, never by hand
