@@ -102,6 +102,12 @@ class AgentConfig:
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
                             "in this many channels, smaller ones one-hot")
+    core: str = _f("none", "recurrent core between the torso and the heads: none (feedforward: acts on the current "
+                   "observation alone) or lstm (IMPALA's: remembers across steps; the state is carried across "
+                   "unrolls, and what lies further back than one unroll is reached only through it)")
+    core_size: int = _f(256, "lstm core: hidden and cell size")
+    core_inputs: Optional[bool] = _f(None, "lstm core: also feed it the previous action (one-hot) and the previous "
+                                     "reward clipped to [-1, 1], as IMPALA does; null = on")
 
 
 @dataclass
@@ -452,6 +458,8 @@ def validate(cfg: Config) -> None:
         ((cfg.agent.torso == "fullyconv") == cfg.env.name.startswith("sc2:"),
          "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
+        (cfg.agent.core in ("none", "lstm"), f"agent.core={cfg.agent.core!r} must be none or lstm"),
+        (1 <= cfg.agent.core_size <= 65536, "agent.core_size must be in [1, 65536]"),
         (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
          "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),
