@@ -4,7 +4,13 @@ Names:
 * `connect_four`, `tictactoe`: PettingZoo classic board games (turn-based, two seats).
 * `battle`: MAgent2's `battle_v4`, two teams (`red`, `blue`) of many units acting at once.
 * `mpe:<scenario>`: an MPE2 scenario, e.g. `mpe:simple_tag` (adversaries vs agents).
-* `gym:<id>`: any registered gymnasium env, e.g. `gym:CartPole-v1` (one agent).
+* `cue_recall`: a built-in memory task (envs/memory.py, one agent): name, after a delay, the cue seen
+  at the episode's first step; kwargs `num_cues`, `delay_min`, `delay_max`.
+* `gym:<id>`: any registered gymnasium env, e.g. `gym:CartPole-v1` (one agent). POPGym's ids
+  (`gym:popgym-RepeatPreviousEasy-v0`) import the `popgym` package when first named.
+* `popgym:<Env>`: a POPGym memory task (Morad et al. 2023), e.g. `popgym:RepeatPreviousEasy`,
+  `popgym:PositionOnlyCartPoleEasy`: the gymnasium env `popgym-<Env>-v0` (one agent). Its rewards are
+  POPGym's, scaled so that an episode's return lies in [-1, 1].
 * `pettingzoo:<module>`: any PettingZoo env module by import path, e.g.
   `pettingzoo:pettingzoo.classic.go_v5`; its `parallel_env` is used where it has one, else its `env`.
 * `sc2:<map>`: StarCraft II through pysc2 (envs/sc2_wrappers/), e.g. `sc2:MoveToBeacon`, `sc2:Simple64`;
@@ -28,6 +34,7 @@ import numpy as np
 
 from envs.aec import AECAdapter
 from envs.base import EnvSpec
+from envs.memory import CUE_RECALL_VERSION, CueRecall
 from envs.parallel import ParallelAdapter, single_agent_adapter
 from envs.spaces import ObsEncoder, UnsupportedSpace, num_actions, observation_encoder
 
@@ -57,8 +64,8 @@ _BOARD_GAMES = {
     "connect_four": ("pettingzoo.classic.connect_four_v3", dict(mirror_axis=1, mirror_actions=tuple(range(6, -1, -1)))),
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
-ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle")
-PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:", "sc2:")
+ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle", "cue_recall")
+PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
 
 
 def _import(module: str, name: str):
@@ -81,6 +88,22 @@ def _mpe_module(name: str, scenario: str) -> str:
                            if re.fullmatch(r"\w+_v\d+", m.name))
         raise ValueError(f"unknown MPE scenario '{scenario}' in env '{name}'; valid: {', '.join(scenarios)}")
     return f"mpe2.{found[-1][1]}"
+
+
+def _popgym_id(name: str, env: str) -> str:
+    """The gymnasium id `popgym-<env>-v0` of a POPGym env (importing `popgym` registers them), or a
+    ValueError naming the closest POPGym env."""
+    _import("popgym", name)
+    import gymnasium
+
+    env_id = f"popgym-{env}-v0"
+    if env_id in gymnasium.registry:
+        return env_id
+    envs = sorted(i[len("popgym-"):-len("-v0")] for i in gymnasium.registry if re.fullmatch(r"popgym-.+-v0", i))
+    lowered = {e.lower(): e for e in envs}
+    close = difflib.get_close_matches(env.lower(), list(lowered), n=1, cutoff=0.5)
+    hint = f"did you mean 'popgym:{lowered[close[0]]}'?" if close else f"valid: {', '.join(envs)}"
+    raise ValueError(f"unknown POPGym env '{env}' in env '{name}'; {hint}")
 
 
 def _team(agent: str) -> str:
@@ -226,17 +249,28 @@ def _game(name: str, kwargs_json: str, seats_json: str = "null") -> _Game:
             raise ValueError(f"env '{name}': module '{module_name}' has neither parallel_env() nor env()")
         return _probe(name, "parallel" if fn == "parallel_env" else "aec", _module_factory(module, fn, kwargs),
                       module_name.rsplit(".", 1)[-1], declared=declared)
-    if name.startswith("gym:"):
+    if name == "cue_recall":
+        def make_cue_recall(render_mode: Optional[str] = None):
+            return CueRecall(**kwargs, render_mode=render_mode)
+        return _probe(name, "gym", make_cue_recall, CUE_RECALL_VERSION, declared=declared)
+    if name.startswith("gym:") or name.startswith("popgym:"):
         import gymnasium
 
-        env_id = name[4:]
+        if name.startswith("popgym:"):
+            env_id = _popgym_id(name, name[len("popgym:"):])
+        else:
+            env_id = name[4:]
+            if env_id.startswith("popgym-") and env_id not in gymnasium.registry:
+                _import("popgym", name)  # registers the popgym-* ids
         if env_id not in gymnasium.registry:
             close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
             hint = f"; did you mean 'gym:{close[0]}'?" if close else ""
             raise ValueError(f"unknown gymnasium env id '{env_id}'{hint}")
 
         def make(render_mode: Optional[str] = None):
-            return gymnasium.make(env_id, render_mode=render_mode, **kwargs)
+            # render_mode only when asked for: POPGym's constructors take no render_mode argument
+            extra = {} if render_mode is None else {"render_mode": render_mode}
+            return gymnasium.make(env_id, **kwargs, **extra)
         return _probe(name, "gym", make, env_id, declared=declared)
     if name.startswith("sc2:"):
         from envs.sc2_wrappers.env import sc2_spec
