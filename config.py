@@ -415,6 +415,11 @@ def learners_in_flight(learner: LearnerConfig) -> int:
     return ((learner.num_learners - 1) * (learner.prefetch_batches + 1) + 1) * learner.batch_size
 
 
+def core_size(agent: AgentConfig) -> int:
+    """Floats per half of the recurrent state an unroll carries (agent.core_size; 0 without a core)."""
+    return 0 if agent.core == "none" else agent.core_size
+
+
 def replayed_per_batch(learner: LearnerConfig) -> int:
     """k: unrolls of each batch of B drawn from the replay, round(replay_fraction * B), at most B - 1 so
     that every update trains on at least one fresh unroll."""
@@ -460,6 +465,10 @@ def validate(cfg: Config) -> None:
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
         (cfg.agent.core in ("none", "lstm"), f"agent.core={cfg.agent.core!r} must be none or lstm"),
         (1 <= cfg.agent.core_size <= 65536, "agent.core_size must be in [1, 65536]"),
+        (cfg.agent.core == "none" or cfg.learner.mirror_augment == "none"
+         or cfg.env.name not in ("connect_four", "tictactoe"),
+         f"agent.core={cfg.agent.core} needs learner.mirror_augment=none on {cfg.env.name}: a reflected unroll would "
+         "start from the core state of the game as it was played, not as reflected"),
         (cfg.actor.epsilon == 0 or not cfg.env.name.startswith("sc2:"),
          "actor.epsilon must be 0 for StarCraft II envs (their actions are FunctionCalls, not one Discrete)"),
         (cfg.agent.padding in ("same", "valid"), "agent.padding must be same or valid"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import config
 from agents.spec import checked_spec
-from config import Config, ConfigError
+from config import Config, ConfigError, core_size
 from distributed.codec import UnrollSpec
 from evaluation.bots import make_bot
 
@@ -26,7 +26,7 @@ def check(cfg: Config) -> Config:
     cannot play the game, or stream entries of `actor.send_batch` unrolls over the decoder's size limit.
     """
     spec = checked_spec(cfg)
-    most = UnrollSpec(spec, cfg.actor.unroll_length).max_unrolls_per_entry
+    most = UnrollSpec(spec, cfg.actor.unroll_length, core_size(cfg.agent)).max_unrolls_per_entry
     if cfg.actor.send_batch > most:
         raise ConfigError(f"actor.send_batch={cfg.actor.send_batch}: a stream entry of {spec.name} unrolls of length "
                           f"{cfg.actor.unroll_length} holds at most {most} (MAX_MESSAGE_BYTES): lower it")

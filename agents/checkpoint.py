@@ -139,6 +139,29 @@ def save_model_only(path: str | Path, tensors: dict[str, torch.Tensor], metadata
     durable_replace(tmp, path)
 
 
+def describe_core(agent: dict | object) -> str:
+    """`none`, or `lstm (core_size N)`, of an AgentConfig or its dict."""
+    get = agent.get if isinstance(agent, dict) else lambda k, d=None: getattr(agent, k, d)
+    core = get("core", "none") or "none"
+    return core if core == "none" else f"{core} (core_size {get('core_size', 256)})"
+
+
+def check_core(metadata: dict[str, str], cfg, path: str | Path) -> None:
+    """Raises CheckpointError naming both when the checkpoint's network has another recurrent core
+    (agent.core, agent.core_size) than `cfg` (a Config) describes; a checkpoint written before cores
+    existed has none."""
+    import yaml
+
+    try:
+        saved = (yaml.safe_load(metadata["config"]) or {}).get("agent") or {}
+    except yaml.YAMLError:
+        return  # the config's own loading reports it
+    if describe_core(saved) != describe_core(cfg.agent):
+        raise CheckpointError(f"{path} holds a network with core {describe_core(saved)}, this config asks for core "
+                              f"{describe_core(cfg.agent)}: set agent.core and agent.core_size as the checkpoint's "
+                              "run had them, or start a new run")
+
+
 def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The network's state dict from a checkpoint's tensors (names without the `model.` prefix)."""
     return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}

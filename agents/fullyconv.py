@@ -17,7 +17,8 @@ import torch
 from pysc2.lib import features
 from torch import nn
 
-from agents.network import mask_logits
+from agents.core import Network
+from agents.network import make_core, mask_logits
 from config import AgentConfig
 from envs.sc2_wrappers.actions import FunctionCallCodec
 from envs.sc2_wrappers.observation import (MINIMAP, NUM_PLAYER_FEATURES, PLAYER, SCREEN,
@@ -29,13 +30,15 @@ def _tower(in_channels: int) -> nn.Sequential:
                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU())
 
 
-class FullyConv(nn.Module):
+class FullyConv(Network):
     """pi(a|s) over pysc2 FunctionCalls (one logit tensor per head of `codec`) and V(s).
 
     Args:
       spec: observation sizes; spec.screen_size must equal spec.minimap_size.
       codec: the action heads (same sizes as `spec`).
-      cfg: `sc2_embed_dim` (categorical layers) and `hidden` (the dense layer, 256 in the paper).
+      cfg: `sc2_embed_dim` (categorical layers), `hidden` (the dense layer, 256 in the paper) and the
+        core: an LSTM on the flat path after the dense layer (SC2LE's "FullyConv LSTM"); the spatial
+        heads read the state as before.
 
     Raises ValueError if screen and minimap sizes differ.
     """
@@ -54,24 +57,31 @@ class FullyConv(nn.Module):
         spatial = [h.name for h in codec.heads if h.side]
         self.spatial_policy = nn.Conv2d(state_channels, len(spatial), 1)
         self.fc = nn.Sequential(nn.Linear(state_channels * spec.screen_size ** 2, cfg.hidden), nn.ReLU())
-        self.head_layers = nn.ModuleList(
-            nn.Linear(cfg.hidden, h.size) for h in codec.heads if not h.side)
-        self.baseline = nn.Linear(cfg.hidden, 1)
+        self.core = make_core(cfg, cfg.hidden, codec.heads[0].size)
+        out = cfg.hidden if self.core is None else cfg.core_size
+        self.head_layers = nn.ModuleList(nn.Linear(out, h.size) for h in codec.heads if not h.side)
+        self.baseline = nn.Linear(out, 1)
 
-    def forward(self, obs: dict[str, torch.Tensor], action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """obs: screen [N, C_s, S, S] and minimap [N, C_m, S, S] integer layers, player float [N, 11]
-        (envs/sc2_wrappers/observation.py); action_mask: available_actions [N, 573], 0/1.
-
-        Returns (logits float32 [N, sum of head sizes]: the codec's heads side by side, in its order,
-        unavailable function ids at MASKED_LOGIT; baseline float32 [N]).
-        """
+        (envs/sc2_wrappers/observation.py) -> (the flat path's features [N, hidden], the spatial heads'
+        logits, [N, S*S] each)."""
         screen = self.screen_tower(self.screen_features(obs[SCREEN]))
         minimap = self.minimap_tower(self.minimap_features(obs[MINIMAP]))
         player = obs[PLAYER].float()[:, :, None, None].expand(-1, -1, *screen.shape[2:])
         state = torch.cat([screen, minimap, player], 1)
-        spatial = iter(self.spatial_policy(state).flatten(2).unbind(1))  # per spatial head [N, S*S]
-        hidden = self.fc(state.flatten(1))
+        return self.fc(state.flatten(1)), list(self.spatial_policy(state).flatten(2).unbind(1))
+
+    def decode(self, hidden: torch.Tensor, spatial: list[torch.Tensor],
+               action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [N, hidden or core_size]; spatial as `encode` gives it; action_mask: available_actions
+        [N, 573], 0/1.
+
+        Returns (logits float32 [N, sum of head sizes]: the codec's heads side by side, in its order,
+        unavailable function ids at MASKED_LOGIT; baseline float32 [N]).
+        """
+        spatial_logits = iter(spatial)
         dense = iter(layer(hidden) for layer in self.head_layers)
-        logits = [next(spatial) if h.side else next(dense) for h in self.codec.heads]
+        logits = [next(spatial_logits) if h.side else next(dense) for h in self.codec.heads]
         logits[0] = mask_logits(logits[0], action_mask)
         return torch.cat(logits, -1), self.baseline(hidden).squeeze(-1)

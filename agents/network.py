@@ -1,4 +1,5 @@
-"""Actor-critic networks: a torso (conv or MLP), a policy head with action masking, a baseline head."""
+"""Actor-critic networks: a torso (conv or MLP), an optional recurrent core, a policy head with action
+masking, a baseline head."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from agents.core import LSTMCore, Network
 from config import AgentConfig
 
 # Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay
@@ -17,6 +19,13 @@ MASKED_LOGIT = -1e9
 def mask_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """logits [..., A] float; action_mask [..., A] (bool or 0/1). Illegal entries become MASKED_LOGIT."""
     return logits.masked_fill(action_mask == 0, MASKED_LOGIT)
+
+
+def make_core(cfg: AgentConfig, input_size: int, num_actions: int) -> LSTMCore | None:
+    """The core `cfg.core` asks for over features of `input_size`: None (`none`) or an LSTMCore."""
+    if cfg.core == "none":
+        return None
+    return LSTMCore(input_size, cfg.core_size, num_actions, cfg.core_inputs is not False)
 
 
 def landing_cells(board: torch.Tensor) -> torch.Tensor:
@@ -58,13 +67,14 @@ def threat_cells(board: torch.Tensor, length: int = 4) -> torch.Tensor:
     return ((cells > 0) & empty).to(x.dtype).permute(0, 2, 3, 1)
 
 
-class ActorCritic(nn.Module):
-    """pi(a|x) and V(x) for one agent's observation.
+class ActorCritic(Network):
+    """pi(a|x) and V(x) for one agent's observation: a torso (conv or MLP), an optional recurrent core
+    (`cfg.core`, agents/core.py), a policy head and a baseline head.
 
     Args:
       obs_shape: one observation's shape; boards are channels-last (H, W, C) as PettingZoo gives them.
       num_actions: A, the size of the Discrete action space.
-      cfg: torso choice and sizes.
+      cfg: torso choice and sizes, and the core.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig):
@@ -94,14 +104,14 @@ class ActorCritic(nn.Module):
             for a, b in zip(sizes[:-1], sizes[1:]):
                 layers += [nn.Linear(a, b), nn.ReLU()]
             self.fc = nn.Sequential(*layers)
-        self.policy = nn.Linear(cfg.hidden, num_actions)
-        self.baseline = nn.Linear(cfg.hidden, 1)
+        self.core = make_core(cfg, cfg.hidden, num_actions)
+        out = cfg.hidden if self.core is None else cfg.core_size
+        self.policy = nn.Linear(out, num_actions)
+        self.baseline = nn.Linear(out, 1)
 
-    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [N, *obs_shape] (any numeric dtype; uint8 means an image, scaled to [0, 1]); action_mask [N, A].
-
-        Returns (policy_logits [N, A] float32 with illegal actions at MASKED_LOGIT, baseline [N] float32).
-        """
+    def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The torso: obs [N, *obs_shape] (any numeric dtype; uint8 means an image, scaled to [0, 1]) ->
+        features [N, hidden]."""
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
         if self.conv is not None:
             extra = [landing_cells(x)] if self.landing_plane else []
@@ -110,8 +120,12 @@ class ActorCritic(nn.Module):
                 x = torch.cat([x, *extra], -1)
             # channels-last is the layout the board already has, and oneDNN's conv runs faster on it
             x = self.conv(x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last))
-        x = self.fc(x.flatten(1))
-        return mask_logits(self.policy(x), action_mask), self.baseline(x).squeeze(-1)
+        return self.fc(x.flatten(1)), None
+
+    def decode(self, features: torch.Tensor, extra: None, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads: features [N, hidden or core_size]; action_mask [N, A] -> (policy_logits [N, A]
+        float32 with illegal actions at MASKED_LOGIT, baseline [N] float32)."""
+        return mask_logits(self.policy(features), action_mask), self.baseline(features).squeeze(-1)
 
 
 def explore(logits: torch.Tensor, action_mask: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:

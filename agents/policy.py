@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint
+from agents.core import CoreStates
 from agents.heads import sample_actions
 from agents.network import ActorCritic
 from agents.spec import checked_spec
@@ -19,6 +20,10 @@ from envs.registry import EnvSpec
 class Policy:
     """pi(a|x) of one checkpoint, on the CPU.
 
+    A network with a recurrent core (`recurrent`) remembers: each stream of observations (a game's
+    seat; `act` plays stream 0) carries its core state from call to call, and `reset` starts a new
+    episode. Feedforward policies act on the observation alone; `reset` and `settle` do nothing for them.
+
     Attributes: `config` (the run's resolved Config), `spec` (its EnvSpec), `model` (ActorCritic).
     """
 
@@ -27,14 +32,38 @@ class Policy:
         self.config = config
         self.spec = spec
         self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+        self.cores = CoreStates(model.core.core_size) if model.core is not None else None
+
+    @property
+    def recurrent(self) -> bool:
+        return self.cores is not None
+
+    def reset(self, stream: Hashable | None = None) -> None:
+        """Start a new episode for `stream` (None: every stream)."""
+        if self.cores is not None:
+            if stream is None:
+                self.cores.streams.clear()
+            else:
+                self.cores.reset(stream)
+
+    def settle(self, stream: Hashable, reward: float, done: bool = False) -> None:
+        """The reward `stream` received since its last action (the core's last-reward input), and
+        whether its episode ended there (then its next action starts from a fresh state)."""
+        if self.cores is not None:
+            if done:
+                self.cores.reset(stream)
+            else:
+                self.cores.add_reward(stream, reward)
 
     def act(self, observation: np.ndarray | Mapping[str, np.ndarray], action_mask: np.ndarray | None = None,
-            greedy: bool = True) -> int:
-        """One agent's action (greedy: the most likely legal one; else sampled from pi).
+            greedy: bool = True, reward: float = 0.0) -> int:
+        """One agent's action (greedy: the most likely legal one; else sampled from pi). With a recurrent
+        core the calls form one episode (stream 0) until `reset()`.
 
         observation: an array of `spec.obs_shape`, or PettingZoo's observation dict
           `{"observation": array, "action_mask": [A] of 0/1}` (what `env.last()` / `env.observe` give).
         action_mask: [A] of 0/1; None = the dict's mask, or every action legal.
+        reward: the reward received since the previous call (a recurrent core with core inputs reads it).
 
         Raises ValueError: an observation or mask of the wrong shape, a mask without a legal action,
           or a mask given both in the dict and as `action_mask`.
@@ -48,17 +77,32 @@ class Policy:
                                  "give it once")
             observation, action_mask = observation["observation"], observation["action_mask"]
         mask = np.ones(self.spec.num_actions, np.uint8) if action_mask is None else np.asarray(action_mask)
-        return int(self.act_batch(np.asarray(observation)[None], mask[None], greedy)[0])
+        self.settle(0, reward)
+        return int(self.act_batch(np.asarray(observation)[None], mask[None], greedy, streams=[0])[0])
 
-    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray, greedy: bool = True) -> np.ndarray:
+    def act_batch(self, observations: np.ndarray, action_masks: np.ndarray, greedy: bool = True,
+                  streams: Sequence[Hashable] | None = None) -> np.ndarray:
         """Actions [N] int64 for observations [N, *obs_shape] and action_masks [N, A] (0/1).
 
-        Raises ValueError: a shape that does not fit the policy's env, or a mask without a legal action.
+        streams: with a recurrent core, the stream each row continues (e.g. (game, agent)); rewards and
+          episode ends reach it through `settle`. Required then: a recurrent policy given none raises
+          ValueError rather than act without its memory.
+
+        Raises ValueError: a shape that does not fit the policy's env, a mask without a legal action, or
+          a recurrent policy without `streams` (or with a number of them other than N).
         """
         observations, action_masks = self._check(np.asarray(observations), np.asarray(action_masks))
+        core = None
+        if self.cores is not None:
+            if streams is None or len(streams) != len(observations):
+                raise ValueError(f"this policy has a recurrent core ({self.config.agent.core}): act_batch needs one "
+                                 f"stream key per row (streams=...), got {None if streams is None else len(streams)}")
+            core = self.cores.gather(list(streams))
         with torch.no_grad():
-            logits, _ = self.model(torch.as_tensor(observations), torch.as_tensor(action_masks))
+            logits, _, state = self.model.step(torch.as_tensor(observations), torch.as_tensor(action_masks), core)
         actions = sample_actions(logits, self.generator, temperature=0.0 if greedy else 1.0)
+        if state is not None:
+            self.cores.advance(list(streams), state, actions.tolist())
         return actions.numpy()
 
 

@@ -22,8 +22,9 @@ import redis
 import torch
 from safetensors import SafetensorError
 
+from agents.core import CoreStates
 from agents.heads import make_model, policy_head
-from config import Config, ConfigError
+from config import Config, ConfigError, core_size
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
@@ -112,6 +113,8 @@ class UnrollBuffer:
     observation: `observe` returns the finished unroll and step T becomes step 0 of the next one.
     A step settled as truncated keeps its final observation; the unroll carries them as `final_obs`
     (see UnrollSpec), since the step's successor in `obs` is then the next episode's first observation.
+    With a recurrent core, `observe` is given the stream's core input before the step (`core`) and keeps
+    it when that step is an unroll's step 0, the bootstrap step T included: it is step 0 of the next one.
     """
 
     def __init__(self, spec: UnrollSpec):
@@ -123,9 +126,13 @@ class UnrollBuffer:
         self.n = 0  # observed steps in the current unroll
         self.finals: dict[int, np.ndarray | dict[str, np.ndarray]] = {}  # step -> final observation
 
-    def observe(self, obs: np.ndarray | dict[str, np.ndarray], action_mask: np.ndarray) -> dict[str, np.ndarray] | None:
-        """obs: one array, or a dict of named arrays (stored as `obs.<name>`, see UnrollSpec)."""
+    def observe(self, obs: np.ndarray | dict[str, np.ndarray], action_mask: np.ndarray,
+                core: tuple[np.ndarray, int, float] | None = None) -> dict[str, np.ndarray] | None:
+        """obs: one array, or a dict of named arrays (stored as `obs.<name>`, see UnrollSpec). core: the
+        stream's (state [2, core_size], last action, last reward) before this step, with a recurrent core."""
         a = self.arrays
+        if self.n == 0 and core is not None:
+            self._keep_core(core)
         for name, value in (obs.items() if isinstance(obs, dict) else [("", obs)]):
             a[f"obs.{name}" if name else "obs"][self.n] = value
         a["action_mask"][self.n] = action_mask
@@ -138,7 +145,15 @@ class UnrollBuffer:
             a[name][0] = a[name][self.T]
         self.n = 1
         self.finals = {}
+        if core is not None:
+            self._keep_core(core)
         return unroll
+
+    def _keep_core(self, core: tuple[np.ndarray, int, float]) -> None:
+        state, last_action, last_reward = core
+        self.arrays["core_state"][0] = state
+        self.arrays["last_action"][0] = last_action
+        self.arrays["last_reward"][0] = last_reward
 
     def _final_arrays(self) -> dict[str, np.ndarray]:
         """`final_obs` ([N, ...] per name) of this unroll's truncated steps, in step order; none when N = 0."""
@@ -306,7 +321,7 @@ class Actor:
         self.stopping = False
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
+        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
         self.token = uuid.uuid4().hex[:8]  # unroll ids stay unique across restarts of this actor id
         # The id is this process's alone while it runs (see claim_actor_id); the seeds derive from it.
         self.identity, self.actor_id, self.start = claim_actor_id(
@@ -321,6 +336,9 @@ class Actor:
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
         self.head = policy_head(self.spec)
+        # A recurrent core's input per (env, agent) slot, whoever plays it this episode: carried from
+        # step to step and across unrolls, zeroed when the slot's episode ends.
+        self.cores = CoreStates(core_size(cfg.agent)) if core_size(cfg.agent) else None
         # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
         # policy as it is, others see the positions that off-policy moves lead to.
         self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
@@ -449,12 +467,17 @@ class Actor:
                 for s in step.settlements:  # they all belong to the episode the opponent was drawn for
                     if self.learns(i, s.agent):
                         self.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
+                    if self.cores is not None:
+                        if s.done or s.truncated:
+                            self.cores.reset((i, s.agent))
+                        else:
+                            self.cores.add_reward((i, s.agent), s.reward)
                 if step.episodes:
                     episodes += [self.result(i, e) for e in step.episodes]
                     self.start_episode(i)
                 for agent, obs, mask in zip(step.agents, step.observations, step.action_masks):
                     if self.learns(i, agent):
-                        unroll = self.buffers[i][agent].observe(obs, mask)
+                        unroll = self.buffers[i][agent].observe(obs, mask, self.core_record(i, agent))
                         if unroll is not None:
                             unrolls.append(unroll)
             self.report(episodes)
@@ -468,6 +491,13 @@ class Actor:
             for i, env in enumerate(self.envs):
                 env.act(actions[i])
                 steps[i] = env.advance()
+
+    def core_record(self, i: int, agent: int) -> tuple[np.ndarray, int, float] | None:
+        """What an unroll of env i's agent keeps of its core input before this step (None: no core)."""
+        if self.cores is None:
+            return None
+        state, last_action, last_reward = self.cores.get((i, agent))
+        return state.numpy(), last_action, last_reward
 
     def choose_actions(self, steps: list) -> list[list[int]]:
         """Per env, one action per acting agent: the learner's (recorded in its unroll buffer) or its
@@ -483,8 +513,10 @@ class Actor:
                     by_opponent.setdefault(id(self.opponent_policy[i]), []).append((i, k))
         if learning:
             obs, masks = self.stack(steps, learning)
-            logits = self.forward(self.model, obs, masks)
+            keys = [(i, steps[i].agents[k]) for i, k in learning]
+            logits, state = self.forward(self.model, obs, masks, keys)
             drawn, behaviour = self.head.sample(logits, masks, self.epsilons[[i for i, _ in learning]], self.rng)
+            self.advance_cores(keys, state, drawn)
             chosen, behaviour_np = drawn.numpy(), behaviour.numpy()
             for n, (i, k) in enumerate(learning):
                 self.buffers[i][steps[i].agents[k]].record_action(chosen[n], behaviour_np[n])
@@ -493,8 +525,11 @@ class Actor:
             policy = self.opponent_policy[pairs[0][0]]
             if isinstance(policy, torch.nn.Module):
                 obs, masks = self.stack(steps, pairs)
-                chosen = self.head.play(self.forward(policy, obs, masks), self.rng,
-                                        self.cfg.league.opponent_temperature).numpy()
+                keys = [(i, steps[i].agents[k]) for i, k in pairs]
+                logits, state = self.forward(policy, obs, masks, keys)
+                drawn = self.head.play(logits, self.rng, self.cfg.league.opponent_temperature)
+                self.advance_cores(keys, state, drawn)
+                chosen = drawn.numpy()
             else:  # a bot, for all its envs at once
                 chosen = policy.act_batch(np.stack([steps[i].observations[k] for i, k in pairs]),
                                           np.stack([steps[i].action_masks[k] for i, k in pairs])).tolist()
@@ -513,11 +548,18 @@ class Actor:
             obs = torch.from_numpy(np.stack(observations))
         return obs, torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs]))
 
-    @staticmethod
-    def forward(model: torch.nn.Module, obs, masks: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: torch.nn.Module, obs, masks: torch.Tensor,
+                keys: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`model`'s logits for the agents `keys` ((env, agent) slots) and, with a core, their states after
+        this step (None without)."""
         with torch.no_grad():
-            logits, _ = model(obs, masks)
-        return logits
+            logits, _, state = model.step(obs, masks, None if self.cores is None else self.cores.gather(keys))
+        return logits, state
+
+    def advance_cores(self, keys: list[tuple[int, int]], state: torch.Tensor | None, drawn: torch.Tensor) -> None:
+        """Carry the slots' core states past the actions `drawn` ([N], or [N, H]: head 0 is fed back)."""
+        if state is not None:
+            self.cores.advance(keys, state, (drawn if drawn.dim() == 1 else drawn[:, 0]).tolist())
 
     def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
         """XADD finished unrolls, `actor.send_batch` to a stream entry, after waiting for room; sync

@@ -33,7 +33,8 @@ from envs.registry import EnvSpec
 if TYPE_CHECKING:
     import torch
 
-SCHEMA = "impala-unroll/3"  # 2: `truncated`, `final_obs`, header `compression`; 3: n unrolls per entry
+SCHEMA = "impala-unroll/4"  # 2: `truncated`, `final_obs`, header `compression`; 3: n unrolls per entry;
+# 4: the recurrent core's `core_state`, `last_action`, `last_reward`
 MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it, or decompressing to it
 
 
@@ -58,6 +59,14 @@ class UnrollSpec:
                                                    left out when N = 0, decoded as [0, *obs_shape])
     behaviour_logits [T, A]            float32    (mu's masked logits, MASKED_LOGIT on illegal actions)
 
+    With a recurrent core (`core_size` > 0, agent.core=lstm; agents/core.py), three more, each of one
+    row (the time axis of length 1 keeps them time-major with the rest):
+    core_state      [1, 2, core_size]  float32    (the stream's LSTM (h, c) before step 0: zeros when
+                                                   step 0 starts an episode)
+    last_action     [1]                int64      (the stream's action before step 0, head 0's for
+                                                   multi-head actions; -1 at an episode start)
+    last_reward     [1]                float32    (the reward of that action's step; 0 at an episode start)
+
     Termination is `done & ~truncated` (discount 0). `truncated` costs 1 byte per step; `final_obs`
     one observation per time-limited episode (see docs/architecture.md for the numbers).
 
@@ -76,6 +85,7 @@ class UnrollSpec:
 
     env: EnvSpec
     unroll_length: int
+    core_size: int = 0
 
     @cached_property  # the decoder reads it several times per unroll
     def arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -86,6 +96,10 @@ class UnrollSpec:
             obs = {f"obs.{name}": (dtype, (T + 1, *shape)) for name, shape, dtype in self.env.obs_arrays}
         behaviour = {"behaviour_logits": (np.dtype(np.float32), (T, A))} if heads is None else {
             "behaviour_log_probs": (np.dtype(np.float32), (T, len(heads)))}
+        core = {} if not self.core_size else {
+            "core_state": (np.dtype(np.float32), (1, 2, self.core_size)),
+            "last_action": (np.dtype(np.int64), (1,)),
+            "last_reward": (np.dtype(np.float32), (1,))}
         return {
             **obs,
             "action_mask": (np.dtype(np.uint8), (T + 1, A)),
@@ -94,6 +108,7 @@ class UnrollSpec:
             "done": (np.dtype(np.uint8), (T,)),
             "truncated": (np.dtype(np.uint8), (T,)),
             **behaviour,
+            **core,
         }
 
     @cached_property
@@ -281,7 +296,8 @@ def _check_header(header: Any, spec: UnrollSpec) -> None:
             and all(type(header[name]) is typ for name, typ in HEADER_FIELDS.items())):
         _check_header_fields(header)
     if header["schema"] != SCHEMA:
-        raise DecodeError(f"schema '{header['schema']}' is not '{SCHEMA}'")
+        raise DecodeError(f"schema '{header['schema']}' is not '{SCHEMA}': the actor that sent it runs another "
+                          "version of this code; a run's actors and learners must run the same one")
     if header["env"] != spec.env.name:
         raise DecodeError(f"unroll is for env '{header['env']}', this learner trains '{spec.env.name}'")
     if header["compression"] not in COMPRESSIONS:
@@ -351,8 +367,9 @@ def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
     sizes = [len(e["reward"]) for e in entries]
     U = sum(sizes)
     floats = [name for name, (dtype, _) in {**spec.arrays, **spec.final_arrays}.items() if dtype.kind == "f"]
+    core = ("last_action",) if spec.core_size else ()
     rows = {name: np.concatenate([e[name] for e in entries])
-            for name in ("truncated", "done", "action", "action_mask", *floats)}
+            for name in ("truncated", "done", "action", "action_mask", *core, *floats)}
     if _all_valid(rows, floats, spec, U):
         return [None] * len(entries)
     owner = np.repeat(np.arange(len(entries)), sizes)  # entry of each unroll
@@ -372,6 +389,9 @@ def _value_errors(entries: list[dict[str, np.ndarray]], spec: UnrollSpec) -> lis
     action = rows["action"].reshape(U, T, -1)  # [U, T, 1] or [U, T, H]
     checks.append((f"action out of range [0, {heads or A})",
                    ((action < 0) | (action >= (A if heads is None else np.asarray(heads)))).any((1, 2))))
+    if spec.core_size:
+        last = rows["last_action"].reshape(U)
+        checks.append((f"last_action out of range [-1, {A})", (last < -1) | (last >= A)))
     mask = rows["action_mask"].reshape(U, T + 1, A)
     checks.append(("done and action_mask must be 0 or 1", (done > 1).any(1) | (mask > 1).any((1, 2))))
     head0 = np.clip(action[:, :, 0], 0, A - 1)  # multi-head: the mask is over head 0
@@ -397,6 +417,9 @@ def _all_valid(rows: dict[str, np.ndarray], floats: list[str], spec: UnrollSpec,
     if done.max(initial=0) > 1 or mask.max(initial=0) > 1 or (truncated > done).any():  # (truncated <= done <= 1)
         return False
     if not all(np.isfinite(rows[name].sum()) for name in floats):
+        return False
+    if "last_action" in rows and (rows["last_action"].min(initial=0) < -1
+                                  or rows["last_action"].max(initial=0) >= A):
         return False
     action = rows["action"].reshape(U, T, -1)
     if action.min(initial=0) < 0 or (action.max(initial=0) >= A if heads is None else (action >= heads).any()):

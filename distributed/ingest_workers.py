@@ -267,12 +267,12 @@ def _exit(proc: subprocess.Popen) -> str:
 
 
 def worker_settings(*, redis_url: str, namespace: str, env: str, env_kwargs: dict, env_seats: list | None,
-                    unroll_length: int, shards: int, shard_urls: list[str], block_ms: int, retry_s: float,
+                    unroll_length: int, core_size: int, shards: int, shard_urls: list[str], block_ms: int, retry_s: float,
                     unrolls_per_entry: int, fresh: int, done_key: str | None) -> dict:
     """What a worker reads with, as the first message sends it (done_key: the key whose existence ends
     an exploiter's reads; None for the main agent)."""
     return dict(redis_url=redis_url, namespace=namespace, env=env, env_kwargs=env_kwargs, env_seats=env_seats,
-                unroll_length=unroll_length, shards=shards, shard_urls=shard_urls, block_ms=block_ms,
+                unroll_length=unroll_length, core_size=core_size, shards=shards, shard_urls=shard_urls, block_ms=block_ms,
                 retry_s=retry_s, unrolls_per_entry=unrolls_per_entry, fresh=fresh, done_key=done_key)
 
 
@@ -342,7 +342,7 @@ def _failed(out: BinaryIO, error: Exception) -> None:
 
 def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
     spec = UnrollSpec(env_spec(settings["env"], settings["env_kwargs"], settings["env_seats"]),
-                      settings["unroll_length"])
+                      settings["unroll_length"], settings["core_size"])
     block_ms = settings["block_ms"]
     client = connect(settings["redis_url"], block_ms=block_ms, retry_s=settings["retry_s"])
     trajectories = ShardedTrajectories(client, settings["redis_url"], settings["namespace"], settings["shards"],

@@ -24,10 +24,11 @@ import numpy as np
 import redis
 import torch
 
-from agents.checkpoint import (CheckpointError, load_optimizer_state, model_state, read_checkpoint,
+from agents.checkpoint import (CheckpointError, check_core, load_optimizer_state, model_state, read_checkpoint,
                                save_checkpoint)
+from agents.core import NO_ACTION
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
-from config import Config, ConfigError, LearnerConfig, replayed_per_batch, to_yaml, without_secrets
+from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
@@ -65,6 +66,10 @@ class Batch:
     = no step truncated); final_obs [N, *obs_shape], the final observation of each truncated step,
     at step (final_t[n], final_b[n]) (int64 [N] each).
 
+    A recurrent core (agents/core.py): core_state [B, 2, core_size], the state each unroll's stream had
+    before step 0; last_action int64 [B] and last_reward [B], its action and reward before step 0 (None
+    without a core).
+
     Envs with several observation arrays and multi-head actions (StarCraft II, see UnrollSpec): obs is
     a dict name -> [T+1, B, ...] (final_obs name -> [N, ...]), action [T, B, H], and `behaviour_logits`
     holds the unroll's `behaviour_log_probs`, log mu_h(a_h|x) [T, B, H]: whatever the policy head records
@@ -81,6 +86,9 @@ class Batch:
     final_obs: torch.Tensor | dict[str, torch.Tensor] | None = None
     final_t: torch.Tensor | None = None
     final_b: torch.Tensor | None = None
+    core_state: torch.Tensor | None = None
+    last_action: torch.Tensor | None = None
+    last_reward: torch.Tensor | None = None
 
     @classmethod
     def stack(cls, unrolls: list[dict[str, np.ndarray]], device: torch.device, pin: bool = False) -> "Batch":
@@ -116,6 +124,9 @@ class Batch:
             batch.final_t = torch.from_numpy(final_t).long()
             batch.final_b = torch.from_numpy(final_b).long()
             batch.final_obs = final_observations(obs, tensor, names)
+        if "core_state" in names:  # [1, B, ...]: one row, before step 0
+            batch.core_state, batch.last_action, batch.last_reward = (
+                tensor(name)[0] for name in ("core_state", "last_action", "last_reward"))
         return batch.map(torch.Tensor.pin_memory) if pin else batch.to(device)
 
     def to(self, device: torch.device) -> "Batch":
@@ -320,6 +331,10 @@ def forward_batch(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, t
     final observation of each truncated step, 0 elsewhere (no gradient: it is a target), or None
     when the batch has no truncated step. The final observations get an all-legal mask: the baseline
     does not read the mask.
+
+    With a recurrent core the torso runs on all observations at once, then the core over the T+1 steps
+    (`recurrent_features`), and a truncated step's final observation continues from the core state of
+    its own episode after that step.
     """
     T, B = batch.reward.shape
     flat = (lambda x: {k: v.flatten(0, 1) for k, v in x.items()}) if isinstance(batch.obs, dict) else (
@@ -332,13 +347,43 @@ def forward_batch(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, t
         else:
             obs = torch.cat([obs, batch.final_obs.to(obs.dtype)])
         masks = torch.cat([masks, masks.new_ones((n, masks.shape[1]))])
-    logits, values = model(obs, masks)
+    if getattr(model, "core", None) is None:
+        logits, values = model(obs, masks)
+    else:
+        features, extra = model.encode(obs)
+        logits, values = model.decode(recurrent_features(model.core, features, batch), extra, masks)
     final_values = None
     if n:
         final_values = torch.zeros(T, B, dtype=values.dtype, device=values.device)
         final_values[batch.final_t, batch.final_b] = values[-n:].detach()
         logits, values = logits[:-n], values[:-n]
     return logits.view(T + 1, B, -1), values.view(T + 1, B), final_values
+
+
+def recurrent_features(core, features: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The core's outputs for the torso's `features` [(T+1) B + N, F] (the batch's T+1 steps time-major,
+    then its N final observations) -> [(T+1) B + N, core_size], row for row.
+
+    Each unroll starts from the state it carries (`batch.core_state`: what its stream had before step 0)
+    with its carried last action and reward; after a `done` step t the state, last action and last reward
+    are zeroed before step t+1 (the next episode's first), as the actor zeroed them. A truncated step's
+    final observation continues its episode: the state after step t, with action_t and reward_t as the
+    last action and reward."""
+    T, B = batch.reward.shape
+    steps = features[:(T + 1) * B].view(T + 1, B, -1)
+    reset = torch.cat([torch.zeros_like(batch.done[:1]), batch.done])  # [T+1, B]: zero the state first
+    head0 = batch.action if batch.action.dim() == 2 else batch.action[..., 0]
+    last_action = torch.cat([batch.last_action[None], head0]).masked_fill(reset, NO_ACTION)
+    last_reward = torch.cat([batch.last_reward[None], batch.reward]).masked_fill(reset, 0.0)
+    out, ends = core.unroll(core.inputs(steps, last_action, last_reward), batch.core_state, reset)
+    out = out.flatten(0, 1)
+    n = 0 if batch.final_t is None else len(batch.final_t)
+    if not n:
+        return out
+    state = torch.stack([ends[t][b] for t, b in zip(batch.final_t.tolist(), batch.final_b.tolist())])
+    x = core.inputs(features[(T + 1) * B:], head0[batch.final_t, batch.final_b], batch.reward[batch.final_t, batch.final_b])
+    final_out, _ = core.step(x, state)
+    return torch.cat([out, final_out])
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> dict[str, float]:
@@ -425,7 +470,7 @@ class Learner:
         self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length)
+        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
         self.device = pick_device(cfg.learner.device)
         # Several learners (data parallel): rank 0 is the learner of one; the others only train.
         if cfg.learner.num_learners > 1 and dist_url is None:
@@ -519,6 +564,7 @@ class Learner:
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
         tensors, metadata = read_checkpoint(self.checkpoint_path)
+        check_core(metadata, self.cfg, self.checkpoint_path)
         fresh_groups = self.optimizer.state_dict()["param_groups"]
         try:
             self.model.load_state_dict(model_state(tensors))
@@ -639,7 +685,7 @@ class Learner:
             settings = worker_settings(
                 redis_url=self.redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
                 env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
-                unroll_length=cfg.actor.unroll_length, shards=cfg.transport.shards,
+                unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
                 shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
                 retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=self.batch_size,
                 done_key=None if self.player == MAIN else run_done_key(cfg.run.name))

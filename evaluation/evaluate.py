@@ -48,6 +48,8 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
     every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
     its generator); a bot side is asked for all of them in one call, so results are reproducible.
+    A recurrent policy keeps one core state per game and agent (stream (k, agent)), fed the rewards
+    that agent receives and started afresh at its episode's end, and at this call's start.
 
     Returns the records of the games in order k = 0 .. games-1.
     """
@@ -55,6 +57,9 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
     if len(sides) != len(spec.seats):
         raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
     envs = [make_env(env_name, seed + k, kwargs, seats=seats, empty_mask=empty_mask) for k in range(games)]
+    policies = [side for side in sides if isinstance(side, Policy)]
+    for policy in policies:
+        policy.reset()
     steps = [env.advance() for env in envs]
     actions: list[list[int]] = [[] for _ in range(games)]
     records: list[GameRecord | None] = [None] * games
@@ -69,14 +74,17 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
                 continue
             observations = np.stack([steps[k].observations[j] for k, j in mine])
             masks = np.stack([steps[k].action_masks[j] for k, j in mine])
-            batch = side.act_batch(observations, masks, greedy) if isinstance(side, Policy) else \
-                side.act_batch(observations, masks)
+            batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine]) \
+                if isinstance(side, Policy) else side.act_batch(observations, masks)
             chosen.update(zip(mine, batch.tolist()))
         for k in active:
             acts = [chosen[(k, j)] for j in range(len(steps[k].agents))]
             actions[k] += acts
             envs[k].act(acts)
             steps[k] = envs[k].advance()
+            for s in steps[k].settlements:
+                for policy in policies:
+                    policy.settle((k, s.agent), s.reward, s.done or s.truncated)
             if steps[k].episodes:
                 episode = steps[k].episodes[0]
                 records[k] = GameRecord(seed + k, tuple(actions[k]), episode.returns, episode.winner, episode.length)

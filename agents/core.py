@@ -1,0 +1,164 @@
+"""The recurrent core between a torso and the heads (IMPALA, Espeholt et al. 2018, Fig. 3: an LSTM that
+also reads the last action and the clipped last reward).
+
+Every network is torso -> (core) -> heads (`Network`): `encode` is the torso, `decode` the heads, and
+`core` is None (feedforward) or an `LSTMCore`. A core's state belongs to one stream of observations (a
+learning stream of an actor, an opponent seat, a game of an evaluation): it starts at zeros at the
+stream's episode start and is carried from step to step. The state is `[N, 2, core_size]`, the LSTM's
+h and c side by side, float32.
+
+How the actor and the learner agree (docs/architecture.md, "Recurrent core"):
+* the actor runs `Network.step` once per step of a stream, from the state before that step; an unroll
+  carries the state its stream had before its first step, and the last action and reward before it;
+* the learner runs `LSTMCore.unroll` over the T+1 steps of each unroll from that state, zeroing it (and
+  the last action and reward) before every step that follows a `done` inside the unroll, so that step
+  t sees exactly what the actor's step t saw.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+NO_ACTION = -1  # the last action at an episode's first step: fed to the core as an all-zero one-hot
+
+
+class CoreInput(NamedTuple):
+    """What a core needs besides the torso's features, for N streams.
+
+    state: float32 [N, 2, core_size], the LSTM's (h, c) before this step (zeros at an episode start).
+    last_action: int64 [N], the stream's previous action (its function id for multi-head actions),
+      NO_ACTION at an episode start.
+    last_reward: float32 [N], the reward of the stream's previous step (0 at an episode start); the
+      core clips it to [-1, 1].
+    """
+
+    state: torch.Tensor
+    last_action: torch.Tensor
+    last_reward: torch.Tensor
+
+
+def zero_core_input(n: int, core_size: int) -> CoreInput:
+    """The CoreInput of n streams at their episode start."""
+    return CoreInput(torch.zeros(n, 2, core_size), torch.full((n,), NO_ACTION, dtype=torch.long), torch.zeros(n))
+
+
+class LSTMCore(nn.Module):
+    """An LSTM of `core_size` units over the torso's features [.., input_size] and, with `core_inputs`,
+    the last action as a one-hot over `num_actions` and the last reward clipped to [-1, 1] (IMPALA)."""
+
+    def __init__(self, input_size: int, core_size: int, num_actions: int, core_inputs: bool):
+        super().__init__()
+        self.core_size = core_size
+        self.num_actions = num_actions
+        self.core_inputs = core_inputs
+        self.lstm = nn.LSTM(input_size + (num_actions + 1 if core_inputs else 0), core_size)
+
+    def inputs(self, features: torch.Tensor, last_action: torch.Tensor, last_reward: torch.Tensor) -> torch.Tensor:
+        """features [..., F]; last_action int64 [...] (NO_ACTION: none); last_reward [...] ->
+        the LSTM's input [..., F (+ A + 1)]."""
+        if not self.core_inputs:
+            return features
+        one_hot = nn.functional.one_hot(last_action.clamp(min=0), self.num_actions).to(features.dtype)
+        one_hot = one_hot * (last_action >= 0).unsqueeze(-1).to(features.dtype)
+        reward = last_reward.to(features.dtype).clamp(-1.0, 1.0).unsqueeze(-1)
+        return torch.cat([features, one_hot, reward], -1)
+
+    def step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of N streams: x [N, I] (`inputs`), state [N, 2, S] -> (output [N, S], new state [N, 2, S])."""
+        out, (h, c) = self.lstm(x.unsqueeze(0), (state[:, 0].unsqueeze(0).contiguous(),
+                                                 state[:, 1].unsqueeze(0).contiguous()))
+        return out[0], torch.stack([h[0], c[0]], 1)
+
+    def unroll(self, x: torch.Tensor, state: torch.Tensor,
+               reset: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The core over T steps of B streams: x [T, B, I] (`inputs`), state [B, 2, S] before step 0,
+        reset bool [T, B]: zero the state before step t (the step after a `done`).
+
+        Returns (outputs [T, B, S], ends): ends[t] = the state [B, 2, S] after step t for every t after
+        which some stream resets (t + 1 a reset step), the state a truncated step's final observation
+        continues from. One nn.LSTM call per run of steps without a reset in any stream (cuDNN's fused
+        kernel on a GPU), the state masked between runs: bench/bench_core.py measures it against a
+        step-by-step loop.
+        """
+        T = x.shape[0]
+        cuts = [0] + [t for t in torch.nonzero(reset[1:].any(1)).flatten().add(1).tolist()] + [T]
+        h, c = state[:, 0].unsqueeze(0).contiguous(), state[:, 1].unsqueeze(0).contiguous()
+        outputs, ends = [], {}
+        for start, stop in zip(cuts[:-1], cuts[1:]):
+            if start > 0:
+                ends[start - 1] = torch.stack([h[0], c[0]], 1)
+                keep = (~reset[start]).to(h.dtype)[None, :, None]
+                h, c = h * keep, c * keep
+            out, (h, c) = self.lstm(x[start:stop], (h, c))
+            outputs.append(out)
+        return torch.cat(outputs), ends
+
+
+class Network(nn.Module):
+    """torso -> (core) -> heads. A subclass defines `encode(obs) -> (features [N, F], extra)` and
+    `decode(features, extra, action_mask) -> (logits, baseline [N])` and sets `self.core` (None or an
+    LSTMCore whose output feeds `decode`); `extra` is whatever the heads read beside the features
+    (FullyConv's spatial logits), row for row, or None."""
+
+    core: LSTMCore | None
+
+    def forward(self, obs, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feedforward networks: (policy logits [N, ...], baseline [N]) of obs [N, ...]. A network with a
+        core is stepped with `step` (one step, state carried) or unrolled by the learner."""
+        if self.core is not None:
+            raise TypeError("a network with a recurrent core acts through step(obs, mask, core_input)")
+        features, extra = self.encode(obs)
+        return self.decode(features, extra, action_mask)
+
+    def step(self, obs, action_mask: torch.Tensor,
+             core: CoreInput | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One step of N streams: (logits, baseline [N], the state after it [N, 2, S]). Feedforward
+        networks take core None and return None as the state."""
+        if self.core is None:
+            logits, baseline = self(obs, action_mask)
+            return logits, baseline, None
+        features, extra = self.encode(obs)
+        out, state = self.core.step(self.core.inputs(features, core.last_action, core.last_reward), core.state)
+        logits, baseline = self.decode(out, extra, action_mask)
+        return logits, baseline, state
+
+
+class CoreStates:
+    """The core inputs of many streams, by key (an actor's (env, agent) slot, an evaluation's game and
+    seat): a stream never seen, or `reset`, is at its episode start (zero state, no last action, reward 0).
+
+    Per step: `gather` the streams about to act, step the network, `advance` them with the new state
+    and the actions taken; `add_reward` as rewards arrive; `reset` when a stream's episode ends.
+    """
+
+    def __init__(self, core_size: int):
+        self.core_size = core_size
+        self.streams: dict[object, tuple[torch.Tensor, int, float]] = {}
+
+    def get(self, key) -> tuple[torch.Tensor, int, float]:
+        """(state [2, core_size], last action, last reward) of stream `key`."""
+        found = self.streams.get(key)
+        return found if found is not None else (torch.zeros(2, self.core_size), NO_ACTION, 0.0)
+
+    def gather(self, keys: list) -> CoreInput:
+        """The CoreInput of streams `keys`, row for row."""
+        rows = [self.get(k) for k in keys]
+        return CoreInput(torch.stack([r[0] for r in rows]), torch.tensor([r[1] for r in rows], dtype=torch.long),
+                         torch.tensor([r[2] for r in rows], dtype=torch.float32))
+
+    def advance(self, keys: list, state: torch.Tensor, actions) -> None:
+        """After a step of streams `keys`: their states [N, 2, core_size] and the actions taken (head 0's
+        for multi-head actions); their last reward starts again at 0 (`add_reward` adds this step's)."""
+        for key, s, a in zip(keys, state, actions):
+            self.streams[key] = (s, int(a), 0.0)
+
+    def add_reward(self, key, reward: float) -> None:
+        state, action, total = self.get(key)
+        self.streams[key] = (state, action, total + float(reward))
+
+    def reset(self, key) -> None:
+        """Stream `key`'s episode ended: its next step starts from zeros."""
+        self.streams.pop(key, None)
