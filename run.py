@@ -481,7 +481,7 @@ def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, 
     if len(policy.spec.seats) == 1:
         r = episode_returns(policy, games)
         record["episodes"] = r
-        log.info("greedy policy over %d episodes: mean return %.1f (std %.1f, min %.1f, max %.1f)", games,
+        log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,
                  r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
         log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
         record_final_evaluation(cfg, run_dir, record)

@@ -55,6 +55,12 @@ class LSTMCore(nn.Module):
         self.num_actions = num_actions
         self.core_inputs = core_inputs
         self.lstm = nn.LSTM(input_size + (num_actions + 1 if core_inputs else 0), core_size)
+        # The forget gate starts open (bias 1), as in the TensorFlow and Sonnet LSTMs of IMPALA's agents
+        # (Jozefowicz et al. 2015): PyTorch's bias near 0 halves the cell each step, and with it the
+        # gradient that must reach a cue several steps back.
+        with torch.no_grad():
+            self.lstm.bias_ih_l0[core_size:2 * core_size].fill_(1.0)
+            self.lstm.bias_hh_l0[core_size:2 * core_size].zero_()
 
     def inputs(self, features: torch.Tensor, last_action: torch.Tensor, last_reward: torch.Tensor) -> torch.Tensor:
         """features [..., F]; last_action int64 [...] (NO_ACTION: none); last_reward [...] ->

@@ -206,3 +206,53 @@ def test_a_bad_core_state_rejects_its_entry_alone_with_the_reason():
     (refused,) = decode_unrolls([encode_unrolls([plain], unroll_id="u", policy_version=0, actor_id=0,
                                                 env="cue_recall")], spec)
     assert isinstance(refused, DecodeError) and "core_state" in str(refused)
+
+
+def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, run_name, redis_client, redis_url):
+    """Against a league snapshot with a core, the opponent's seat in each env keeps its own state (the
+    slot's, started afresh each episode) while the learning seat's unrolls still replay exactly."""
+    from distributed.codec import encode_weights
+    from league.store import LeagueStore
+
+    cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",
+                             "agent.hidden=16", "agent.core=lstm", f"agent.core_size={CORE}",
+                             "learner.mirror_augment=none", "actor.num_envs=4", f"actor.unroll_length={T}",
+                             "league.enabled=true", "league.opponent_temperature=0", "run.wandb_mode=disabled"])
+    model = random_model(cfg)
+    ParamStore(redis_client, run_name).publish(model.state_dict(), 1)
+    store = LeagueStore(redis_client, run_name)
+    store.put_snapshot("main-0000100", encode_weights(random_model(cfg, seed=7).state_dict()))
+    store.publish_opponents("main", {"main-0000100": 1.0})
+    actor = Actor(cfg, redis_url, actor_id=0)
+    unrolls: list[dict] = []
+    seen_opponent_state = []
+
+    def send(batch):
+        unrolls.extend(batch)
+        seen_opponent_state.extend(float(actor.cores.get((i, 1 - actor.learner_seat[i]))[0].abs().sum())
+                                   for i in range(len(actor.envs)) if actor.learner_seat[i] >= 0)
+        return len(unrolls) >= 8
+
+    actor.send = send
+    actor.run()
+    actor.close()
+    assert any(v > 0 for v in seen_opponent_state)
+    batch = Batch.stack(unrolls, torch.device("cpu"))
+    with torch.no_grad():
+        logits, _, _ = forward_batch(model, batch)
+    torch.testing.assert_close(logits[:-1], batch.behaviour_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_recurrent_run_trains_through_ingest_workers_and_replay_and_resumes(tmp_path, redis_url, run_name):
+    from agents.checkpoint import CheckpointError, check_core, read_checkpoint
+    from tests.test_parallel import _train
+
+    _, records = _train(tmp_path, redis_url, "configs/memory_cue.yaml", run_name, "run.total_frames=3000",
+                        "actor.num_envs=4", "learner.batch_size=4", "learner.replay_fraction=0.5",
+                        "learner.ingest_workers=1", "agent.core_size=16", "agent.hidden=16", eval_games=4)
+    assert records[-1]["frames"] >= 3000 and records[-1]["replayed_fraction"] > 0
+    path = tmp_path / run_name / "checkpoints" / "latest.safetensors"
+    _, metadata = read_checkpoint(path)
+    check_core(metadata, cue_config("agent.core_size=16"), path)  # the same core: accepted
+    with pytest.raises(CheckpointError, match=r"core lstm \(core_size 16\), this config asks for core none"):
+        check_core(metadata, cue_config("agent.core=none"), path)
