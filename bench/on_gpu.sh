@@ -6,7 +6,9 @@
 #      actors produce unthrottled (same run), the queue against the high-water mark, the learner's time
 #      in updates and waiting for batches; at B = 32 with the ingest thread, then with WORKERS ingest
 #      workers at B = 32 and B = 128;
-#   3. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side.
+#   3. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side;
+#   4. bench_core.py: the update with and without the LSTM core on CUDA (cuDNN's LSTM), and the core's
+#      unroll as nn.LSTM calls per run of steps against a step-by-step loop.
 # Everything goes to OUT (default /tmp/on_gpu) and to standard output.
 #
 #   bash bench/on_gpu.sh [OUT]
@@ -39,3 +41,5 @@ for run in "32 thread" "32 workers" "128 workers"; do
 done
 "$PY" run.py compare --study algos --config configs/connect_four.yaml --minutes "$MINUTES" --seeds 0 \
   --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --out "$OUT/algos" | tee "$OUT/compare.txt"
+"$PY" bench/bench_core.py --device "$DEVICE" --B 32 | tee "$OUT/bench_core_B32.txt"
+"$PY" bench/bench_core.py --device "$DEVICE" --B 128 | tee "$OUT/bench_core_B128.txt"
