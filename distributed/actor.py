@@ -543,12 +543,20 @@ class Actor:
         return False
 
     def result(self, i: int, episode) -> dict:
-        """The report of a finished episode of env i, for the learner's metrics and the league's payoff."""
-        return {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
-                "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
-                "learner_seat": self.learner_seat[i],
-                "winner": -1 if episode.winner is None else episode.winner, "length": episode.length,
-                "returns": list(episode.returns)}
+        """The report of a finished episode of env i, for the learner's metrics and the league's payoff.
+        An episode with a non-finite return (a NaN or infinite reward; its unrolls are dead-lettered) is
+        reported as `nonfinite` with no returns and no winner: the learner counts it and the league
+        leaves it out, so no statistic and no rating is made from it."""
+        returns = [float(r) for r in episode.returns]
+        finite = all(math.isfinite(r) for r in returns)
+        report = {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
+                  "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
+                  "learner_seat": self.learner_seat[i],
+                  "winner": -1 if episode.winner is None or not finite else episode.winner, "length": episode.length,
+                  "returns": returns if finite else []}
+        if not finite:
+            report["nonfinite"] = True
+        return report
 
 
 def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = MAIN,

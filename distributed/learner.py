@@ -47,7 +47,7 @@ from league.players import MAIN, checkpoint_dir, metrics_path, namespace
 from league.store import LeagueStore
 from envs.registry import EnvSpec, env_spec
 from evaluation.bots import GAMES
-from tracking import Tracker, start_tracking
+from tracking import Tracker, start_tracking, strict_json
 
 log = logging.getLogger("learner")
 
@@ -882,6 +882,8 @@ class Learner:
 
     def log_metrics(self, window: "MetricsWindow", now: float) -> None:
         episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
+        nonfinite = sum(bool(e.get("nonfinite")) for e in episodes)  # counted, and left out of every statistic
+        episodes = [e for e in episodes if not e.get("nonfinite")]
         self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
@@ -895,7 +897,7 @@ class Learner:
             "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "unrolls_rolled_back": self.rolled_back,
-            "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
+            "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
             "actors_throttled_s": counts["throttled_s"],
@@ -916,7 +918,7 @@ class Learner:
         if league:
             record["league_score"] = float(np.mean([episode_score(e) for e in league]))
             record.update(seat_scores(league, len(self.spec.seats)))
-        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.write(strict_json(record) + "\n")
         self.metrics_file.flush()
         self.tracker.log(record, self.step)
         games = []

@@ -23,6 +23,7 @@ Terms used across `envs/`:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -154,7 +155,10 @@ class EpisodeSeeds:
 
 
 def leader(scores: Sequence[float]) -> int | None:
-    """Index of the strictly highest score, or None when several share it (a draw)."""
+    """Index of the strictly highest score, or None when several share it (a draw) or when any score is
+    NaN (no winner can be read from it: `max` would pick by seat order)."""
+    if any(math.isnan(s) for s in scores):
+        return None
     best = max(scores)
     leaders = [s for s, v in enumerate(scores) if v == best]
     return leaders[0] if len(leaders) == 1 else None

@@ -1,0 +1,76 @@
+"""Numbers that mean what they say: step counters, observation scaling, weight versions, non-finite
+episodes. Each test runs the real classes against the real redis-server of conftest.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+
+from distributed.actor import Actor
+from envs.base import leader
+from envs.registry import make_env
+from experiment import load_config
+
+DUEL = "pettingzoo:tests.duel_env"
+
+
+def duel_config(run_name: str, tmp_path: Path, *extra: str):
+    (tmp_path / run_name).mkdir(parents=True, exist_ok=True)
+    return load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled",
+                              f"env.name={DUEL}", "agent.torso=mlp", "agent.hidden=8", "actor.num_envs=2",
+                              "actor.unroll_length=3", "learner.batch_size=2", "learner.read_block_ms=50",
+                              "run.log_every_s=0.01", *extra])
+
+
+def strict_lines(path: Path) -> list[dict]:
+    """The JSON lines of `path`, refusing NaN and Infinity (which Python's json would accept)."""
+    def refuse(constant: str):
+        raise ValueError(f"{path.name} holds {constant}: not JSON")
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def train_with_one_actor(cfg, redis_url: str, run_dir: Path):
+    """Run a learner to `run.total_frames` with one real actor in a thread; returns (learner, actor)."""
+    from distributed.learner import Learner
+
+    learner = Learner(cfg, redis_url, run_dir)
+    actor = Actor(cfg, redis_url, 0)
+    thread = threading.Thread(target=actor.run, daemon=True)
+    thread.start()
+    try:
+        learner.run()
+    finally:
+        actor.stop()
+        thread.join(30)
+        actor.close()
+    return learner, actor
+
+
+# -- 4. a NaN reward decides nothing -------------------------------------------------------------
+
+def test_leader_picks_no_winner_from_a_nan_score():
+    assert leader([1.0, float("nan")]) is None
+    assert leader([float("nan"), 1.0]) is None
+    assert leader([2.0, 1.0]) == 0 and leader([1.0, 1.0]) is None
+    env = make_env(DUEL, 0, {"rounds": 1, "nan_every": 1})
+    env.advance()
+    env.act([1, 1])  # matching: player_0 scores 1, player_1's reward is NaN
+    (episode,) = env.advance().episodes
+    assert episode.returns[0] == 1.0 and math.isnan(episode.returns[1])
+    assert episode.winner is None  # not player_0 by seat order
+
+
+def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis_url, run_name, monkeypatch):
+    monkeypatch.setattr("distributed.actor.RESULTS_EVERY_S", 0.0)  # results reach the learner's first logs
+    # Every second episode ends with a NaN reward: its unroll is dead-lettered, its result counted apart.
+    cfg = duel_config(run_name, tmp_path, "env.kwargs.nan_every=2", "run.total_frames=24")
+    train_with_one_actor(cfg, redis_url, tmp_path / run_name)
+    records = strict_lines(tmp_path / run_name / "metrics.jsonl")
+    assert sum(r["nonfinite_episodes"] for r in records) >= 1
+    assert sum(r["dead_letters"] for r in records[-1:]) >= 1
+    returns = [r["episode_return"] for r in records if "episode_return" in r]
+    assert returns and all(math.isfinite(x) for x in returns)
