@@ -67,10 +67,11 @@ class ActorCritic(nn.Module):
       cfg: torso choice and sizes.
     """
 
-    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig):
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig, image: bool = False):
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
+        self.image = image  # EnvSpec.obs_image (uint8, bounds 0..255): scaled by 1/255; else as it is
         if cfg.torso == "conv":
             if len(obs_shape) != 3:
                 raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
@@ -102,7 +103,7 @@ class ActorCritic(nn.Module):
 
         Returns (policy_logits [N, A] float32 with illegal actions at MASKED_LOGIT, baseline [N] float32).
         """
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        x = obs.float() / 255.0 if self.image else obs.float()
         if self.conv is not None:
             extra = [landing_cells(x)] if self.landing_plane else []
             extra += [threat_cells(x)] if self.threat_planes else []

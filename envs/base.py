@@ -72,6 +72,9 @@ class EnvSpec:
       that each action becomes under the reflection; None where the game has no such symmetry.
     version: the versioned env module the game comes from (e.g. `connect_four_v3`); replays record it
       and refuse to re-simulate under another.
+    obs_image: the observation is an image, a uint8 Box of bounds 0..255 (envs/spaces.py): the network
+      scales it by 1/255. False for every other observation, uint8 0/1 planes included: they reach the
+      network as they are.
     """
 
     name: str
@@ -87,6 +90,7 @@ class EnvSpec:
     kind: str = "aec"
     obs_arrays: Optional[tuple[tuple[str, tuple[int, ...], np.dtype], ...]] = None
     action_heads: Optional[tuple[int, ...]] = None
+    obs_image: bool = False
 
     def __post_init__(self) -> None:
         if not self.agents:  # turn-based board games: one agent per seat

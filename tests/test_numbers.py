@@ -74,3 +74,45 @@ def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis
     assert sum(r["dead_letters"] for r in records[-1:]) >= 1
     returns = [r["episode_return"] for r in records if "episode_return" in r]
     assert returns and all(math.isfinite(x) for x in returns)
+
+
+# -- 2. uint8 means an image only when the space says 0..255 ---------------------------------------
+
+PLANES = "pettingzoo:tests.planes_env"
+
+
+def first_layer_input(kwargs: dict) -> "torch.Tensor":
+    """What the first layer of the network `make_model` builds for PLANES(kwargs) reads from one
+    observation the real adapter encodes."""
+    import torch
+
+    from agents.heads import make_model
+    from envs.registry import env_spec
+
+    spec = env_spec(PLANES, kwargs)
+    cfg = load_config(None, [f"env.name={PLANES}", "agent.torso=mlp", "agent.hidden=8"])
+    model = make_model(spec, cfg.agent)
+    step = make_env(PLANES, 0, kwargs).advance()
+    seen = []
+    model.fc[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    model(torch.from_numpy(step.observations[0][None]), torch.from_numpy(step.action_masks[0][None]))
+    return seen[0]
+
+
+def test_uint8_planes_reach_the_network_as_they_are_and_images_are_scaled():
+    from envs.registry import env_spec
+
+    assert not env_spec(PLANES, {"high": 1}).obs_image
+    assert first_layer_input({"high": 1, "value": 1}).tolist() == [[1.0, 1.0, 1.0, 1.0]]  # not 1/255
+    assert first_layer_input({"high": 10, "value": 7}).tolist() == [[7.0] * 4]
+    assert env_spec(PLANES, {"high": 255}).obs_image
+    assert first_layer_input({"high": 255, "value": 255}).tolist() == [[1.0] * 4]
+    assert first_layer_input({"high": 255, "value": 51})[0].tolist() == pytest.approx([0.2] * 4)
+
+
+@pytest.mark.parametrize("value", [-1, 11])
+def test_an_observation_outside_its_bounds_is_refused_not_wrapped(value):
+    env = make_env(PLANES, 0, {"high": 10, "value": value})
+    with pytest.raises(ValueError, match=rf"env '{PLANES}', agent 'agent': observation value {value} at index "
+                                         r"\(0, 0, 0\) is outside the space's bounds \[0, 10\] \(uint8\)"):
+        env.advance()
