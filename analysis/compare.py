@@ -108,7 +108,8 @@ def run_summary(run: Run, key: str | None, equal_seconds: float, equal_frames: f
         "sps": float(np.mean([r["sps"] for r in recs])) if recs else None,
         "frames": int(recs[-1]["frames"]) if recs else 0,
         "wall_s": run.elapsed(recs[-1]) if recs else 0.0,
-        "policy_lag": float(np.mean([r["policy_lag"] for r in recs])) if recs else None,
+        "policy_lag": float(np.nanmean([r["policy_lag"] if r.get("policy_lag") is not None else np.nan for r in recs]))
+        if recs else None,
         "final_score": score_at(run, key) if key else None,
         "score_at_equal_wall_clock": score_at(run, key, seconds=equal_seconds) if key else None,
         "score_at_equal_frames": score_at(run, key, frames=equal_frames) if key else None,

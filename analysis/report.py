@@ -183,7 +183,7 @@ def lag_histogram(run: Run) -> Figure | None:
         ax.set_ylabel("unrolls")
         ax.set_xlabel("policy lag (learner updates; the last bar: that many or more)")
     elif run.records:
-        ax.hist([r["policy_lag"] for r in run.records], bins=20, color="C2")
+        ax.hist([r["policy_lag"] for r in run.records if r.get("policy_lag") is not None], bins=20, color="C2")
         ax.set_ylabel("metrics records")
         ax.set_xlabel("mean policy lag of a record")
     else:

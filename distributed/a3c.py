@@ -109,8 +109,9 @@ class A3CWorker(Actor):
         # A worker's batch is its own few unrolls: it trains on both orientations of each (`random` too).
         self.mirror = cfg.learner.mirror_augment != "none" and self.spec.mirror_actions is not None
 
-    def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
-        """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over."""
+    def send(self, unrolls: list[dict[str, np.ndarray]], versions: list[int] | None = None) -> bool:
+        """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over.
+        The gradient is that of the weights held now, so it is stamped with their version, not `versions`."""
         self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
         if self.run_over():
             return True

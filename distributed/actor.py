@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import redis
@@ -114,8 +115,12 @@ class UnrollBuffer:
     (see UnrollSpec), since the step's successor in `obs` is then the next episode's first observation.
     """
 
-    def __init__(self, spec: UnrollSpec):
+    def __init__(self, spec: UnrollSpec, version: Callable[[], int] = lambda: -1):
         self.T = spec.unroll_length
+        # The policy version acting now (the actor's), and the one that chose the open unroll's step 0:
+        # the oldest that acted in it, which stamps it (`finished_version`: of the last unroll returned).
+        self.version = version
+        self.first_version = self.finished_version = -1
         self.arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
         self.final_spec = spec.final_arrays
         self.stepped = [name for name in self.arrays if name.startswith("obs") or name == "action_mask"]  # T+1 long
@@ -134,6 +139,7 @@ class UnrollBuffer:
             return None
         unroll = {name: array.copy() for name, array in a.items()}
         unroll.update(self._final_arrays())
+        self.finished_version = self.first_version
         for name in self.stepped:
             a[name][0] = a[name][self.T]
         self.n = 1
@@ -155,6 +161,8 @@ class UnrollBuffer:
     def record_action(self, action: int | np.ndarray, behaviour: np.ndarray) -> None:
         """The action taken at the open step and mu's record of it (logits, or per-head log-probs)."""
         t = self.n - 1
+        if t == 0:
+            self.first_version = self.version()
         self.arrays["action"][t] = action
         self.arrays[self.behaviour][t] = behaviour
         self.arrays["reward"][t] = 0.0
@@ -198,6 +206,7 @@ class Opponents:
         self.store = LeagueStore(client, cfg.run.name)
         self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
         self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
+        self.digests: dict[str, bytes | None] = {}  # per learner id: SHA-256 of the weights loaded (ParamStore.name)
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
         self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
@@ -247,6 +256,7 @@ class Opponents:
                 if fetched is None:
                     return None  # that learner has not published yet: not a failure
                 self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
+                self.digests[opponent_id] = store.fetched_digest
                 return self.learners[opponent_id][2]
             try:
                 data = self.store.snapshot(opponent_id)
@@ -266,11 +276,12 @@ class Opponents:
         return self.snapshots[opponent_id]
 
     def refresh(self) -> None:
-        """Load the latest weights of the learners played against, where their version changed, into
+        """Load the latest weights of the learners played against, where their name changed, into
         new models: games in progress keep the model they started with (one opponent per game).
         Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
         for opponent_id, (store, version, _) in list(self.learners.items()):
-            if store.version() != version:
+            # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
+            if store.name() != (version, self.digests.get(opponent_id)):
                 try:
                     fetched = store.fetch()
                 except WeightsCorrupt as e:
@@ -285,6 +296,7 @@ class Opponents:
                         del self.learners[opponent_id]
                         continue
                     self.learners[opponent_id] = (store, fetched[0], model)
+                    self.digests[opponent_id] = store.fetched_digest
 
 
 class Actor:
@@ -317,7 +329,8 @@ class Actor:
         self.np_rng = np.random.default_rng(self.seeds.opponents)
         self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs, seats=cfg.env.seats,
                               empty_mask=cfg.env.empty_mask) for seeds in self.seeds.envs]
-        self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
+        self.buffers = [[UnrollBuffer(self.unroll_spec, lambda: self.version) for _ in self.spec.agents]
+                        for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
         self.head = policy_head(self.spec)
@@ -344,6 +357,7 @@ class Actor:
         self.learner_seat = [-1] * len(self.envs)  # per env: the learning seat, -1 = every seat (self-play)
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
+        self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.sent = 0
         self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
@@ -374,12 +388,13 @@ class Actor:
             self.pending_results, self.results_sent_at = [], time.monotonic()
 
     def sync_params(self, wait: bool = False) -> None:
-        """Load the latest published weights if their version changed (waiting for the first ones).
-        Weights that fail their SHA-256 are logged, counted (`self.corrupt_weights`, and in Redis by
-        ParamStore) and not loaded: the previous weights stay."""
+        """Load the latest published weights if their name changed, the version or the SHA-256 of the
+        blob (waiting for the first ones): after a learner's rollback one version number can name two
+        sets of weights (see distributed/params.py). Weights that fail their SHA-256 are logged, counted
+        (`self.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
-            if self.params.version() != self.version:
+            if self.params.name() != (self.version, self.weights_digest):
                 try:
                     fetched = self.params.fetch()
                     if fetched is not None:
@@ -395,7 +410,11 @@ class Actor:
                                       f"network: does its config (env.name, agent.*) match the learner's? ({detail})"
                                       ) from None
                 if fetched is not None:
-                    self.version = fetched[0]
+                    if fetched[0] <= self.version:
+                        log.warning("actor %d: the weights published as policy version %d replace version %d "
+                                    "(the learner resumed from an older checkpoint, or the league reset it)",
+                                    self.actor_id, fetched[0], self.version)
+                    self.version, self.weights_digest = fetched[0], self.params.fetched_digest
                     return
             if not wait or self.run_over():
                 return
@@ -443,6 +462,7 @@ class Actor:
         for i in range(len(self.envs)):
             self.start_episode(i)
         unrolls: list[dict[str, np.ndarray]] = []  # finished, not sent yet
+        versions: list[int] = []  # of each: the policy version that chose its step 0's action
         while not self.stopping:
             episodes = []
             for i, step in enumerate(steps):
@@ -457,13 +477,14 @@ class Actor:
                         unroll = self.buffers[i][agent].observe(obs, mask)
                         if unroll is not None:
                             unrolls.append(unroll)
+                            versions.append(self.buffers[i][agent].finished_version)
             self.report(episodes)
             if len(unrolls) >= self.cfg.actor.send_batch:  # whole entries of send_batch; the rest waits
                 ready = len(unrolls) - len(unrolls) % self.cfg.actor.send_batch
-                if self.send(unrolls[:ready]):
+                if self.send(unrolls[:ready], versions[:ready]):
                     self.report([], flush=True)
                     return
-                unrolls = unrolls[ready:]
+                unrolls, versions = unrolls[ready:], versions[ready:]
             actions = self.choose_actions(steps)
             for i, env in enumerate(self.envs):
                 env.act(actions[i])
@@ -519,9 +540,13 @@ class Actor:
             logits, _ = model(obs, masks)
         return logits
 
-    def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
+    def send(self, unrolls: list[dict[str, np.ndarray]], versions: list[int] | None = None) -> bool:
         """XADD finished unrolls, `actor.send_batch` to a stream entry, after waiting for room; sync
-        params on schedule. True = run is over."""
+        params on schedule. True = run is over. versions: per unroll, the policy version that chose
+        its step 0's action (UnrollBuffer; None: the version held now); an entry is stamped with the
+        oldest of its unrolls', so that its policy lag is that of the oldest weights that acted in it,
+        not of those held when it is sent."""
+        versions = [self.version] * len(unrolls) if versions is None else versions
         per_entry = self.cfg.actor.send_batch
         self.throttled_s += self.trajectories.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry),
                                                             self.run_over, backlog=self.backlog)
@@ -531,7 +556,8 @@ class Actor:
         for first in range(0, len(unrolls), per_entry):
             payloads.append(encode_unrolls(unrolls[first:first + per_entry],
                                            unroll_id=f"{self.actor_id}-{self.token}-{self.sent + first}",
-                                           policy_version=self.version, actor_id=self.actor_id, env=self.spec.name,
+                                           policy_version=min(versions[first:first + per_entry]),
+                                           actor_id=self.actor_id, env=self.spec.name,
                                            compression=self.cfg.transport.compression,
                                            level=self.cfg.transport.compression_level))
         self.sent += len(unrolls)

@@ -970,12 +970,18 @@ class MetricsWindow:
         """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
         (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
         the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
-        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck."""
+        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck.
+        A negative lag (the unroll's version ahead of the learner: acted by weights from before the learner
+        resumed from an older checkpoint) is counted in `policy_lag_negative` and left out of the lag
+        statistics, which are null when the window has no other unroll."""
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
-        record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
-                       "policy_lag_max": int(max(self.lags)),
-                       "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
+        lags = [lag for lag in self.lags if lag >= 0]
+        record.update({"sps": self.frames / max(now - self.start, 1e-9),
+                       "policy_lag": float(np.mean(lags)) if lags else math.nan,
+                       "policy_lag_max": int(max(lags)) if lags else None,
+                       "policy_lag_counts": np.bincount(np.clip(lags, 0, LAG_BINS - 1)).tolist() if lags else [],
+                       "policy_lag_negative": len(self.lags) - len(lags)})
         seconds = max(now - self.start, 1e-9)
         record.update(update_share=self.update_s / seconds, wait_share=self.waited_s / seconds)
         return record

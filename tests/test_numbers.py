@@ -116,3 +116,110 @@ def test_an_observation_outside_its_bounds_is_refused_not_wrapped(value):
     with pytest.raises(ValueError, match=rf"env '{PLANES}', agent 'agent': observation value {value} at index "
                                          r"\(0, 0, 0\) is outside the space's bounds \[0, 10\] \(uint8\)"):
         env.advance()
+
+
+# -- 3. a version names one set of weights; an unroll carries the oldest version that acted in it ----
+
+def tictactoe_config(run_name: str, tmp_path: Path, *extra: str):
+    return load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled",
+                              "env.name=tictactoe", "agent.torso=mlp", "agent.hidden=8", "actor.num_envs=1",
+                              "actor.unroll_length=3", *extra])
+
+
+def weights_of(model) -> list:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp_path, redis_client, redis_url,
+                                                                             run_name):
+    import torch
+
+    from agents.heads import make_model
+    from distributed.params import ParamStore
+    from envs.registry import env_spec
+
+    cfg = tictactoe_config(run_name, tmp_path)
+    store = ParamStore(redis_client, run_name)
+    before, checkpoint, after = (make_model(env_spec("tictactoe"), cfg.agent) for _ in range(3))
+    store.publish(before.state_dict(), 5)  # the learner's last publish before it died
+    actor = Actor(cfg, redis_url, 0)
+    try:
+        actor.sync_params(wait=True)
+        assert actor.version == 5
+        # Resumed from its checkpoint at update 3, the learner publishes 3, then 4, 5 again with new weights.
+        store.publish(checkpoint.state_dict(), 3)
+        store.publish(after.state_dict(), 5)
+        actor.sync_params()
+        assert actor.version == 5
+        for held, published in zip(weights_of(actor.model), weights_of(after)):
+            assert torch.equal(held, published)  # not the pre-crash weights of version 5
+    finally:
+        actor.close()
+
+
+def test_unrolls_from_before_a_rollback_are_counted_apart_from_lag_zero():
+    from distributed.learner import MetricsWindow
+
+    window = MetricsWindow(0.0)
+    stats = {"loss": 1.0, "skipped_update": 0.0}
+    window.add(24, [-2, 0, 1, 1], stats)  # learner at update 10: one unroll of version 12 from before a rollback
+    record = window.summary(1.0)
+    assert record["policy_lag_negative"] == 1
+    assert record["policy_lag_counts"] == [1, 2] and record["policy_lag"] == pytest.approx(2 / 3)
+    assert record["policy_lag_max"] == 1
+    only_ahead = MetricsWindow(0.0)
+    only_ahead.add(6, [-1], stats)
+    record = only_ahead.summary(1.0)
+    assert record["policy_lag_negative"] == 1 and record["policy_lag_counts"] == []
+    from tracking import strict_json
+    assert json.loads(strict_json(record))["policy_lag"] is None
+
+
+def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_path, redis_client, redis_url,
+                                                                          run_name):
+    import itertools
+
+    import msgpack
+
+    from agents.heads import make_model
+    from distributed.params import ParamStore
+    from envs.registry import env_spec
+
+    T = 3
+    cfg = tictactoe_config(run_name, tmp_path, "actor.param_sync_every=1", "actor.send_batch=1")
+    store = ParamStore(redis_client, run_name)
+    model = make_model(env_spec("tictactoe"), cfg.agent)
+    store.publish(model.state_dict(), 1)
+    actor = Actor(cfg, redis_url, 0)
+    # A new version after every unroll sent: the two seats' unrolls end at different moves, so one
+    # seat's unroll is still open while the other's send loads the next version.
+    versions = itertools.count(2)
+    sync, choose, send = actor.sync_params, actor.choose_actions, actor.send
+    moves: list[tuple[int, int]] = []  # (seat, version that chose the move): one acting agent per step
+
+    def publishing_sync(wait: bool = False) -> None:
+        if not wait:
+            store.publish(model.state_dict(), next(versions))
+        sync(wait)
+
+    def logging_choose(steps):
+        moves.append((steps[0].agents[0], actor.version))
+        return choose(steps)
+
+    actor.sync_params, actor.choose_actions = publishing_sync, logging_choose
+    actor.send = lambda unrolls, versions=None: send(unrolls, versions) or actor.sent >= 12
+    try:
+        actor.run()
+    finally:
+        actor.close()
+    # Unroll k of a seat: its moves kT..kT+T-1, finished when the seat observes move (k+1)T.
+    expected = []  # (move index at which it finished, version of its first move)
+    for seat in (0, 1):
+        at = [n for n, (s, _) in enumerate(moves) if s == seat]
+        expected += [(at[(k + 1) * T], moves[at[k * T]][1]) for k in range(len(at) // T) if (k + 1) * T < len(at)]
+    stamped = [msgpack.unpackb(f[b"data"])["header"]["policy_version"]
+               for _, f in redis_client.xrange(f"{run_name}:traj")]
+    # The last unroll sent ends the run before its seat's next move is chosen: it is not in `expected`.
+    assert len(stamped) == 12 and len(expected) >= 11
+    assert stamped[:len(expected)] == [version for _, version in sorted(expected)]
+    assert len(set(stamped)) > 1
