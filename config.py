@@ -58,7 +58,10 @@ class RunConfig:
     dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
     seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
                    "SeedSequence of seed, actor id, start); see README 'What run.seed reproduces'")
-    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many env steps")
+    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many agent steps (T per "
+                           "fresh unroll; metrics.jsonl's agent_steps_trained, also the unit of SPS). Not env "
+                           "steps (env_steps_played): a league game trains only the learner's seat, a battle "
+                           "every unit of a learning team")
     max_minutes: float = _f(0.0, "also stop after this many minutes of training (0 = no time limit)")
     redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")
     wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")

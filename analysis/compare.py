@@ -274,7 +274,7 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
 
     paths = []
     for axis, label, fname in (("time", "wall clock (s)", "curves_wall_clock.png"),
-                               ("frames", "env frames", "curves_frames.png")):
+                               ("frames", "agent steps trained", "curves_frames.png")):
         fig, ax = plt.subplots(figsize=(7, 4))
         for k, (name, rs) in enumerate(runs.items()):
             for j, run in enumerate(rs):

@@ -141,7 +141,7 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
         recs = [r for r in run.records if k in r]
         ax.plot(*_broken(run, recs, (lambda r: r["frames"]) if x == "frames" else run.elapsed, lambda r: r[k]),
                 ".-", label=k)
-    ax.set_xlabel("env frames" if x == "frames" else "wall clock (s)")
+    ax.set_xlabel("agent steps trained" if x == "frames" else "wall clock (s)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -125,7 +125,7 @@ class A3CWorker(Actor):
         self.backlog = self.gradients.add([encode_gradients(
             self.model, policy_version=self.version, actor_id=self.actor_id,
             frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
-            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent)
+            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent, env_steps=self.env_steps)
         self.sent += len(unrolls)
         self.sync_params()
         self.refresh_opponents()

@@ -360,6 +360,10 @@ class Actor:
         self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.sent = 0
+        # Env steps played: each env.step once (an adapter's `act`), whoever acted in it, learner or
+        # opponent; reported with every send. An env that repeats each action k times (a frame skip)
+        # would also count emulator frames, k per env step, here; no env of ours repeats actions.
+        self.env_steps = 0
         self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
         self.pending_results: list[dict] = []
@@ -489,6 +493,7 @@ class Actor:
             for i, env in enumerate(self.envs):
                 env.act(actions[i])
                 steps[i] = env.advance()
+            self.env_steps += len(self.envs)
 
     def choose_actions(self, steps: list) -> list[list[int]]:
         """Per env, one action per acting agent: the learner's (recorded in its unroll buffer) or its
@@ -562,7 +567,7 @@ class Actor:
                                            level=self.cfg.transport.compression_level))
         self.sent += len(unrolls)
         self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
-                                             throttled_s=self.throttled_s)
+                                             throttled_s=self.throttled_s, env_steps=self.env_steps)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()

@@ -52,7 +52,7 @@ from tracking import Tracker, start_tracking, strict_json
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
-COUNTERS = ("produced", "trained", "dead_lettered")  # delivery counts that only grow
+COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
@@ -891,7 +891,10 @@ class Learner:
         counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
         self.last_counters = {k: counts[k] for k in COUNTERS}
         record.update({
-            "step": self.step, "frames": self.frames, "time": time.time(),
+            # Agent steps trained (`frames`, its older name; the unit of run.total_frames and SPS) and
+            # env steps played by the actors (each env.step once, whoever acted).
+            "step": self.step, "frames": self.frames, "agent_steps_trained": self.frames,
+            "env_steps_played": counts["env_steps"], "time": time.time(),
             "elapsed_s": self.elapsed(), "learner_started": self.started_at,
             # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
             "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
@@ -932,9 +935,10 @@ class Learner:
                          + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
         if episodes:
             games.append(f"len {record['episode_length']:.1f}")
-        log.info("%sframes %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
-                 "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
-                 f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"], record["queue_depth"],
+        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
+                 "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
+                 f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}", record["sps"],
+                 record["policy_lag"], record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 
 
@@ -967,7 +971,7 @@ class MetricsWindow:
         return record
 
     def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
+        """Mean of each learn_step statistic, SPS (agent steps trained per second), policy lag
         (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
         the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
         waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck.

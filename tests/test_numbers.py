@@ -223,3 +223,22 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
     assert len(stamped) == 12 and len(expected) >= 11
     assert stamped[:len(expected)] == [version for _, version in sorted(expected)]
     assert len(set(stamped)) > 1
+
+
+# -- 1. agent steps trained and env steps played are separate counts ------------------------------
+
+def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, redis_client, redis_url, run_name):
+    from distributed.transport import TrajectoryStream
+
+    # Self-play duel: both players learn, so each env step is two agent steps (one per player).
+    cfg = duel_config(run_name, tmp_path, "run.total_frames=24")
+    learner, actor = train_with_one_actor(cfg, redis_url, tmp_path / run_name)
+    records = strict_lines(tmp_path / run_name / "metrics.jsonl")
+    assert all(r["agent_steps_trained"] == r["frames"] for r in records)
+    assert records[-1]["agent_steps_trained"] == learner.frames == 24  # the budget counts agent steps
+    counts = TrajectoryStream(redis_client, run_name).accounting()
+    played, T, buffers = counts["env_steps"], cfg.actor.unroll_length, 2 * cfg.actor.num_envs
+    # What the actor reported with its last send: each env step once, both players' steps in its unrolls.
+    assert 0 < played <= actor.env_steps
+    assert counts["produced"] * T <= 2 * played <= (counts["produced"] + buffers) * T
+    assert 12 <= records[-1]["env_steps_played"] <= played  # 24 agent steps trained took >= 12 env steps
