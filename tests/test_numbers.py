@@ -76,6 +76,30 @@ def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis
     assert returns and all(math.isfinite(x) for x in returns)
 
 
+def test_the_league_scores_no_game_with_a_nan_return(tmp_path, redis_url, run_name):
+    from distributed.transport import ResultsStream
+    from envs.base import EpisodeResult
+    from league.manager import LeagueManager
+
+    cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",
+                             "agent.hidden=8", "actor.num_envs=1", "league.enabled=true", "league.bots=[random]"])
+    manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
+    manager.consume_results()  # creates the group at the stream's end
+    actor = Actor(cfg, redis_url, 0)
+    try:
+        actor.opponent[0], actor.opponent_version[0], actor.learner_seat[0] = "random", "random", 0
+        nan = float("nan")
+        reports = [actor.result(0, EpisodeResult((nan, -1.0), 5, leader([nan, -1.0]))),
+                   actor.result(0, EpisodeResult((1.0, -1.0), 5, 0))]
+    finally:
+        actor.close()
+    assert reports[0]["nonfinite"] and reports[0]["winner"] == -1 and reports[0]["returns"] == []
+    ResultsStream(manager.redis, run_name).add_many(reports)
+    assert manager.consume_results() == 1  # the finite game alone
+    record = manager.payoff.records[("main", "random")]
+    assert (record.wins, record.draws, record.losses) == (1, 0, 0)  # the NaN game is no draw
+
+
 # -- 2. uint8 means an image only when the space says 0..255 ---------------------------------------
 
 PLANES = "pettingzoo:tests.planes_env"
