@@ -891,7 +891,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = list_run_dirs(Path(args.dir))
     print(f"{args.dir}/: {len(rows) or 'no'} run director{'y' if len(rows) == 1 else 'ies'}")
     for row in rows:
-        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} frames")
+        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} agent steps trained")
     if url:
         from distributed.transport import connect
 
