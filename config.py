@@ -117,7 +117,7 @@ class AgentConfig:
 class ActorConfig:
     num_actors: int = _f(2, "actor processes that `run.py train` starts")
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
-    unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
+    unroll_length: int = _f(40, "T: steps of one learning stream (agent steps) per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
     send_batch: int = _f(1, "unrolls per trajectory stream entry: an actor sends its finished unrolls this many "
                          "to an entry, stacked (one round trip for all; one parse per entry for the learner, whose "

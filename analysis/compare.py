@@ -92,7 +92,7 @@ def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, m
 
 def score_at(run: Run, key: str, *, seconds: float | None = None, frames: float | None = None) -> float | None:
     """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `frames`
-    env steps); None when no record has it by then. Without a limit: at the end of the run."""
+    agent steps trained); None when no record has it by then. Without a limit: at the end of the run."""
     rows = [r for r in run.records if key in r
             and (seconds is None or run.elapsed(r) <= seconds + 1e-9)
             and (frames is None or r["frames"] <= frames)]
@@ -312,7 +312,7 @@ def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("actor processes")
-    ax.set_ylabel("env steps per second")
+    ax.set_ylabel("agent steps trained per second")
     ax.set_title("SPS against actors")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -40,7 +40,7 @@ def encode_gradients(model: torch.nn.Module, *, policy_version: int, actor_id: i
 
     grads holds each parameter's .grad (float32, the parameter's shape; zeros where it has none),
     named as in `model.named_parameters()`. header: `schema`, `policy_version` (the weights the
-    gradient was computed with), `actor_id`, `frames` (env steps it covers) and `stats` (loss parts,
+    gradient was computed with), `actor_id`, `frames` (agent steps it covers) and `stats` (loss parts,
     floats named as in STAT_NAMES).
     """
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).float()
@@ -135,7 +135,7 @@ class A3CWorker(Actor):
 class ParameterServer(Learner):
     """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls.
 
-    Metrics keep the learner's names: `sps` counts the env steps behind the applied gradients,
+    Metrics keep the learner's names: `sps` counts the agent steps behind the applied gradients,
     `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
     parts are the workers' own.
     """

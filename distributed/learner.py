@@ -825,7 +825,7 @@ class Learner:
 
     def train_on(self, prepared: Prepared) -> dict[str, float]:
         """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
-        With K learners the gradient is that of all K batches. Frames count the env steps consumed,
+        With K learners the gradient is that of all K batches. Frames count the agent steps consumed,
         K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)

@@ -1,6 +1,6 @@
 """Parameter store: the learner publishes weights (safetensors bytes) with a version; actors pull them.
 
-Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:frames` (env steps the
+Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:frames` (agent steps the
 learner had trained on). They are written in one MULTI/EXEC and read in one, so a reader never pairs
 new weights with an old version. Actors poll only the small
 version key and fetch the weights when it changed.
