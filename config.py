@@ -58,7 +58,10 @@ class RunConfig:
     dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
     seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
                    "SeedSequence of seed, actor id, start); see README 'What run.seed reproduces'")
-    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many env steps")
+    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many agent steps (T per "
+                           "fresh unroll; metrics.jsonl's agent_steps_trained, also the unit of SPS). Not env "
+                           "steps (env_steps_played): a league game trains only the learner's seat, a battle "
+                           "every unit of a learning team")
     max_minutes: float = _f(0.0, "also stop after this many minutes of training (0 = no time limit)")
     redis_url: Optional[str] = _f(None, "redis://[:password@]host:port/db of a shared Redis; unset = start an embedded one")
     wandb_mode: str = _f("offline", "wandb mode: offline (default, no network), online, or disabled")
@@ -114,7 +117,7 @@ class AgentConfig:
 class ActorConfig:
     num_actors: int = _f(2, "actor processes that `run.py train` starts")
     num_envs: int = _f(32, "envs per actor process, stepped together with one batched forward pass")
-    unroll_length: int = _f(40, "T: env steps of one learning stream per unroll")
+    unroll_length: int = _f(40, "T: steps of one learning stream (agent steps) per unroll")
     param_sync_every: int = _f(4, "check the params version after this many unrolls sent by this actor")
     send_batch: int = _f(1, "unrolls per trajectory stream entry: an actor sends its finished unrolls this many "
                          "to an entry, stacked (one round trip for all; one parse per entry for the learner, whose "

@@ -77,9 +77,9 @@ OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and co
 per variant (means over seeds; per-seed rows in the JSON). Scores read `mean ± h`: h is the
 half-width of the 95% confidence interval of the mean over seeds (Student t, n - 1 degrees of
 freedom), "-" with one seed; compare.json has the mean, h (<score>_ci95) and the per-seed values:
-  SPS             env frames per second the learner (A3C: parameter server) trained on, mean
+  SPS             agent steps per second the learner (A3C: parameter server) trained on, mean
   SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
-  frames          env frames trained on by the end of the budget
+  frames          agent steps trained on by the end of the budget
   policy lag      learner updates between acting and learning (A3C: gradient staleness)
   final score     the score at the end of the run
   final score vs bot
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actors", type=int, nargs="+", help="actors study: the actor counts (default 1, 2, 4, ... "
                    "up to the cores)")
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
-    p.add_argument("--frames", type=int, help="also end each run at this many env frames (default: only the budget)")
+    p.add_argument("--frames", type=int, help="also end each run at this many agent steps trained (default: only the budget)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
     p.add_argument("--variants", nargs="+", help="run only these variants of the study (e.g. vtrace is1); "
                    "default: all")
@@ -891,7 +891,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = list_run_dirs(Path(args.dir))
     print(f"{args.dir}/: {len(rows) or 'no'} run director{'y' if len(rows) == 1 else 'ies'}")
     for row in rows:
-        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} frames")
+        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} agent steps trained")
     if url:
         from distributed.transport import connect
 

@@ -60,6 +60,20 @@ def _silent() -> bool:
     return os.environ.get("WANDB_SILENT", "true").strip().lower() not in ("false", "0", "no", "off")
 
 
+def strict_json(record: Mapping[str, Any]) -> str:
+    """`record` as one line of strict JSON: every non-finite float (NaN, +-inf, e.g. the loss of a
+    skipped update) becomes null, so that any JSON reader can read metrics.jsonl."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, (float, np.floating)):
+            return float(value) if np.isfinite(value) else None
+        if isinstance(value, Mapping):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+    return json.dumps(finite(record), allow_nan=False)
+
+
 class WandbSink:
     """One wandb run (from `wandb.init`)."""
 

@@ -141,4 +141,4 @@ def make_model(spec, cfg) -> nn.Module:
         return FullyConv(SC2ObservationSpec(*sizes), FunctionCallCodec(*sizes), cfg)
     from agents.network import ActorCritic
 
-    return ActorCritic(spec.obs_shape, spec.num_actions, cfg)
+    return ActorCritic(spec.obs_shape, spec.num_actions, cfg, spec.obs_image)

@@ -75,12 +75,14 @@ class ActorCritic(Network):
       obs_shape: one observation's shape; boards are channels-last (H, W, C) as PettingZoo gives them.
       num_actions: A, the size of the Discrete action space.
       cfg: torso choice and sizes, and the core.
+      image: the observation is an image (EnvSpec.obs_image): the torso scales it by 1/255.
     """
 
-    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig):
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: AgentConfig, image: bool = False):
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
+        self.image = image  # EnvSpec.obs_image (uint8, bounds 0..255): scaled by 1/255; else as it is
         if cfg.torso == "conv":
             if len(obs_shape) != 3:
                 raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
@@ -110,9 +112,9 @@ class ActorCritic(Network):
         self.baseline = nn.Linear(out, 1)
 
     def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """The torso: obs [N, *obs_shape] (any numeric dtype; uint8 means an image, scaled to [0, 1]) ->
-        features [N, hidden]."""
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        """The torso: obs [N, *obs_shape] (any numeric dtype; scaled by 1/255 only where the env's space
+        is an image, `image`: a uint8 Box of bounds 0..255) -> features [N, hidden]."""
+        x = obs.float() / 255.0 if self.image else obs.float()
         if self.conv is not None:
             extra = [landing_cells(x)] if self.landing_plane else []
             extra += [threat_cells(x)] if self.threat_planes else []

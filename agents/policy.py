@@ -134,7 +134,7 @@ def load_policy(path: str | Path, seed: int | None = None) -> Policy:
         spec = checked_spec(config)
     except ConfigError as e:
         raise CheckpointError(f"{path}: the run config in its metadata is not usable: {e}") from None
-    model = ActorCritic(spec.obs_shape, spec.num_actions, config.agent)
+    model = ActorCritic(spec.obs_shape, spec.num_actions, config.agent, spec.obs_image)
     try:
         model.load_state_dict(model_state(tensors))
     except RuntimeError as e:

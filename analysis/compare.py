@@ -92,7 +92,7 @@ def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, m
 
 def score_at(run: Run, key: str, *, seconds: float | None = None, frames: float | None = None) -> float | None:
     """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `frames`
-    env steps); None when no record has it by then. Without a limit: at the end of the run."""
+    agent steps trained); None when no record has it by then. Without a limit: at the end of the run."""
     rows = [r for r in run.records if key in r
             and (seconds is None or run.elapsed(r) <= seconds + 1e-9)
             and (frames is None or r["frames"] <= frames)]
@@ -108,7 +108,8 @@ def run_summary(run: Run, key: str | None, equal_seconds: float, equal_frames: f
         "sps": float(np.mean([r["sps"] for r in recs])) if recs else None,
         "frames": int(recs[-1]["frames"]) if recs else 0,
         "wall_s": run.elapsed(recs[-1]) if recs else 0.0,
-        "policy_lag": float(np.mean([r["policy_lag"] for r in recs])) if recs else None,
+        "policy_lag": float(np.nanmean([r["policy_lag"] if r.get("policy_lag") is not None else np.nan for r in recs]))
+        if recs else None,
         "final_score": score_at(run, key) if key else None,
         "score_at_equal_wall_clock": score_at(run, key, seconds=equal_seconds) if key else None,
         "score_at_equal_frames": score_at(run, key, frames=equal_frames) if key else None,
@@ -273,7 +274,7 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
 
     paths = []
     for axis, label, fname in (("time", "wall clock (s)", "curves_wall_clock.png"),
-                               ("frames", "env frames", "curves_frames.png")):
+                               ("frames", "agent steps trained", "curves_frames.png")):
         fig, ax = plt.subplots(figsize=(7, 4))
         for k, (name, rs) in enumerate(runs.items()):
             for j, run in enumerate(rs):
@@ -311,7 +312,7 @@ def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("actor processes")
-    ax.set_ylabel("env steps per second")
+    ax.set_ylabel("agent steps trained per second")
     ax.set_title("SPS against actors")
     ax.grid(alpha=0.3)
     ax.legend()

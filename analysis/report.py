@@ -141,7 +141,7 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
         recs = [r for r in run.records if k in r]
         ax.plot(*_broken(run, recs, (lambda r: r["frames"]) if x == "frames" else run.elapsed, lambda r: r[k]),
                 ".-", label=k)
-    ax.set_xlabel("env frames" if x == "frames" else "wall clock (s)")
+    ax.set_xlabel("agent steps trained" if x == "frames" else "wall clock (s)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -158,7 +158,7 @@ def throughput(run: Run) -> Figure | None:
     fig, ax = plt.subplots(figsize=(7, 3.4))
     ax.plot(*_broken(run, run.records, run.elapsed, lambda r: r["sps"]), ".-", color="C0", label="SPS")
     ax.set_xlabel("wall clock (s)")
-    ax.set_ylabel("SPS (env frames / s)", color="C0")
+    ax.set_ylabel("SPS (agent steps trained / s)", color="C0")
     twin = ax.twinx()
     twin.plot(*_broken(run, run.records, run.elapsed, lambda r: r.get("queue_depth", 0)), ".-", color="C3",
               label="queue depth")
@@ -183,7 +183,7 @@ def lag_histogram(run: Run) -> Figure | None:
         ax.set_ylabel("unrolls")
         ax.set_xlabel("policy lag (learner updates; the last bar: that many or more)")
     elif run.records:
-        ax.hist([r["policy_lag"] for r in run.records], bins=20, color="C2")
+        ax.hist([r["policy_lag"] for r in run.records if r.get("policy_lag") is not None], bins=20, color="C2")
         ax.set_ylabel("metrics records")
         ax.set_xlabel("mean policy lag of a record")
     else:
@@ -327,7 +327,7 @@ def _seat_rate(result: dict, key: str) -> float | None:
 def over_training_figure(record: dict | None) -> Figure | None:
     """evaluation.json's `over_training` (earlier policies of the run, then the final one, against the
     bots): one row per opponent, one column per rate (win rate, immediate wins taken, forced blocks
-    made), against env frames, one line per seat. None where the record has no such entries."""
+    made), against agent steps trained, one line per seat. None where the record has no such entries."""
     entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
                      key=lambda e: e["frames"])
     if not entries:
@@ -350,7 +350,7 @@ def over_training_figure(record: dict | None) -> Figure | None:
             ax.set_title(f"vs {opponent}: {label}", fontsize=9)
             ax.grid(alpha=0.3)
             if row == len(opponents) - 1:
-                ax.set_xlabel("env frames")
+                ax.set_xlabel("agent steps trained")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("over training: the greedy policy against the bots (the last point: the final evaluation)",
                  fontsize=10)

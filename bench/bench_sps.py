@@ -38,7 +38,7 @@ def raw_sps(cfg, seconds: float) -> float:
     """Env steps per second of one process: batched inference over num_envs envs, no transport."""
     torch.set_num_threads(1)
     spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-    model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).eval()
+    model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent, spec.obs_image).eval()
     envs = [make_env(cfg.env.name, i, cfg.env.kwargs, seats=cfg.env.seats) for i in range(cfg.actor.num_envs)]
     steps_now = [env.advance() for env in envs]
     steps, start = 0, time.perf_counter()  # steps: agent-steps (one per acting agent)

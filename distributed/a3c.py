@@ -40,7 +40,7 @@ def encode_gradients(model: torch.nn.Module, *, policy_version: int, actor_id: i
 
     grads holds each parameter's .grad (float32, the parameter's shape; zeros where it has none),
     named as in `model.named_parameters()`. header: `schema`, `policy_version` (the weights the
-    gradient was computed with), `actor_id`, `frames` (env steps it covers) and `stats` (loss parts,
+    gradient was computed with), `actor_id`, `frames` (agent steps it covers) and `stats` (loss parts,
     floats named as in STAT_NAMES).
     """
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).float()
@@ -109,8 +109,9 @@ class A3CWorker(Actor):
         # A worker's batch is its own few unrolls: it trains on both orientations of each (`random` too).
         self.mirror = cfg.learner.mirror_augment != "none" and self.spec.mirror_actions is not None
 
-    def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
-        """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over."""
+    def send(self, unrolls: list[dict[str, np.ndarray]], versions: list[int] | None = None) -> bool:
+        """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over.
+        The gradient is that of the weights held now, so it is stamped with their version, not `versions`."""
         self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
         if self.run_over():
             return True
@@ -124,7 +125,7 @@ class A3CWorker(Actor):
         self.backlog = self.gradients.add([encode_gradients(
             self.model, policy_version=self.version, actor_id=self.actor_id,
             frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
-            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent)
+            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent, env_steps=self.env_steps)
         self.sent += len(unrolls)
         self.sync_params()
         self.refresh_opponents()
@@ -134,7 +135,7 @@ class A3CWorker(Actor):
 class ParameterServer(Learner):
     """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls.
 
-    Metrics keep the learner's names: `sps` counts the env steps behind the applied gradients,
+    Metrics keep the learner's names: `sps` counts the agent steps behind the applied gradients,
     `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
     parts are the workers' own.
     """

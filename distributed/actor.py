@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import redis
@@ -117,8 +118,12 @@ class UnrollBuffer:
     it when that step is an unroll's step 0, the bootstrap step T included: it is step 0 of the next one.
     """
 
-    def __init__(self, spec: UnrollSpec):
+    def __init__(self, spec: UnrollSpec, version: Callable[[], int] = lambda: -1):
         self.T = spec.unroll_length
+        # The policy version acting now (the actor's), and the one that chose the open unroll's step 0:
+        # the oldest that acted in it, which stamps it (`finished_version`: of the last unroll returned).
+        self.version = version
+        self.first_version = self.finished_version = -1
         self.arrays = {name: np.zeros(shape, dtype) for name, (dtype, shape) in spec.arrays.items()}
         self.final_spec = spec.final_arrays
         self.stepped = [name for name in self.arrays if name.startswith("obs") or name == "action_mask"]  # T+1 long
@@ -141,6 +146,7 @@ class UnrollBuffer:
             return None
         unroll = {name: array.copy() for name, array in a.items()}
         unroll.update(self._final_arrays())
+        self.finished_version = self.first_version
         for name in self.stepped:
             a[name][0] = a[name][self.T]
         self.n = 1
@@ -170,6 +176,8 @@ class UnrollBuffer:
     def record_action(self, action: int | np.ndarray, behaviour: np.ndarray) -> None:
         """The action taken at the open step and mu's record of it (logits, or per-head log-probs)."""
         t = self.n - 1
+        if t == 0:
+            self.first_version = self.version()
         self.arrays["action"][t] = action
         self.arrays[self.behaviour][t] = behaviour
         self.arrays["reward"][t] = 0.0
@@ -213,6 +221,7 @@ class Opponents:
         self.store = LeagueStore(client, cfg.run.name)
         self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
         self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
+        self.digests: dict[str, bytes | None] = {}  # per learner id: SHA-256 of the weights loaded (ParamStore.name)
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
         self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
@@ -262,6 +271,7 @@ class Opponents:
                 if fetched is None:
                     return None  # that learner has not published yet: not a failure
                 self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
+                self.digests[opponent_id] = store.fetched_digest
                 return self.learners[opponent_id][2]
             try:
                 data = self.store.snapshot(opponent_id)
@@ -281,11 +291,12 @@ class Opponents:
         return self.snapshots[opponent_id]
 
     def refresh(self) -> None:
-        """Load the latest weights of the learners played against, where their version changed, into
+        """Load the latest weights of the learners played against, where their name changed, into
         new models: games in progress keep the model they started with (one opponent per game).
         Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
         for opponent_id, (store, version, _) in list(self.learners.items()):
-            if store.version() != version:
+            # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
+            if store.name() != (version, self.digests.get(opponent_id)):
                 try:
                     fetched = store.fetch()
                 except WeightsCorrupt as e:
@@ -300,6 +311,7 @@ class Opponents:
                         del self.learners[opponent_id]
                         continue
                     self.learners[opponent_id] = (store, fetched[0], model)
+                    self.digests[opponent_id] = store.fetched_digest
 
 
 class Actor:
@@ -332,7 +344,8 @@ class Actor:
         self.np_rng = np.random.default_rng(self.seeds.opponents)
         self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs, seats=cfg.env.seats,
                               empty_mask=cfg.env.empty_mask) for seeds in self.seeds.envs]
-        self.buffers = [[UnrollBuffer(self.unroll_spec) for _ in self.spec.agents] for _ in self.envs]
+        self.buffers = [[UnrollBuffer(self.unroll_spec, lambda: self.version) for _ in self.spec.agents]
+                        for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
         self.head = policy_head(self.spec)
@@ -362,8 +375,13 @@ class Actor:
         self.learner_seat = [-1] * len(self.envs)  # per env: the learning seat, -1 = every seat (self-play)
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
+        self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.sent = 0
+        # Env steps played: each env.step once (an adapter's `act`), whoever acted in it, learner or
+        # opponent; reported with every send. An env that repeats each action k times (a frame skip)
+        # would also count emulator frames, k per env step, here; no env of ours repeats actions.
+        self.env_steps = 0
         self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
         self.pending_results: list[dict] = []
@@ -392,12 +410,13 @@ class Actor:
             self.pending_results, self.results_sent_at = [], time.monotonic()
 
     def sync_params(self, wait: bool = False) -> None:
-        """Load the latest published weights if their version changed (waiting for the first ones).
-        Weights that fail their SHA-256 are logged, counted (`self.corrupt_weights`, and in Redis by
-        ParamStore) and not loaded: the previous weights stay."""
+        """Load the latest published weights if their name changed, the version or the SHA-256 of the
+        blob (waiting for the first ones): after a learner's rollback one version number can name two
+        sets of weights (see distributed/params.py). Weights that fail their SHA-256 are logged, counted
+        (`self.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
-            if self.params.version() != self.version:
+            if self.params.name() != (self.version, self.weights_digest):
                 try:
                     fetched = self.params.fetch()
                     if fetched is not None:
@@ -413,7 +432,11 @@ class Actor:
                                       f"network: does its config (env.name, agent.*) match the learner's? ({detail})"
                                       ) from None
                 if fetched is not None:
-                    self.version = fetched[0]
+                    if fetched[0] <= self.version:
+                        log.warning("actor %d: the weights published as policy version %d replace version %d "
+                                    "(the learner resumed from an older checkpoint, or the league reset it)",
+                                    self.actor_id, fetched[0], self.version)
+                    self.version, self.weights_digest = fetched[0], self.params.fetched_digest
                     return
             if not wait or self.run_over():
                 return
@@ -461,6 +484,7 @@ class Actor:
         for i in range(len(self.envs)):
             self.start_episode(i)
         unrolls: list[dict[str, np.ndarray]] = []  # finished, not sent yet
+        versions: list[int] = []  # of each: the policy version that chose its step 0's action
         while not self.stopping:
             episodes = []
             for i, step in enumerate(steps):
@@ -480,17 +504,19 @@ class Actor:
                         unroll = self.buffers[i][agent].observe(obs, mask, self.core_record(i, agent))
                         if unroll is not None:
                             unrolls.append(unroll)
+                            versions.append(self.buffers[i][agent].finished_version)
             self.report(episodes)
             if len(unrolls) >= self.cfg.actor.send_batch:  # whole entries of send_batch; the rest waits
                 ready = len(unrolls) - len(unrolls) % self.cfg.actor.send_batch
-                if self.send(unrolls[:ready]):
+                if self.send(unrolls[:ready], versions[:ready]):
                     self.report([], flush=True)
                     return
-                unrolls = unrolls[ready:]
+                unrolls, versions = unrolls[ready:], versions[ready:]
             actions = self.choose_actions(steps)
             for i, env in enumerate(self.envs):
                 env.act(actions[i])
                 steps[i] = env.advance()
+            self.env_steps += len(self.envs)
 
     def core_record(self, i: int, agent: int) -> tuple[np.ndarray, int, float] | None:
         """What an unroll of env i's agent keeps of its core input before this step (None: no core)."""
@@ -561,9 +587,13 @@ class Actor:
         if state is not None:
             self.cores.advance(keys, state, (drawn if drawn.dim() == 1 else drawn[:, 0]).tolist())
 
-    def send(self, unrolls: list[dict[str, np.ndarray]]) -> bool:
+    def send(self, unrolls: list[dict[str, np.ndarray]], versions: list[int] | None = None) -> bool:
         """XADD finished unrolls, `actor.send_batch` to a stream entry, after waiting for room; sync
-        params on schedule. True = run is over."""
+        params on schedule. True = run is over. versions: per unroll, the policy version that chose
+        its step 0's action (UnrollBuffer; None: the version held now); an entry is stamped with the
+        oldest of its unrolls', so that its policy lag is that of the oldest weights that acted in it,
+        not of those held when it is sent."""
+        versions = [self.version] * len(unrolls) if versions is None else versions
         per_entry = self.cfg.actor.send_batch
         self.throttled_s += self.trajectories.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry),
                                                             self.run_over, backlog=self.backlog)
@@ -573,24 +603,33 @@ class Actor:
         for first in range(0, len(unrolls), per_entry):
             payloads.append(encode_unrolls(unrolls[first:first + per_entry],
                                            unroll_id=f"{self.actor_id}-{self.token}-{self.sent + first}",
-                                           policy_version=self.version, actor_id=self.actor_id, env=self.spec.name,
+                                           policy_version=min(versions[first:first + per_entry]),
+                                           actor_id=self.actor_id, env=self.spec.name,
                                            compression=self.cfg.transport.compression,
                                            level=self.cfg.transport.compression_level))
         self.sent += len(unrolls)
         self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
-                                             throttled_s=self.throttled_s)
+                                             throttled_s=self.throttled_s, env_steps=self.env_steps)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()
         return False
 
     def result(self, i: int, episode) -> dict:
-        """The report of a finished episode of env i, for the learner's metrics and the league's payoff."""
-        return {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
-                "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
-                "learner_seat": self.learner_seat[i],
-                "winner": -1 if episode.winner is None else episode.winner, "length": episode.length,
-                "returns": list(episode.returns)}
+        """The report of a finished episode of env i, for the learner's metrics and the league's payoff.
+        An episode with a non-finite return (a NaN or infinite reward; its unrolls are dead-lettered) is
+        reported as `nonfinite` with no returns and no winner: the learner counts it and the league
+        leaves it out, so no statistic and no rating is made from it."""
+        returns = [float(r) for r in episode.returns]
+        finite = all(math.isfinite(r) for r in returns)
+        report = {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
+                  "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
+                  "learner_seat": self.learner_seat[i],
+                  "winner": -1 if episode.winner is None or not finite else episode.winner, "length": episode.length,
+                  "returns": returns if finite else []}
+        if not finite:
+            report["nonfinite"] = True
+        return report
 
 
 def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = MAIN,

@@ -48,12 +48,12 @@ from league.players import MAIN, checkpoint_dir, metrics_path, namespace
 from league.store import LeagueStore
 from envs.registry import EnvSpec, env_spec
 from evaluation.bots import GAMES
-from tracking import Tracker, start_tracking
+from tracking import Tracker, start_tracking, strict_json
 
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
-COUNTERS = ("produced", "trained", "dead_lettered")  # delivery counts that only grow
+COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
@@ -871,7 +871,7 @@ class Learner:
 
     def train_on(self, prepared: Prepared) -> dict[str, float]:
         """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
-        With K learners the gradient is that of all K batches. Frames count the env steps consumed,
+        With K learners the gradient is that of all K batches. Frames count the agent steps consumed,
         K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
@@ -928,6 +928,8 @@ class Learner:
 
     def log_metrics(self, window: "MetricsWindow", now: float) -> None:
         episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
+        nonfinite = sum(bool(e.get("nonfinite")) for e in episodes)  # counted, and left out of every statistic
+        episodes = [e for e in episodes if not e.get("nonfinite")]
         self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
@@ -935,13 +937,16 @@ class Learner:
         counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
         self.last_counters = {k: counts[k] for k in COUNTERS}
         record.update({
-            "step": self.step, "frames": self.frames, "time": time.time(),
+            # Agent steps trained (`frames`, its older name; the unit of run.total_frames and SPS) and
+            # env steps played by the actors (each env.step once, whoever acted).
+            "step": self.step, "frames": self.frames, "agent_steps_trained": self.frames,
+            "env_steps_played": counts["env_steps"], "time": time.time(),
             "elapsed_s": self.elapsed(), "learner_started": self.started_at,
             # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
             "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "unrolls_rolled_back": self.rolled_back,
-            "episodes": len(episodes), "learning_rate": self.optimizer.param_groups[0]["lr"],
+            "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
             "actors_throttled_s": counts["throttled_s"],
@@ -962,7 +967,7 @@ class Learner:
         if league:
             record["league_score"] = float(np.mean([episode_score(e) for e in league]))
             record.update(seat_scores(league, len(self.spec.seats)))
-        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.write(strict_json(record) + "\n")
         self.metrics_file.flush()
         self.tracker.log(record, self.step)
         games = []
@@ -976,9 +981,10 @@ class Learner:
                          + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
         if episodes:
             games.append(f"len {record['episode_length']:.1f}")
-        log.info("%sframes %s/%s  SPS %.0f  lag %.1f  queue %d  loss %.3f  entropy %.2f  rho %.2f  %s",
-                 "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
-                 f"{self.cfg.run.total_frames:,}", record["sps"], record["policy_lag"], record["queue_depth"],
+        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
+                 "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
+                 f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}", record["sps"],
+                 record["policy_lag"], record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 
 
@@ -1011,15 +1017,21 @@ class MetricsWindow:
         return record
 
     def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (learner-consumed env steps per second), policy lag
+        """Mean of each learn_step statistic, SPS (agent steps trained per second), policy lag
         (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
         the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
-        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck."""
+        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck.
+        A negative lag (the unroll's version ahead of the learner: acted by weights from before the learner
+        resumed from an older checkpoint) is counted in `policy_lag_negative` and left out of the lag
+        statistics, which are null when the window has no other unroll."""
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
-        record.update({"sps": self.frames / max(now - self.start, 1e-9), "policy_lag": float(np.mean(self.lags)),
-                       "policy_lag_max": int(max(self.lags)),
-                       "policy_lag_counts": np.bincount(np.clip(self.lags, 0, LAG_BINS - 1)).tolist()})
+        lags = [lag for lag in self.lags if lag >= 0]
+        record.update({"sps": self.frames / max(now - self.start, 1e-9),
+                       "policy_lag": float(np.mean(lags)) if lags else math.nan,
+                       "policy_lag_max": int(max(lags)) if lags else None,
+                       "policy_lag_counts": np.bincount(np.clip(lags, 0, LAG_BINS - 1)).tolist() if lags else [],
+                       "policy_lag_negative": len(self.lags) - len(lags)})
         seconds = max(now - self.start, 1e-9)
         record.update(update_share=self.update_s / seconds, wait_share=self.waited_s / seconds)
         return record

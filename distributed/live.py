@@ -23,7 +23,8 @@ from config import Config
 
 def describe(record: dict) -> str:
     """The one-line summary of a metrics record shown beside the bar."""
-    parts = [f"SPS {record.get('sps', 0):,.0f}", f"lag {record.get('policy_lag', 0):.1f}",
+    lag = record.get("policy_lag", 0)  # null when every unroll of the record came from before a rollback
+    parts = [f"SPS {record.get('sps', 0):,.0f}", f"lag {lag:.1f}" if lag is not None else "lag -",
              f"queue {record.get('queue_depth', 0)}"]
     for key, label in (("league_score", "league score"), ("first_seat_win_rate", "first-seat wins")):
         if key in record:

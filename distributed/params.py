@@ -1,6 +1,6 @@
 """Parameter store: the learner publishes weights (safetensors bytes) with a version; actors pull them.
 
-Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:frames` (env steps the
+Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:frames` (agent steps the
 learner had trained on). They are written in one MULTI/EXEC and read in one, so a reader never pairs
 new weights with an old version. Actors poll only the small
 version key and fetch the weights when it changed.
@@ -8,6 +8,11 @@ version key and fetch the weights when it changed.
 Every blob travels with its SHA-256 (`{run}:params:sha256`, and `{run}:params:history:sha256` beside
 the history), written in the same MULTI/EXEC; `fetch` verifies it and raises WeightsCorrupt on a
 mismatch after counting it in `{run}:params:corrupt`. Readers log it and keep the weights they have.
+
+A version number alone does not name one set of weights: a learner resumed from a checkpoint older
+than its last publish publishes that checkpoint's update number again and counts up through numbers it
+had used. A weights' name is therefore (version, SHA-256) (`name`); readers reload when either changed,
+and `fetched_digest` tells them the digest of the blob `fetch` returned.
 
 Policy lag on purpose (`actor.weight_delay` = K > 0): the writer also keeps its last K+1 publishes
 in `{run}:params:history` (blobs) and `{run}:params:history:versions` (newest first), and a reader
@@ -42,6 +47,7 @@ class ParamStore:
         self.sha_key = f"{run}:params:sha256"
         self.history_sha_key = f"{run}:params:history:sha256"
         self.corrupt_key = f"{run}:params:corrupt"
+        self.fetched_digest: bytes | None = None  # SHA-256 of the blob the last `fetch` returned
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:
         data = encode_weights(state_dict)
@@ -87,6 +93,23 @@ class ParamStore:
             v = self.r.get(self.version_key)
         return int(v) if v is not None else -1
 
+    def name(self) -> tuple[int, bytes | None]:
+        """(version, SHA-256) of the weights `fetch` would return, read atomically: a version number
+        with the digest of its blob names one set of weights, also across a learner's rollback (see the
+        module doc). (-1, None) when nothing was published yet."""
+        pipe = self.r.pipeline(transaction=True)
+        if self.delay:
+            for key in (self.history_versions_key, self.history_sha_key):
+                pipe.lindex(key, self.delay)
+                pipe.lindex(key, -1)
+            delayed_v, oldest_v, delayed_sha, oldest_sha = pipe.execute()
+            v, sha = (delayed_v, delayed_sha) if delayed_v is not None else (oldest_v, oldest_sha)
+        else:
+            pipe.get(self.version_key)
+            pipe.get(self.sha_key)
+            v, sha = pipe.execute()
+        return (int(v), sha) if v is not None else (-1, None)
+
     def fetch(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version, state_dict) of the latest weights (K behind them with `delay`), or None when
         nothing was published yet. Raises WeightsCorrupt (counted) when the bytes do not match their
@@ -109,7 +132,9 @@ class ParamStore:
         version, data, digest = pipe.execute()
         if version is None or data is None:
             return None
-        return int(version), self._verified(int(version), data, digest), 0
+        verified = self._verified(int(version), data, digest)
+        self.fetched_digest = digest
+        return int(version), verified, 0
 
     def fetch_raw(self) -> tuple[int, bytes, int] | None:
         """(version, safetensors bytes, frames) of the latest weights, or None before the first publish.
@@ -122,4 +147,6 @@ class ParamStore:
         version, data, frames, digest = pipe.execute()
         if version is None or data is None:
             return None
-        return int(version), self._verified(int(version), data, digest), int(frames or 0)
+        verified = self._verified(int(version), data, digest)
+        self.fetched_digest = digest
+        return int(version), verified, int(frames or 0)

@@ -349,7 +349,7 @@ class ShardedTrajectories:
     def accounting(self) -> dict[str, float]:
         """`TrajectoryStream.accounting` summed over the shards (each read atomically; a down server's
         shards count as last read). Per-shard backlogs are left in `backlogs`."""
-        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+        total = {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
         for s, (stream, server) in enumerate(zip(self.streams, self.server_of)):
             counts = self._call(server, stream.accounting) if self._up(server) else None
             counts = counts or self.last_counts[s]

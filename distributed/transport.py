@@ -7,6 +7,7 @@ Keys (see docs/architecture.md):
   {run}:deadletter:count  counter of rejected entries
   {run}:traj:produced  hash: actor (`{actor_id}-{token}`) -> unrolls it has added, set with its XADDs
   {run}:traj:throttled hash: actor -> seconds it has waited for room (backpressure)
+  {run}:traj:env_steps hash: actor -> env steps it has played (each env.step once, whoever acted)
   {run}:traj:trained   counter of unrolls acked after an update trained on them
   {run}:done        set by the learner when the run is over; actors exit when they see it
 
@@ -252,13 +253,14 @@ class TrajectoryStream:
         self.deadletter_count_key = f"{prefix}:deadletter:count"
         self.produced_key = f"{self.key}:produced"
         self.throttled_key = f"{self.key}:throttled"
+        self.env_steps_key = f"{self.key}:env_steps"
         self.trained_key = f"{self.key}:trained"
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
     # -- actor side ---------------------------------------------------------------------------------
     def add(self, payloads: list[bytes], producer: str | None = None, produced: int = 0,
-            throttled_s: float = 0.0) -> int:
+            throttled_s: float = 0.0, env_steps: int = 0) -> int:
         """XADD encoded stream entries in one atomic script (never with MAXLEN: that could drop unread
         unrolls).
 
@@ -268,14 +270,16 @@ class TrajectoryStream:
         a lost reply (the retry policy does that) finds its adds done and does not repeat them, so every
         unroll is in the stream once. A producer's calls must therefore raise `produced`. Its field of
         `{run}:traj:throttled` is set to `throttled_s`, the seconds it has waited for room so far
-        (`wait_for_room`), from which the learner tells what the actors would produce unthrottled.
+        (`wait_for_room`), from which the learner tells what the actors would produce unthrottled, and
+        its field of `{run}:traj:env_steps` to `env_steps`, the env steps it has played so far.
         Without `producer` the entries are added unconditionally (a re-sent call adds them again).
 
         Returns the backlog after the adds (counted in the same round trip; see `backlog`).
         """
         throttled = f"{throttled_s:.3f}" if producer is not None and throttled_s else ""
-        n = int(self.r.eval(_ADD_ONCE, 3, self.key, self.produced_key, self.throttled_key,
-                            producer or "", produced, throttled, *payloads))
+        steps = int(env_steps) if producer is not None and env_steps else ""
+        n = int(self.r.eval(_ADD_ONCE, 4, self.key, self.produced_key, self.throttled_key, self.env_steps_key,
+                            producer or "", produced, throttled, steps, *payloads))
         self.last_backlog = (n, time.monotonic())
         return n
 
@@ -426,30 +430,34 @@ class TrajectoryStream:
     def accounting(self) -> dict[str, float]:
         """Where the unrolls of this stream went (see the module doc): `produced` (by all actors),
         `trained`, `dead_lettered` and `backlog` (unread or pending), read atomically;
-        and `throttled_s`, the seconds all its actors have waited for room (backpressure)."""
+        `throttled_s`, the seconds all its actors have waited for room (backpressure); and `env_steps`,
+        the env steps all its actors have played."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hvals(self.produced_key)
         pipe.get(self.trained_key)
         pipe.get(self.deadletter_count_key)
         pipe.xlen(self.key)
         pipe.hvals(self.throttled_key)
-        produced, trained, dead, backlog, throttled = pipe.execute()
+        pipe.hvals(self.env_steps_key)
+        produced, trained, dead, backlog, throttled, env_steps = pipe.execute()
         return {"produced": sum(int(n) for n in produced), "trained": int(trained or 0),
                 "dead_lettered": int(dead or 0), "backlog": backlog,
-                "throttled_s": sum(float(s) for s in throttled)}
+                "throttled_s": sum(float(s) for s in throttled), "env_steps": sum(int(n) for n in env_steps)}
 
 
 # Scripts go by EVAL, not EVALSHA: a Redis restarted between SCRIPT LOAD and EVALSHA would answer
 # NOSCRIPT to the retried command, and the user needs no SCRIPT permission.
 # An actor's adds, done once: skipped when the producer's `produced` field already shows them (a
 # re-sent script); the backlog after them is returned either way.
-# KEYS: stream, produced hash, throttled hash; ARGV: producer ('' = none), produced, throttled ('' = leave), entries.
+# KEYS: stream, produced hash, throttled hash, env steps hash; ARGV: producer ('' = none), produced,
+# throttled ('' = leave), env steps ('' = leave), entries.
 _ADD_ONCE = """
 local new = ARGV[1] == '' or tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1') < tonumber(ARGV[2])
 if new then
-  for i = 4, #ARGV do redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
+  for i = 5, #ARGV do redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
   if ARGV[1] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[3]) end
+  if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[4]) end
 end
 return redis.call('XLEN', KEYS[1])
 """

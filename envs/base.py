@@ -23,6 +23,7 @@ Terms used across `envs/`:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -71,6 +72,9 @@ class EnvSpec:
       that each action becomes under the reflection; None where the game has no such symmetry.
     version: the versioned env module the game comes from (e.g. `connect_four_v3`); replays record it
       and refuse to re-simulate under another.
+    obs_image: the observation is an image, a uint8 Box of bounds 0..255 (envs/spaces.py): the network
+      scales it by 1/255. False for every other observation, uint8 0/1 planes included: they reach the
+      network as they are.
     """
 
     name: str
@@ -86,6 +90,7 @@ class EnvSpec:
     kind: str = "aec"
     obs_arrays: Optional[tuple[tuple[str, tuple[int, ...], np.dtype], ...]] = None
     action_heads: Optional[tuple[int, ...]] = None
+    obs_image: bool = False
 
     def __post_init__(self) -> None:
         if not self.agents:  # turn-based board games: one agent per seat
@@ -154,7 +159,10 @@ class EpisodeSeeds:
 
 
 def leader(scores: Sequence[float]) -> int | None:
-    """Index of the strictly highest score, or None when several share it (a draw)."""
+    """Index of the strictly highest score, or None when several share it (a draw) or when any score is
+    NaN (no winner can be read from it: `max` would pick by seat order)."""
+    if any(math.isnan(s) for s in scores):
+        return None
     best = max(scores)
     leaders = [s for s, v in enumerate(scores) if v == best]
     return leaders[0] if len(leaders) == 1 else None

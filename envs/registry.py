@@ -155,12 +155,13 @@ def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_se
     Agents of different roles (MPE's adversaries and good agents) can have observation vectors of
     different lengths; they share one network (parameter sharing) by padding each vector with
     zeros to the longest and appending a one-hot of the agent's seat, so the network knows the role.
+    Returns (shape, dtype, image, encoders): `image` as in `ObsEncoder`, False for padded vectors.
     """
     encoders: list[ObsEncoder] = [observation_encoder(obs_space(a), f"env '{name}', agent '{a}'")
                                   for a in agents]
     shapes = {e.shape for e in encoders}
-    if len(shapes) == 1 and len({e.dtype for e in encoders}) == 1:
-        return encoders[0].shape, encoders[0].dtype, tuple(e.encode for e in encoders)
+    if len(shapes) == 1 and len({(e.dtype, e.image) for e in encoders}) == 1:
+        return encoders[0].shape, encoders[0].dtype, encoders[0].image, tuple(e.encode for e in encoders)
     if any(len(s) != 1 for s in shapes):
         raise UnsupportedSpace(f"env '{name}': agents have observations of different shapes {sorted(shapes)}; "
                                f"only 1-D observations of different lengths can be padded to one shape")
@@ -174,7 +175,7 @@ def _encoders(obs_space: Callable[[str], Any], agents: tuple[str, ...], agent_se
             out[width + seat] = 1.0
             return out, mask
         return pad
-    return (width + seats,), np.dtype(np.float32), tuple(padded(e.encode, s) for e, s in zip(encoders, agent_seats))
+    return (width + seats,), np.dtype(np.float32), False, tuple(padded(e.encode, s) for e, s in zip(encoders, agent_seats))
 
 
 def _probe(name: str, kind: str, make: Callable[..., object], version: str, outcome: str = "return",
@@ -205,11 +206,11 @@ def _probe(name: str, kind: str, make: Callable[..., object], version: str, outc
         if len(actions) != 1:
             raise UnsupportedSpace(f"env '{name}': agents have Discrete action spaces of different sizes "
                                    f"{sorted(actions)}; one shared policy needs one size")
-        obs_shape, obs_dtype, encoders = _encoders(obs_space, agents, agent_seats, name)
+        obs_shape, obs_dtype, obs_image, encoders = _encoders(obs_space, agents, agent_seats, name)
     finally:
         env.close()
     spec = EnvSpec(name, obs_shape, obs_dtype, actions.pop(), seats, version=version, agents=agents,
-                   agent_seats=agent_seats, kind=kind, **spec_extra)
+                   agent_seats=agent_seats, kind=kind, obs_image=obs_image, **spec_extra)
     return _Game(spec, encoders, make, outcome, units_left)
 
 

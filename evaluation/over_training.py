@@ -5,7 +5,7 @@ league the main agent's snapshots (`league/snapshots/main-*.safetensors`), witho
 its checkpoint that `run.py train` keeps (`checkpoints/history/`, distributed/history.py).
 `earlier_policies` picks a few, evenly spaced; `evaluate_over_training` plays each in every seat
 against each bot, as the final evaluation does but with fewer games. `run.py train` keeps the result
-under `over_training` in evaluation.json and `run.py report` plots it against env frames.
+under `over_training` in evaluation.json and `run.py report` plots it against agent steps trained.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Seq
                            seed: int = 0) -> list[dict]:
     """Each policy of `policies` (path, meta), greedy, against each bot of `opponents` in every seat.
 
-    Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `frames` (env steps
+    Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `frames` (agent steps
     trained on; None where the meta lacks them), `games` (per seat and opponent) and `opponents`:
     {opponent: {seat name: `MatchResult.as_dict()`}}, the shape of evaluation.json's `opponents`. Every
     policy plays the same games (`seed`), so differences come from the policies alone. A policy whose

@@ -138,6 +138,9 @@ class LeagueManager:
             player, opponent = r.get("player", MAIN), r.get("opponent_id", SELF)
             if opponent == SELF:
                 continue  # self-play says nothing about who is stronger
+            if r.get("nonfinite"):  # a NaN or infinite return decides no game
+                self.skipped += 1
+                continue
             if (player not in self.learners or opponent not in self.members or player == opponent
                     or not single_opponent(r)):
                 self.skipped += 1

@@ -3,7 +3,8 @@ PettingZoo Parallel env with agents `player_0` and `player_1`, for `env.name: pe
 
 Each of `rounds` rounds both players show 0 or 1; player_0 scores +1 if they match, else player_1
 does (-1 for the other). Observation: the other player's last choice (one-hot, zeros at the start).
-`names` renames the agents (e.g. ["agent_0", "agent_1"]), to test seat inference.
+`names` renames the agents (e.g. ["agent_0", "agent_1"]), to test seat inference. `nan_every` = k > 0
+gives player_1 a NaN reward in the last round of every k-th episode (a buggy env's reward).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pettingzoo import ParallelEnv
 class Duel(ParallelEnv):
     metadata = {"name": "duel_v0", "render_modes": []}
 
-    def __init__(self, rounds: int = 3, names: list[str] | None = None, render_mode: str | None = None):
+    def __init__(self, rounds: int = 3, names: list[str] | None = None, render_mode: str | None = None,
+                 nan_every: int = 0):
         self.rounds = rounds
+        self.nan_every = nan_every
+        self.episodes = 0
         self.possible_agents = list(names or ["player_0", "player_1"])
         self.agents: list[str] = []
         self.render_mode = render_mode
@@ -40,6 +44,7 @@ class Duel(ParallelEnv):
     def reset(self, seed: int | None = None, options: dict | None = None):
         self.agents = list(self.possible_agents)
         self.round = 0
+        self.episodes += 1
         return self._observations(None), {a: {} for a in self.agents}
 
     def step(self, actions: dict[str, int]):
@@ -48,6 +53,8 @@ class Duel(ParallelEnv):
         rewards = {first: score, second: -score}
         self.round += 1
         over = self.round >= self.rounds
+        if over and self.nan_every and self.episodes % self.nan_every == 0:
+            rewards[second] = float("nan")
         obs = self._observations({a: int(actions[a]) for a in self.possible_agents})
         terminated = {a: over for a in self.agents}
         truncated = {a: False for a in self.agents}

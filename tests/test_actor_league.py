@@ -30,7 +30,7 @@ def _actor(tmp_path, run_name, redis_client, redis_url, *extra) -> Actor:
 def _play(actor: Actor, unrolls_wanted: int) -> tuple[list[dict], list[dict]]:
     """Run the real actor loop, capturing what it sends and reports, until enough unrolls are out."""
     unrolls, results = [], []
-    actor.send = lambda batch: unrolls.extend(batch) or len(unrolls) >= unrolls_wanted
+    actor.send = lambda batch, *_: unrolls.extend(batch) or len(unrolls) >= unrolls_wanted
     actor.results.add_many = results.extend
     actor.run()
     actor.close()  # its id is free again for the next actor of the test
@@ -121,7 +121,7 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
 def test_finished_unrolls_go_out_send_batch_at_a_time(tmp_path, redis_client, redis_url, run_name):
     actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=8")
     batches = []
-    actor.send = lambda batch: batches.append(len(batch)) or sum(batches) >= 40
+    actor.send = lambda batch, *_: batches.append(len(batch)) or sum(batches) >= 40
     actor.run()
     actor.close()
     # 8 envs x 2 seats finish their unrolls a move or two apart: one at a time unless batched; whole

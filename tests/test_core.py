@@ -64,7 +64,7 @@ def test_the_learner_replays_exactly_the_core_states_the_actor_acted_with(env, t
     ParamStore(redis_client, run_name).publish(model.state_dict(), 1)
     actor = Actor(cfg, redis_url, actor_id=0)
     unrolls: list[dict] = []
-    actor.send = lambda batch: unrolls.extend(batch) or len(unrolls) >= 18
+    actor.send = lambda batch, *_: unrolls.extend(batch) or len(unrolls) >= 18
     actor.run()
     actor.close()
     spec = UnrollSpec(actor.spec, T, CORE)
@@ -237,7 +237,7 @@ def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, 
     unrolls: list[dict] = []
     seen_opponent_state = []
 
-    def send(batch):
+    def send(batch, *_):
         unrolls.extend(batch)
         seen_opponent_state.extend(float(actor.cores.get((i, 1 - actor.learner_seat[i]))[0].abs().sum())
                                    for i in range(len(actor.envs)) if actor.learner_seat[i] >= 0)

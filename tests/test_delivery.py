@@ -63,7 +63,7 @@ def test_ack_counts_only_what_it_acknowledged(redis_client, run_name):
     assert stream.ack(ids) == 2
     assert stream.ack(ids) == 2  # again: nothing pending any more
     stream.dead_letter(ids[0], b"x", "again")  # acked already: not dead-lettered as well
-    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 2, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
 
 
@@ -76,7 +76,7 @@ def test_entries_of_several_unrolls_count_their_unrolls_once(redis_client, run_n
     ids = [eid for eid, _ in stream.read("learner-0", count=3, block_ms=10)]
     assert stream.ack(ids[:2], counts=[3, 2]) == 5
     assert stream.ack(ids[:2], counts=[3, 2]) == 5
-    assert stream.accounting() == {"produced": 9, "trained": 5, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 9, "trained": 5, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0, "env_steps": 0}
 
 
 class ReplyDroppingProxy:
@@ -150,7 +150,7 @@ def test_an_add_whose_reply_was_lost_is_resent_and_done_once(tmp_path, redis_ser
     learner = Learner(small_config(run_name, tmp_path), redis_server.url, tmp_path / run_name)
     run_learner_until(learner, lambda: stream.accounting()["backlog"] == 1)  # B = 2: the last one waits
     assert learner.step == 1 and learner.frames == 2 * T
-    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0, "env_steps": 0}
 
 
 # -- kill -9 of the learner under real actor processes ----------------------------------------------

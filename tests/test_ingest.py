@@ -72,10 +72,10 @@ def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, re
         header["unroll_id"] for header, _ in learner.decode([u1, u2, u3, u4])]
     np.testing.assert_array_equal(prepared2.batch.reward[0].numpy(), [0.5, 0.25])
     stream = TrajectoryStream(redis_client, run_name)
-    assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 4, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 4, "throttled_s": 0.0, "env_steps": 0}
     learner.acknowledge(ids1, headers1)
     learner.acknowledge(ids2, headers2)
-    assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
     assert learner.reader.in_flight == set()
 
 
@@ -102,7 +102,7 @@ def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_clie
     assert held and all(name.endswith(("-ingest0", "-ingest1")) == (len(ingest) > 1) for name in held)
     again = Learner(small_config(run_name, tmp_path, *ingest), redis_url, tmp_path / run_name, resume=True)
     run_learner_until(again, lambda: stream.accounting()["backlog"] == 0)
-    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 12, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
     assert redis_client.xpending(key, GROUP)["pending"] == 0
 
 

@@ -65,7 +65,8 @@ def test_workers_hand_over_every_unroll_once_and_dead_letter_the_malformed(tmp_p
         assert sorted(rewards) == [float(r) for r in range(10)]
     finally:
         batches.close()
-    assert stream.accounting() == {"produced": 0, "trained": 10, "dead_lettered": 1, "backlog": 0, "throttled_s": 0.0}
+    assert stream.accounting() == {"produced": 0, "trained": 10, "dead_lettered": 1, "backlog": 0, "throttled_s": 0.0,
+                                   "env_steps": 0}
     [(_, fields)] = redis_client.xrange(f"{run_name}:deadletter")
     assert b"reward" in fields[b"reason"]
 

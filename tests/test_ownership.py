@@ -22,7 +22,7 @@ from tests.test_faults import _alive, _descendants, _read_until, _wait_gone
 from tests.test_faults import _start_train as _start_faults_train
 
 REPO = Path(__file__).resolve().parent.parent
-TRAINING = r"learner: frames [\d,]+/"  # the learner's first metrics line: it is in its training loop
+TRAINING = r"learner: agent steps trained [\d,]+/"  # the learner's first metrics line: it is in its training loop
 
 
 def _start_train(tmp_path: Path, run_name: str, *extra: str) -> subprocess.Popen:
@@ -118,7 +118,7 @@ def test_runs_lists_local_directories_and_shared_redis_runs_and_deletes_only_a_r
         listing = run_py("runs", "--dir", str(base), "--redis-url", redis_server.url)
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.startswith("  ")}
-    assert "finished" in rows["done"] and "3,200 frames" in rows["done"]
+    assert "finished" in rows["done"] and "3,200 agent steps trained" in rows["done"]
     assert "stopped" in rows["halted"]
     assert f"live ({socket.gethostname()} pid {os.getpid()})" in rows["busy"]
     assert "finished" in rows[over] and "2 keys" in rows[over]

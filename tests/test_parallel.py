@@ -198,10 +198,13 @@ def test_images_travel_as_uint8_and_reach_the_network_scaled():
     from config import AgentConfig
 
     torch.manual_seed(0)
-    model = ActorCritic((4, 4, 3), 2, AgentConfig(torso="mlp", hidden=8, mlp_layers=1))
+    cfg = AgentConfig(torso="mlp", hidden=8, mlp_layers=1)
+    model = ActorCritic((4, 4, 3), 2, cfg, image=True)  # EnvSpec.obs_image: a uint8 Box of bounds 0..255
+    unscaled = ActorCritic((4, 4, 3), 2, cfg)
+    unscaled.load_state_dict(model.state_dict())
     image = torch.full((1, 4, 4, 3), 255, dtype=torch.uint8)
     mask = torch.ones(1, 2)
-    np.testing.assert_allclose(model(image, mask)[0].detach(), model(torch.ones(1, 4, 4, 3), mask)[0].detach())
+    np.testing.assert_allclose(model(image, mask)[0].detach(), unscaled(torch.ones(1, 4, 4, 3), mask)[0].detach())
 
 
 def _train(tmp_path, redis_url, config: str, name: str, *overrides: str, eval_games: int = 0):

@@ -452,7 +452,7 @@ def test_redis_killed_under_a_running_train_is_restarted_and_the_run_finishes(tm
     try:
         for line in proc.stdout:
             lines.append(line)
-            if killed_at is None and re.search(r"learner: frames [\d,]+/", line):
+            if killed_at is None and re.search(r"learner: agent steps trained [\d,]+/", line):
                 servers = [p for p in _descendants(proc.pid)
                            if b"redis-server" in Path(f"/proc/{p}/cmdline").read_bytes()]
                 assert len(servers) == 1, servers

@@ -191,7 +191,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
     assert learner.step == N // 2 and learner.frames == N * T
     assert len(acked) == len(set(acked)) == N // per_entry
     assert stream.accounting() == {"produced": N, "trained": N, "dead_lettered": 0, "backlog": 0,
-                                   "throttled_s": 0.0}
+                                   "throttled_s": 0.0, "env_steps": 0}
     assert redis_client.xpending(stream.key, GROUP)["pending"] == 0
     assert max(held) <= capacity < N * unroll_nbytes(valid_unroll())  # eviction happened, within the cap
     records = [json.loads(line) for line in metrics_path(tmp_path / run_name, MAIN).read_text().splitlines()]

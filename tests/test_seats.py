@@ -80,7 +80,7 @@ def test_env_seats_in_the_config_is_checked_and_reaches_the_actor(tmp_path, redi
     ParamStore(redis_client, run_name).publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), 1)
     actor = Actor(cfg, redis_url, 0)
     results = []
-    actor.send = lambda batch: len(results) >= 20
+    actor.send = lambda batch, *_: len(results) >= 20
     actor.results.add_many = results.extend
     try:
         actor.run()

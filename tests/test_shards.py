@@ -30,8 +30,9 @@ UNROLL_COUNTS = ("produced", "trained", "dead_lettered", "backlog")
 
 
 def delivery(stream) -> dict:
-    """A stream's accounting without `throttled_s`: the seconds an actor waited vary from run to run."""
-    return {k: v for k, v in stream.accounting().items() if k != "throttled_s"}
+    """A stream's delivery accounting: without `throttled_s` (the seconds an actor waited vary from run to
+    run) and `env_steps` (the steps its actors played)."""
+    return {k: v for k, v in stream.accounting().items() if k not in ("throttled_s", "env_steps")}
 
 
 def send(stream: TrajectoryStream, actor_id: int, rewards: list[float], sent: int = 0) -> int:

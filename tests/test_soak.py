@@ -77,7 +77,7 @@ def test_no_process_and_not_redis_grows_in_memory_over_a_run(tmp_path, run_name)
         capped = {"results": 0}
         try:
             deadline = time.monotonic() + 120
-            while not re.search(r"learner: frames [\d,]+/", log_path.read_text()):  # past start-up
+            while not re.search(r"learner: agent steps trained [\d,]+/", log_path.read_text()):  # past start-up
                 assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
                 time.sleep(0.2)
             roles = {pid: role(pid) for pid in _descendants(proc.pid)}
