@@ -85,13 +85,13 @@ def main() -> None:
         results = {core: train(config, core, args.minutes, args.episodes, out) for core in ("lstm", "none")}
         rows.append((cfg.env.name, results, random_return(cfg, args.episodes)))
         print(json.dumps({"env": cfg.env.name, **results}), flush=True)
-    print("\n| env | LSTM | memoryless | random | best | LSTM within 90% of best (training) | frames (LSTM / none) "
+    print("\n| env | LSTM | memoryless | random | best | LSTM within 90% of best (training) | agent steps trained (LSTM / none) "
           "| minutes each |")
     print("|---|---|---|---|---|---|---|---|")
     for env, r, rand in rows:
         lstm = r["lstm"]
         reached = ("never" if lstm["minutes_to_90"] is None else
-                   f"{lstm['minutes_to_90']:.1f} min, {lstm['frames_to_90'] / 1e6:.2f}M frames")
+                   f"{lstm['minutes_to_90']:.1f} min, {lstm['frames_to_90'] / 1e6:.2f}M steps")
         print(f"| {env} | {lstm['return']:.3f} | {r['none']['return']:.3f} | {rand:.3f} | "
               f"{BEST.get(env, float('nan')):.1f} | {reached} | {lstm['frames'] / 1e6:.2f}M / "
               f"{r['none']['frames'] / 1e6:.2f}M | {lstm['minutes']:.1f} |")
