@@ -467,7 +467,7 @@ def validate(cfg: Config) -> None:
          "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),
         (cfg.agent.core in ("none", "lstm"), f"agent.core={cfg.agent.core!r} must be none or lstm"),
-        (1 <= cfg.agent.core_size <= 65536, "agent.core_size must be in [1, 65536]"),
+        (cfg.agent.core == "none" or 1 <= cfg.agent.core_size <= 65536, "agent.core_size must be in [1, 65536]"),
         (cfg.agent.core == "none" or cfg.learner.mirror_augment == "none"
          or cfg.env.name not in ("connect_four", "tictactoe"),
          f"agent.core={cfg.agent.core} needs learner.mirror_augment=none on {cfg.env.name}: a reflected unroll would "

@@ -131,7 +131,8 @@ def policy_head(spec) -> DiscreteHead | FunctionCallHead:
 
 def make_model(spec, cfg) -> nn.Module:
     """The actor-critic network for EnvSpec `spec` and AgentConfig `cfg`: SC2LE's FullyConv for
-    StarCraft II, else agents.network.ActorCritic. Both are called as `model(obs, action_mask)`."""
+    StarCraft II, else agents.network.ActorCritic. Both are agents.core.Network: called as
+    `model(obs, action_mask)` without a core, stepped with `model.step(obs, action_mask, core_input)`."""
     if spec.kind == "sc2":
         from agents.fullyconv import FullyConv
         from envs.sc2_wrappers.actions import FunctionCallCodec

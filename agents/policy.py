@@ -56,14 +56,15 @@ class Policy:
                 self.cores.add_reward(stream, reward)
 
     def act(self, observation: np.ndarray | Mapping[str, np.ndarray], action_mask: np.ndarray | None = None,
-            greedy: bool = True, reward: float = 0.0) -> int:
+            greedy: bool = True, reward: float = 0.0, stream: Hashable = 0) -> int:
         """One agent's action (greedy: the most likely legal one; else sampled from pi). With a recurrent
-        core the calls form one episode (stream 0) until `reset()`.
+        core the calls of one `stream` (one player of one game: pass the agent's name when the policy
+        plays several seats) form one episode until `reset()`.
 
         observation: an array of `spec.obs_shape`, or PettingZoo's observation dict
           `{"observation": array, "action_mask": [A] of 0/1}` (what `env.last()` / `env.observe` give).
         action_mask: [A] of 0/1; None = the dict's mask, or every action legal.
-        reward: the reward received since the previous call (a recurrent core with core inputs reads it).
+        reward: the reward `stream` received since its previous call (a core with core inputs reads it).
 
         Raises ValueError: an observation or mask of the wrong shape, a mask without a legal action,
           or a mask given both in the dict and as `action_mask`.
@@ -77,8 +78,8 @@ class Policy:
                                  "give it once")
             observation, action_mask = observation["observation"], observation["action_mask"]
         mask = np.ones(self.spec.num_actions, np.uint8) if action_mask is None else np.asarray(action_mask)
-        self.settle(0, reward)
-        return int(self.act_batch(np.asarray(observation)[None], mask[None], greedy, streams=[0])[0])
+        self.settle(stream, reward)
+        return int(self.act_batch(np.asarray(observation)[None], mask[None], greedy, streams=[stream])[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray, greedy: bool = True,
                   streams: Sequence[Hashable] | None = None) -> np.ndarray:

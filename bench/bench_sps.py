@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from agents.heads import sample_actions  # noqa: E402
+from agents.core import zero_core_input  # noqa: E402
 from agents.network import ActorCritic  # noqa: E402
 from experiment import load_config  # noqa: E402
 from envs.registry import env_spec, make_env  # noqa: E402
@@ -45,8 +46,10 @@ def raw_sps(cfg, seconds: float) -> float:
     while time.perf_counter() - start < seconds:
         obs = torch.from_numpy(np.stack([o for s in steps_now for o in s.observations]))
         masks = torch.from_numpy(np.stack([m for s in steps_now for m in s.action_masks]))
+        # A recurrent core is stepped from zeros: the same work per step as a carried state.
+        core = zero_core_input(len(obs), model.core.core_size) if model.core is not None else None
         with torch.no_grad():
-            logits, _ = model(obs, masks)
+            logits, _, _ = model.step(obs, masks, core)
         actions = sample_actions(logits).tolist()
         k = 0
         for i, env in enumerate(envs):

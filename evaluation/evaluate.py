@@ -57,7 +57,7 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
     if len(sides) != len(spec.seats):
         raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
     envs = [make_env(env_name, seed + k, kwargs, seats=seats, empty_mask=empty_mask) for k in range(games)]
-    policies = [side for side in sides if isinstance(side, Policy)]
+    policies = list({id(side): side for side in sides if isinstance(side, Policy)}.values())  # each once
     for policy in policies:
         policy.reset()
     steps = [env.advance() for env in envs]

@@ -181,6 +181,25 @@ def test_evaluation_carries_the_core_state_through_each_game():
     assert episode_returns(policy, 16, seed=5)["mean_return"] == 1.0
 
 
+def test_one_policy_in_both_seats_is_told_each_reward_once():
+    """The same Policy object in both seats hears each settlement once, as two policies hear it between them."""
+    from evaluation.evaluate import play_games
+
+    cfg = load_config(None, [*CORE_ON, "env.name=tictactoe", "agent.torso=mlp", "learner.mirror_augment=none"])
+
+    def counted() -> tuple[Policy, list]:
+        policy, told = Policy(random_model(cfg), cfg, env_spec("tictactoe")), []
+        settle = policy.settle
+        policy.settle = lambda stream, reward, done=False: told.append(stream) or settle(stream, reward, done)
+        return policy, told
+
+    same, told_same = counted()
+    play_games("tictactoe", (same, same), 3)
+    (first, told_first), (second, told_second) = counted(), counted()
+    play_games("tictactoe", (first, second), 3)
+    assert told_same and len(told_same) == len(told_first) == len(told_second)
+
+
 def test_policy_act_carries_its_state_until_reset():
     policy = memory_policy(cue_config())
     cue1, blank, query = np.array([0, 1, 0], np.float32), np.zeros(3, np.float32), np.array([0, 0, 1], np.float32)
@@ -188,6 +207,7 @@ def test_policy_act_carries_its_state_until_reset():
     for _ in range(10):
         policy.act(blank)
     assert policy.act(query) == 1
+    assert policy.act(query, stream="other") == 0  # another stream remembers nothing of this one's cue
     policy.reset()  # a new episode: nothing remembered, so logits tie and argmax takes action 0
     assert policy.act(query) == 0
     with pytest.raises(ValueError, match="stream key per row"):

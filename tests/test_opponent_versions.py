@@ -54,11 +54,11 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
     actor.stack = lambda steps, pairs: last_pairs.__setitem__(slice(None), pairs) or stack(steps, pairs)
     played: list[set[str]] = [set() for _ in actor.envs]  # per env: versions moving for the opponent this game
 
-    def spy(model, obs, masks):
+    def spy(model, obs, masks, keys):
         if model is not actor.model:
             for i, _ in last_pairs:
                 played[i].add(f"main@{version_of[id(model)]}")
-        return forward(model, obs, masks)
+        return forward(model, obs, masks, keys)
 
     actor.forward = spy
 
