@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors import safe_open
 from safetensors.torch import save_file

@@ -539,7 +539,7 @@ class Actor:
                     by_opponent.setdefault(id(self.opponent_policy[i]), []).append((i, k))
         if learning:
             obs, masks = self.stack(steps, learning)
-            keys = [(i, steps[i].agents[k]) for i, k in learning]
+            keys = self.core_keys(steps, learning)
             logits, state = self.forward(self.model, obs, masks, keys)
             drawn, behaviour = self.head.sample(logits, masks, self.epsilons[[i for i, _ in learning]], self.rng)
             self.advance_cores(keys, state, drawn)
@@ -551,7 +551,7 @@ class Actor:
             policy = self.opponent_policy[pairs[0][0]]
             if isinstance(policy, torch.nn.Module):
                 obs, masks = self.stack(steps, pairs)
-                keys = [(i, steps[i].agents[k]) for i, k in pairs]
+                keys = self.core_keys(steps, pairs)
                 logits, state = self.forward(policy, obs, masks, keys)
                 drawn = self.head.play(logits, self.rng, self.cfg.league.opponent_temperature)
                 self.advance_cores(keys, state, drawn)
@@ -574,12 +574,17 @@ class Actor:
             obs = torch.from_numpy(np.stack(observations))
         return obs, torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs]))
 
+    def core_keys(self, steps: list, pairs: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+        """The (env, agent) slots of acting agents `pairs` (env, index), whose core states a step reads
+        and advances; None without a core (nothing is built on the feedforward path)."""
+        return None if self.cores is None else [(i, steps[i].agents[k]) for i, k in pairs]
+
     def forward(self, model: torch.nn.Module, obs, masks: torch.Tensor,
-                keys: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`model`'s logits for the agents `keys` ((env, agent) slots) and, with a core, their states after
-        this step (None without)."""
+                keys: list[tuple[int, int]] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`model`'s logits for the agents in slots `keys` (`core_keys`) and, with a core, their states
+        after this step (None without)."""
         with torch.no_grad():
-            logits, _, state = model.step(obs, masks, None if self.cores is None else self.cores.gather(keys))
+            logits, _, state = model.step(obs, masks, None if keys is None else self.cores.gather(keys))
         return logits, state
 
     def advance_cores(self, keys: list[tuple[int, int]], state: torch.Tensor | None, drawn: torch.Tensor) -> None:
