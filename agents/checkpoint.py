@@ -151,8 +151,6 @@ def check_core(metadata: dict[str, str], cfg, path: str | Path) -> None:
     """Raises CheckpointError naming both when the checkpoint's network has another recurrent core
     (agent.core, agent.core_size) than `cfg` (a Config) describes; a checkpoint written before cores
     existed has none."""
-    import yaml
-
     try:
         saved = (yaml.safe_load(metadata["config"]) or {}).get("agent") or {}
     except yaml.YAMLError:
