@@ -27,6 +27,8 @@ MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
 MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
+TORSOS = ("conv", "mlp", "fullyconv", "shallow", "resnet")  # agent.torso (agents/network.py, agents/torsos.py)
+REWARD_CLIPPINGS = ("none", "abs_one", "soft_asymmetric")  # learner.reward_clipping (distributed/vtrace.py)
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 COMPRESSIONS = ("none", "zstd")  # transport.compression: how unroll arrays travel
 MAX_SHARDS = 256  # transport.shards: one read per shard and Redis, one DeadConsumerSweeper claim each per minute
@@ -91,7 +93,9 @@ class EnvConfig:
 
 @dataclass
 class AgentConfig:
-    torso: str = _f("conv", "network torso: conv (board games), mlp, or fullyconv (StarCraft II, SC2LE's FullyConv)")
+    torso: str = _f("conv", "network torso: conv (board games), mlp, fullyconv (StarCraft II, SC2LE's FullyConv), "
+                    "or IMPALA's pixel torsos over frames [C, H, W]: shallow (2 convs, CPU-sized) or resnet "
+                    "(the deep one: 3 stacks of conv, max-pool and 2 residual blocks; a GPU network)")
     channels: int = _f(64, "conv torso: channels of each 3x3 conv layer")
     conv_layers: int = _f(2, "conv torso: number of conv layers")
     kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)")
@@ -101,6 +105,7 @@ class AgentConfig:
                              "sees whether a three-in-a-row can be completed now")
     threat_planes: bool = _f(False, "conv torso, connect four: add two input planes that mark, for each player, the "
                              "empty cells that would complete a four-in-a-row (a threat, playable now or not)")
+    resnet_channels: List[int] = _f_list([16, 32, 32], "resnet torso: channels of each stack (IMPALA: 16, 32, 32)")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads")
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers")
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
@@ -146,6 +151,9 @@ class LearnerConfig:
     pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
                                       "(the value targets keep learner.discount): below it, a move that wins now "
                                       "gains more over one that wins later; null = learner.discount")
+    reward_clipping: str = _f("none", "rewards as the loss sees them: none, abs_one (clip to [-1, 1]: Atari) or "
+                              "soft_asymmetric (0.3 min(tanh r, 0) + 5 max(tanh r, 0): IMPALA's DMLab-30). Episode "
+                              "statistics always report the game's own score")
     entropy_cost: float = _f(0.01, "weight of the entropy bonus")
     baseline_cost: float = _f(0.5, "weight of the baseline loss 0.5 * sum (vs - V)^2 (IMPALA: 0.5)")
     grad_norm_clip: float = _f(40.0, "clip the global gradient norm to this (IMPALA: 40)")
@@ -455,6 +463,8 @@ def validate(cfg: Config) -> None:
         (cfg.learner.algo in ("impala", "a3c"), "learner.algo must be impala or a3c"),
         (cfg.learner.algo == "impala" or not cfg.league.enabled,
          "learner.algo=a3c trains without a league: set league.enabled=false"),
+        (cfg.learner.reward_clipping in REWARD_CLIPPINGS,
+         f"learner.reward_clipping={cfg.learner.reward_clipping!r} must be one of {', '.join(REWARD_CLIPPINGS)}"),
         (cfg.learner.correction in CORRECTIONS,
          "learner.correction must be vtrace, is1, epsilon or none"),
         (0.0 <= cfg.learner.discount <= 1.0, "learner.discount must be in [0, 1]"),
@@ -462,7 +472,9 @@ def validate(cfg: Config) -> None:
          f"learner.pg_discount={cfg.learner.pg_discount} must be in [0, 1] (or null: learner.discount)"),
         (0.0 <= cfg.learner.lambda_ <= 1.0, "learner.lambda_ must be in [0, 1]"),
         (cfg.learner.learning_rate > 0, "learner.learning_rate must be > 0"),
-        (cfg.agent.torso in ("conv", "mlp", "fullyconv"), "agent.torso must be conv, mlp or fullyconv"),
+        (cfg.agent.torso in TORSOS, f"agent.torso={cfg.agent.torso!r} must be one of {', '.join(TORSOS)}"),
+        (bool(cfg.agent.resnet_channels) and all(1 <= c <= 4096 for c in cfg.agent.resnet_channels),
+         "agent.resnet_channels must be a non-empty list of channel counts in [1, 4096]"),
         ((cfg.agent.torso == "fullyconv") == cfg.env.name.startswith("sc2:"),
          "StarCraft II envs (sc2:<map>) need agent.torso=fullyconv, and fullyconv needs one"),
         (cfg.agent.sc2_embed_dim >= 1, "agent.sc2_embed_dim must be >= 1"),

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from agents.core import LSTMCore, Network
+from agents.torsos import PIXEL_TORSOS, pixel_torso
 from config import AgentConfig
 
 # Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay
@@ -68,11 +69,13 @@ def threat_cells(board: torch.Tensor, length: int = 4) -> torch.Tensor:
 
 
 class ActorCritic(Network):
-    """pi(a|x) and V(x) for one agent's observation: a torso (conv or MLP), an optional recurrent core
+    """pi(a|x) and V(x) for one agent's observation: a torso (conv, MLP, or IMPALA's pixel torsos shallow and
+    resnet of agents/torsos.py), an optional recurrent core
     (`cfg.core`, agents/core.py), a policy head and a baseline head.
 
     Args:
-      obs_shape: one observation's shape; boards are channels-last (H, W, C) as PettingZoo gives them.
+      obs_shape: one observation's shape; boards are channels-last (H, W, C) as PettingZoo gives them,
+        frames for the pixel torsos channels-first (C, H, W) as gymnasium's frame stack gives them.
       num_actions: A, the size of the Discrete action space.
       cfg: torso choice and sizes, and the core.
       image: the observation is an image (EnvSpec.obs_image): the torso scales it by 1/255.
@@ -83,7 +86,11 @@ class ActorCritic(Network):
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
         self.image = image  # EnvSpec.obs_image (uint8, bounds 0..255): scaled by 1/255; else as it is
-        if cfg.torso == "conv":
+        self.pixels = None
+        if cfg.torso in PIXEL_TORSOS:  # frames: the torso scales them itself
+            self.conv = None
+            self.pixels = pixel_torso(cfg.torso, obs_shape, cfg.hidden, cfg.resnet_channels)
+        elif cfg.torso == "conv":
             if len(obs_shape) != 3:
                 raise ValueError(f"conv torso needs (H, W, C) observations, got shape {obs_shape}")
             h, w, c = obs_shape
@@ -114,6 +121,8 @@ class ActorCritic(Network):
     def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
         """The torso: obs [N, *obs_shape] (any numeric dtype; scaled by 1/255 only where the env's space
         is an image, `image`: a uint8 Box of bounds 0..255) -> features [N, hidden]."""
+        if self.pixels is not None:
+            return self.pixels(obs), None
         x = obs.float() / 255.0 if self.image else obs.float()
         if self.conv is not None:
             extra = [landing_cells(x)] if self.landing_plane else []

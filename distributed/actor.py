@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from agents.core import CoreStates
 from agents.heads import make_model, policy_head
 from config import Config, ConfigError, core_size
+from distributed.allocator import keep_freed_memory
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
@@ -642,6 +643,7 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
     """Entry point of `run.py actor` (`actor_class`: Actor, or a subclass such as A3C's worker): one
     thread for torch, stop cleanly on SIGTERM/SIGINT. actor_id None: the lowest free id of the run."""
     torch.set_num_threads(1)
+    keep_freed_memory()
     actor = actor_class(cfg, redis_url, actor_id, player)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)

@@ -30,6 +30,7 @@ from agents.core import NO_ACTION
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
 from distributed import vtrace
+from distributed.allocator import keep_freed_memory
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
@@ -246,6 +247,9 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     bootstrapped returns). logits [T+1, B, ...] (masked), values [T+1, B], both with gradient; `head`
     reads log pi and log mu of the actions from them (summed over the heads a multi-head action uses).
 
+    Rewards are clipped first by `cfg.reward_clipping` (vtrace.clip_rewards): the loss only, never the
+    episode statistics, which the actors report from the game's own rewards.
+
     Episode ends: discounts are gamma * (1 - done), so nothing flows across an episode boundary, also
     inside an unroll. A truncated step t (a time limit, not the game's end) is not terminal: its
     one-step target is r_t + gamma * V(x_final), x_final being the final observation of that episode
@@ -262,7 +266,7 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch,
     not_done = (~batch.done).float()
     discounts = not_done * cfg.discount
     pg_discounts = None if cfg.pg_discount is None else not_done * cfg.pg_discount
-    rewards = batch.reward
+    rewards = vtrace.clip_rewards(batch.reward, cfg.reward_clipping)
     if final_values is not None and batch.truncated is not None:
         rewards = rewards + cfg.discount * batch.truncated.float() * final_values
     log_pi = head.log_prob(logits[:-1], batch.action)
@@ -951,6 +955,8 @@ class Learner:
             "corrupt_weight_loads": self.params.corrupt_count(),
             "actors_throttled_s": counts["throttled_s"],
         })
+        if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames
+            record["emulator_frames"] = counts["env_steps"] * self.spec.frames_per_step
         if self.replay is not None:
             record.update(window.replay_summary(), replay_unrolls=len(self.replay),
                           replay_mb=self.replay.nbytes / 2**20)
@@ -981,6 +987,8 @@ class Learner:
                          + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
         if episodes:
             games.append(f"len {record['episode_length']:.1f}")
+        if "emulator_frames" in record:
+            games.append(f"emulator frames {record['emulator_frames']:,}")
         log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
                  "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
                  f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}", record["sps"],
@@ -1073,6 +1081,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first),
     IngestWorkerError (an ingest worker failed; the checkpoint is written first)."""
     torch.set_num_threads(1)
+    keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.report = report
     signal.signal(signal.SIGTERM, learner.stop)

@@ -75,6 +75,8 @@ class EnvSpec:
     obs_image: the observation is an image, a uint8 Box of bounds 0..255 (envs/spaces.py): the network
       scales it by 1/255. False for every other observation, uint8 0/1 planes included: they reach the
       network as they are.
+    frames_per_step: emulator frames per env step (an Atari frame skip: 4), so that runs can be counted
+      in frames as the published Atari curves are; 1 elsewhere.
     """
 
     name: str
@@ -91,6 +93,7 @@ class EnvSpec:
     obs_arrays: Optional[tuple[tuple[str, tuple[int, ...], np.dtype], ...]] = None
     action_heads: Optional[tuple[int, ...]] = None
     obs_image: bool = False
+    frames_per_step: int = 1
 
     def __post_init__(self) -> None:
         if not self.agents:  # turn-based board games: one agent per seat

@@ -10,6 +10,9 @@ Every living agent acts at every step. Which step a reward belongs to is decided
   and its final observation (the one `env.step` returns with the truncation, before the reset), from
   whose value the learner bootstraps; it still counts as alive for the outcome. An agent that is
   both terminated and truncated is terminated (it is dead).
+* *Lost life.* A step whose info carries `envs.atari.LIFE_LOST` (an Atari game with `end_on_life_loss`)
+  is settled with `done=True` (terminal for the learner: discount 0, the core reset) while the agent
+  plays on in the same game; the episode and its score end with the game.
 * *Empty mask.* An acting agent with an all-zero mask raises `NoLegalAction`; with
   `empty_mask="skip"` it is left out of the step and of the action dict passed to `env.step`, and the
   rewards it receives meanwhile settle its previous step (as a waiting player's do in envs/aec.py).
@@ -29,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from envs.atari import LIFE_LOST
 from envs.base import EMPTY_MASK_RULES, EpisodeResult, EpisodeSeeds, Settlement, Step, check_mask, leader
 
 log = logging.getLogger("envs")
@@ -139,7 +143,8 @@ class ParallelAdapter:
         if terminated or (not truncated and not present):
             return Settlement(i, reward, True)
         if not truncated:
-            return Settlement(i, reward, False)
+            # a lost life ends the step's learning episode (envs/atari.py end_on_life_loss); the game goes on
+            return Settlement(i, reward, bool(self._infos.get(name, {}).get(LIFE_LOST, False)))
         if name not in self._obs:
             log.warning("env '%s': agent '%s' was truncated without a final observation; its last step is "
                         "settled as terminated (no bootstrap)", self.name, name)

@@ -13,6 +13,9 @@ Names:
   POPGym's, scaled so that an episode's return lies in [-1, 1].
 * `pettingzoo:<module>`: any PettingZoo env module by import path, e.g.
   `pettingzoo:pettingzoo.classic.go_v5`; its `parallel_env` is used where it has one, else its `env`.
+* `atari:<Game>`: an Atari 2600 game of the Arcade Learning Environment, e.g. `atari:Pong`, preprocessed
+  as the published IMPALA/DQN curves were (envs/atari.py: frame skip 4, 84x84 grayscale, a stack of 4);
+  its kwargs are `envs.atari.DEFAULTS`.
 * `sc2:<map>`: StarCraft II through pysc2 (envs/sc2_wrappers/), e.g. `sc2:MoveToBeacon`, `sc2:Simple64`;
   its kwargs are `envs.sc2_wrappers.env.SC2Settings`.
 
@@ -32,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from envs import atari
 from envs.aec import AECAdapter
 from envs.base import EnvSpec
 from envs.memory import CUE_RECALL_VERSION, CueRecall
@@ -65,7 +69,7 @@ _BOARD_GAMES = {
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
 ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle", "cue_recall")
-PREFIXES: tuple[str, ...] = ("gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
+PREFIXES: tuple[str, ...] = ("atari:", "gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
 
 
 def _import(module: str, name: str):
@@ -273,6 +277,13 @@ def _game(name: str, kwargs_json: str, seats_json: str = "null") -> _Game:
             extra = {} if render_mode is None else {"render_mode": render_mode}
             return gymnasium.make(env_id, **kwargs, **extra)
         return _probe(name, "gym", make, env_id, declared=declared)
+    if name.startswith("atari:"):
+        game = name[len("atari:"):]
+        full_id, frame_skip = atari.env_id(game), atari.settings(kwargs)["frame_skip"]
+
+        def make_atari(render_mode: Optional[str] = None):
+            return atari.make_atari(game, kwargs, render_mode)
+        return _probe(name, "gym", make_atari, full_id, declared=declared, frames_per_step=frame_skip)
     if name.startswith("sc2:"):
         from envs.sc2_wrappers.env import sc2_spec
 

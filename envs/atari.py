@@ -1,0 +1,117 @@
+"""Atari 2600 games through the Arcade Learning Environment (`ale-py`, whose wheel carries the ROMs).
+
+`atari:<Game>` (e.g. `atari:Pong`, `atari:Breakout`) is gymnasium's `ALE/<Game>-v5` under gymnasium's
+own `AtariPreprocessing` and `FrameStackObservation`: a policy trained here sees exactly what an
+evaluator built from those wrappers shows it. The protocol is the one of the published IMPALA, A3C and
+DQN curves (Mnih et al. 2015; Espeholt et al. 2018; Machado et al. 2018 discuss each choice):
+
+* no sticky actions (`sticky_actions`: 0.25 is Machado et al.'s and ALE v5's own default);
+* the minimal action set of the game;
+* a frame skip of 4: the action is repeated 4 times, the observation is the max over the last two
+  frames (Atari sprites flicker), rewards are summed;
+* 84 x 84 grayscale, resized with OpenCV's area interpolation, uint8;
+* a stack of the last 4 frames, channels first: [4, 84, 84] (1 with a recurrent core, if you like);
+* up to 30 no-op actions at the start of each episode (a random number, from the episode's seed);
+* episodes cut at 108,000 emulator frames (30 minutes of play): a time limit, settled as truncated
+  (the learner bootstraps from the final observation), not as the game's end;
+* `end_on_life_loss`: IMPALA's and DQN's training episodes ended at a lost life (discount 0, the
+  core reset) while the game went on; off by default, as Machado et al. advise. Scores are always
+  those of full games.
+
+Rewards are the game's score changes, unclipped; `learner.reward_clipping` clips them for the loss
+only, so every episode statistic is the game's own score.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Optional
+
+import gymnasium
+
+ALE_PACKAGES = "ale-py and opencv-python-headless (in requirements.txt: bash scripts/bootstrap.sh installs them)"
+LIFE_LOST = "life_lost"  # info key: the step lost a life (envs.parallel settles it as done when asked to)
+DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
+                max_episode_frames=108_000, end_on_life_loss=False, full_action_space=False)
+
+
+def _ale():
+    """Registers the ALE/* ids with gymnasium, or raises a ValueError naming the packages to install."""
+    try:
+        import ale_py
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
+    except ImportError as e:
+        raise ValueError(f"atari:<Game> needs {ALE_PACKAGES}: {e}") from None
+    gymnasium.register_envs(ale_py)
+
+
+def games() -> list[str]:
+    """Every game name `atari:<Game>` takes, e.g. `Pong`, `Breakout`, `MontezumaRevenge`."""
+    _ale()
+    return sorted(i[len("ALE/"):-len("-v5")] for i in gymnasium.registry if i.startswith("ALE/") and i.endswith("-v5"))
+
+
+def env_id(game: str) -> str:
+    """`ALE/<game>-v5`, or a ValueError naming the closest games."""
+    _ale()
+    full = f"ALE/{game}-v5"
+    if full in gymnasium.registry:
+        return full
+    names = games()
+    lowered = {n.lower(): n for n in names}
+    close = [lowered[c] for c in difflib.get_close_matches(game.lower(), list(lowered), n=3, cutoff=0.5)]
+    hint = f"did you mean {', '.join(f'atari:{c}' for c in close)}?" if close else f"{len(names)} games, e.g. atari:Pong"
+    raise ValueError(f"unknown Atari game '{game}'; {hint}")
+
+
+def settings(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DEFAULTS updated with the config's env.kwargs; a ValueError names an unknown key or a bad value."""
+    unknown = sorted(set(kwargs) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"atari:<Game> does not take env.kwargs {unknown}; it takes {', '.join(DEFAULTS)}")
+    out = {**DEFAULTS, **kwargs}
+    for key in ("frame_stack", "frame_skip", "screen_size", "max_episode_frames"):
+        if not isinstance(out[key], int) or out[key] < 1:
+            raise ValueError(f"env.kwargs.{key} must be an integer >= 1, got {out[key]!r}")
+    if not isinstance(out["noop_max"], int) or out["noop_max"] < 0:
+        raise ValueError(f"env.kwargs.noop_max must be an integer >= 0, got {out['noop_max']!r}")
+    if not 0.0 <= float(out["sticky_actions"]) <= 1.0:
+        raise ValueError(f"env.kwargs.sticky_actions must be in [0, 1], got {out['sticky_actions']!r}")
+    return out
+
+
+def make_atari(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = None):
+    """The gymnasium env of `atari:<game>` with `settings(kwargs)`: observations uint8
+    [frame_stack, screen_size, screen_size], Discrete(minimal action set), rewards unclipped.
+
+    Raises ValueError for an unknown game (naming the closest), bad kwargs, or a missing package."""
+    s = settings(kwargs)
+    _ale()
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    extra = {} if render_mode is None else {"render_mode": render_mode}
+    env = gymnasium.make(env_id(game), frameskip=1, repeat_action_probability=float(s["sticky_actions"]),
+                         full_action_space=bool(s["full_action_space"]),
+                         max_num_frames_per_episode=s["max_episode_frames"], **extra)
+    env = AtariPreprocessing(env, noop_max=s["noop_max"], frame_skip=s["frame_skip"], screen_size=s["screen_size"],
+                             terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    if s["end_on_life_loss"]:
+        env = LifeLossInfo(env)
+    return FrameStackObservation(env, s["frame_stack"])
+
+
+class LifeLossInfo(gymnasium.Wrapper):
+    """Marks `info[LIFE_LOST]` on a step that lost a life without ending the game."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.lives = info.get("lives", 0)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = info.get("lives", 0)
+        if lives < self.lives and not (terminated or truncated):
+            info = {**info, LIFE_LOST: True}
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
