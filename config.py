@@ -146,7 +146,9 @@ class LearnerConfig:
     lr_schedule: str = _f("constant", "constant, or linear: anneal the learning rate linearly to 0 at the end of "
                           "the run (IMPALA), whichever of run.total_frames and run.max_minutes comes first")
     rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)")
-    rmsprop_eps: float = _f(0.01, "RMSProp epsilon (IMPALA: 0.01)")
+    rmsprop_eps: float = _f(1e-5, "RMSProp epsilon. The loss here is a mean over the T x B steps; IMPALA's 0.01 "
+                             "was for a sum over its 20 x 32, where it equals 0.01 / 640 ~ 1.6e-5 here (the "
+                             "1e-5 of A2C's reference implementations). 0.01 on a mean swamps the gradients")
     discount: float = _f(0.99, "gamma")
     pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
                                       "(the value targets keep learner.discount): below it, a move that wins now "
