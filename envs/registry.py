@@ -16,6 +16,10 @@ Names:
 * `atari:<Game>`: an Atari 2600 game of the Arcade Learning Environment, e.g. `atari:Pong`, preprocessed
   as the published IMPALA/DQN curves were (envs/atari.py: frame skip 4, 84x84 grayscale, a stack of 4);
   its kwargs are `envs.atari.DEFAULTS`.
+* `atari2p:<game>`: a multi-player Atari game of PettingZoo, e.g. `atari2p:boxing`, `atari2p:pong` (the newest
+  `pettingzoo.atari.<game>_vN`), every player preprocessed as `atari:` is (envs/atari2p.py), plus one plane
+  per player saying which one it is; players `first_0`, `second_0`, each its own seat; its kwargs are
+  `envs.atari2p.DEFAULTS` and the game's own options.
 * `sc2:<map>`: StarCraft II through pysc2 (envs/sc2_wrappers/), e.g. `sc2:MoveToBeacon`, `sc2:Simple64`;
   its kwargs are `envs.sc2_wrappers.env.SC2Settings`.
 
@@ -35,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from envs import atari
+from envs import atari, atari2p
 from envs.aec import AECAdapter
 from envs.base import EnvSpec
 from envs.memory import CUE_RECALL_VERSION, CueRecall
@@ -69,7 +73,7 @@ _BOARD_GAMES = {
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
 ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle", "cue_recall")
-PREFIXES: tuple[str, ...] = ("atari:", "gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
+PREFIXES: tuple[str, ...] = ("atari:", "atari2p:", "gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
 
 
 def _import(module: str, name: str):
@@ -284,6 +288,13 @@ def _game(name: str, kwargs_json: str, seats_json: str = "null") -> _Game:
         def make_atari(render_mode: Optional[str] = None):
             return atari.make_atari(game, kwargs, render_mode)
         return _probe(name, "gym", make_atari, full_id, declared=declared, frames_per_step=frame_skip)
+    if name.startswith("atari2p:"):
+        game = name[len("atari2p:"):]
+        module_name, frame_skip = atari2p.module_name(game), atari2p.settings(game, kwargs)["frame_skip"]
+
+        def make_atari2p(render_mode: Optional[str] = None):
+            return atari2p.make_atari2p(game, kwargs, render_mode)
+        return _probe(name, "parallel", make_atari2p, module_name, declared=declared, frames_per_step=frame_skip)
     if name.startswith("sc2:"):
         from envs.sc2_wrappers.env import sc2_spec
 

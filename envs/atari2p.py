@@ -1,0 +1,257 @@
+"""Multi-player Atari 2600 games of PettingZoo (`pettingzoo.atari.<game>_vN`, on `multi-agent-ale-py`).
+
+`atari2p:<game>` (e.g. `atari2p:boxing`, `atari2p:pong`) is PettingZoo's newest `<game>_vN` Parallel env,
+every player seeing the frames that `atari:<Game>` (envs/atari.py) shows its one player: the steps of
+gymnasium's `AtariPreprocessing` and `FrameStackObservation`, done here for all players at once
+(`Preprocessed`), since SuperSuit's wrappers resize with nearest or bilinear interpolation (tinyscaler),
+stack channels last and have no no-op starts:
+
+* no sticky actions (`sticky_actions`; Machado et al.'s 0.25 if you like);
+* the minimal action set of the game (`full_action_space` for all 18);
+* a frame skip of 4: the players' actions are repeated 4 frames, the observation is the max over the
+  last two frames, each player's rewards are summed; the skip stops early at a frame where a player's
+  game ends or the time limit is reached (gymnasium's wrapper does the same);
+* ALE's grayscale screen, resized to 84 x 84 with OpenCV's area interpolation, uint8;
+* a stack of the last 4 frames, channels first; at a reset the stack holds the first frame 4 times;
+* up to 30 no-op frames at the start of each episode (both players play NOOP; the number is drawn
+  from the episode's seed);
+* `max_cycles`: PettingZoo's time limit, counted as PettingZoo counts its steps, in emulator frames
+  (no-op starts included); 108,000 (30 minutes of play) as atari:'s `max_episode_frames`. Reaching
+  it ends the episode for every player as truncated (the learner bootstraps);
+* `agent_indicator` (on by default): every player sees the same screen, so a network that plays both
+  sides could not tell which one it controls; one plane per player is added after the frames, 255 on
+  the plane of the player who sees it and 0 elsewhere (SuperSuit's `agent_indicator_v0`, which
+  CleanRL's PettingZoo Atari agents use). The observation is uint8 [frame_stack + players, 84, 84];
+  without the indicator it is [frame_stack, 84, 84], as atari:'s.
+
+The ROMs are those of the `ale-py` wheel (`auto_rom_install_path`): nothing is downloaded. Players are
+PettingZoo's `first_0`, `second_0` (`third_0`, `fourth_0` in the four-player games): each its own seat
+(envs/registry.py reads `first`, `second` as their teams). Rewards are the game's score changes,
+unclipped. Other keyword arguments of a game's own `raw_env` (e.g. pong's `game_version`) pass through.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import seeding
+
+PACKAGES = ("multi-agent-ale-py, ale-py (its ROMs) and opencv-python-headless (in requirements.txt: "
+            "bash scripts/bootstrap.sh installs them)")
+DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
+                max_cycles=108_000, full_action_space=False, agent_indicator=True)
+NOOP = 0  # ALE's action index of NOOP
+
+
+def _atari_package():
+    try:
+        import pettingzoo.atari
+    except ImportError as e:
+        raise ValueError(f"atari2p:<game> needs pettingzoo: {e}") from None
+    return pettingzoo.atari
+
+
+def games() -> dict[str, str]:
+    """Every game `atari2p:<game>` takes, with its newest module: {'boxing': 'boxing_v2', ...}."""
+    newest: dict[str, tuple[int, str]] = {}
+    for m in pkgutil.iter_modules(_atari_package().__path__):
+        found = re.fullmatch(r"(\w+)_v(\d+)", m.name)
+        if found and newest.get(found[1], (-1, ""))[0] < int(found[2]):
+            newest[found[1]] = (int(found[2]), m.name)
+    return {game: module for game, (_, module) in sorted(newest.items())}
+
+
+def module_name(game: str) -> str:
+    """`<game>_vN` (the newest N), or a ValueError naming the closest games and the valid ones."""
+    known = games()
+    if game in known:
+        return known[game]
+    close = difflib.get_close_matches(game.lower(), list(known), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(f'atari2p:{c}' for c in close)}? " if close else ""
+    raise ValueError(f"unknown PettingZoo Atari game '{game}'; {hint}valid: {', '.join(known)}")
+
+
+def _module(game: str):
+    name = module_name(game)
+    try:
+        import cv2  # noqa: F401  (frames are resized with it)
+        import ale_py.roms  # noqa: F401  (the ROMs)
+        return importlib.import_module(f"pettingzoo.atari.{name}")
+    except ImportError as e:
+        raise ValueError(f"atari2p:{game} needs {PACKAGES}: {e}") from None
+
+
+def game_options(game: str) -> dict[str, Any]:
+    """The keyword arguments of the game's own `raw_env` (e.g. pong's `num_players`, `game_version`),
+    with their defaults."""
+    params = inspect.signature(_module(game).raw_env).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def settings(game: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DEFAULTS and the game's own options, updated with the config's env.kwargs; a ValueError names an
+    unknown key or a bad value."""
+    options = game_options(game)
+    unknown = sorted(set(kwargs) - set(DEFAULTS) - set(options))
+    if unknown:
+        own = f"; atari2p:{game}'s own: {', '.join(options)}" if options else ""
+        raise ValueError(f"atari2p:{game} does not take env.kwargs {unknown}; it takes {', '.join(DEFAULTS)}{own}")
+    out = {**DEFAULTS, **kwargs}
+    for key in ("frame_stack", "frame_skip", "screen_size", "max_cycles"):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
+            raise ValueError(f"env.kwargs.{key} must be an integer >= 1, got {out[key]!r}")
+    if not isinstance(out["noop_max"], int) or isinstance(out["noop_max"], bool) or out["noop_max"] < 0:
+        raise ValueError(f"env.kwargs.noop_max must be an integer >= 0, got {out['noop_max']!r}")
+    if not isinstance(out["sticky_actions"], (int, float)) or not 0.0 <= float(out["sticky_actions"]) <= 1.0:
+        raise ValueError(f"env.kwargs.sticky_actions must be in [0, 1], got {out['sticky_actions']!r}")
+    for key in ("full_action_space", "agent_indicator"):
+        if not isinstance(out[key], bool):
+            raise ValueError(f"env.kwargs.{key} must be true or false, got {out[key]!r}")
+    return out
+
+
+def make_atari2p(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = None) -> "Preprocessed":
+    """The Parallel env of `atari2p:<game>` with `settings(game, kwargs)`: per player, observations uint8
+    [frame_stack (+ players), screen_size, screen_size] and Discrete(minimal action set).
+
+    Raises ValueError for an unknown game (naming the closest), bad kwargs, or a missing package."""
+    s = settings(game, kwargs)
+    module = _module(game)
+    import ale_py.roms
+
+    own = {k: v for k, v in kwargs.items() if k not in DEFAULTS}
+    extra = {} if render_mode is None else {"render_mode": render_mode}
+    # raw_env is PettingZoo's ParallelAtariEnv under its parallel-to-AEC converter: take the Parallel env
+    # itself (the module's parallel_env would convert it back through the AEC checking wrappers).
+    raw = module.raw_env(obs_type="ram", full_action_space=s["full_action_space"], max_cycles=s["max_cycles"],
+                         auto_rom_install_path=os.path.dirname(ale_py.roms.__file__), **own, **extra).unwrapped
+    return Preprocessed(raw, s)
+
+
+class Preprocessed:
+    """gymnasium's AtariPreprocessing + FrameStackObservation over a PettingZoo `ParallelAtariEnv`, for
+    all its players at once (they share the screen), as a PettingZoo Parallel env. See the module's
+    docstring for what a step does; `settings` is `settings(game, kwargs)`'s dict."""
+
+    def __init__(self, raw: Any, settings: dict[str, Any]):
+        self.raw = raw
+        self.frame_skip = settings["frame_skip"]
+        self.noop_max = settings["noop_max"]
+        self.size = settings["screen_size"]
+        self.sticky = float(settings["sticky_actions"])
+        self.possible_agents = list(raw.possible_agents)
+        self.agents: list[str] = []
+        self.metadata = raw.metadata
+        self.render_mode = raw.render_mode
+        if self.noop_max > 0 and int(raw.action_mapping[0]) != NOOP:
+            raise ValueError(f"{raw.metadata['name']}: action 0 is not NOOP, so it cannot have no-op starts: "
+                             "set env.kwargs.noop_max=0")
+        if self.sticky:  # PettingZoo sets 0; the ALE reads it when a ROM is loaded
+            raw.ale.setFloat(b"repeat_action_probability", self.sticky)
+            raw.ale.loadROM(raw.rom_path)
+            raw.ale.setMode(raw.mode)
+        width, height = raw.ale.getScreenDims()
+        self._buffer = [np.zeros((height, width), np.uint8), np.zeros((height, width), np.uint8)]
+        self._frames: deque[np.ndarray] = deque(maxlen=settings["frame_stack"])
+        planes = settings["frame_stack"] + (len(self.possible_agents) if settings["agent_indicator"] else 0)
+        self._indicators = {}
+        if settings["agent_indicator"]:
+            for i, agent in enumerate(self.possible_agents):
+                plane = np.zeros((len(self.possible_agents), self.size, self.size), np.uint8)
+                plane[i] = 255
+                self._indicators[agent] = plane
+        self._space = spaces.Box(0, 255, (planes, self.size, self.size), np.uint8)
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        return self._space
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return self.raw.action_space(agent)
+
+    @property
+    def unwrapped(self) -> Any:
+        return self.raw
+
+    def _frame(self) -> np.ndarray:
+        """AtariPreprocessing._get_obs: the max of the two buffered screens, resized."""
+        import cv2
+
+        if self.frame_skip > 1:
+            np.maximum(self._buffer[0], self._buffer[1], out=self._buffer[0])
+        return cv2.resize(self._buffer[0], (self.size, self.size), interpolation=cv2.INTER_AREA)
+
+    def _observe(self, agents: list[str]) -> dict[str, np.ndarray]:
+        frames = np.stack(self._frames)
+        if not self._indicators:
+            return {agent: frames.copy() for agent in agents}
+        return {agent: np.concatenate([frames, self._indicators[agent]]) for agent in agents}
+
+    def _reset_raw(self, seed: Optional[int], options: Optional[dict]) -> dict:
+        """`raw.reset(seed)`, without its ROM reload where that changes nothing: PettingZoo reloads the ROM
+        at every seeded reset (0.3 s) so that the ALE reads its seed, which it uses only for sticky
+        actions; without them the ALE's reset alone starts the same game, and the seed seeds the env's
+        generator (the no-op starts) as `raw.reset(seed)` would."""
+        if seed is None or self.sticky:
+            return self.raw.reset(seed=seed, options=options)[1]
+        infos = self.raw.reset(options=options)[1]
+        self.raw.np_random, _ = seeding.np_random(seed)
+        return infos
+
+    def reset(self, seed: Optional[int] = None, options: Optional[dict] = None):
+        """A new game: `raw.reset(seed)` (ALE takes the seed's low 32 bits), then 1..noop_max NOOP frames
+        drawn from the env's generator, which that seed seeds (AtariPreprocessing's no-op reset)."""
+        infos = self._reset_raw(seed, options)
+        noops = int(self.raw.np_random.integers(1, self.noop_max + 1)) if self.noop_max > 0 else 0
+        for _ in range(noops):
+            _, _, terminated, truncated, _ = self.raw.step({agent: NOOP for agent in self.raw.agents})
+            if any(terminated.values()) or any(truncated.values()) or not self.raw.agents:
+                infos = self._reset_raw(seed, options)
+        self.raw.ale.getScreenGrayscale(self._buffer[0])
+        self._buffer[1].fill(0)
+        frame = self._frame()
+        self._frames.clear()
+        self._frames.extend([frame] * self._frames.maxlen)
+        self.agents = list(self.raw.agents)
+        return self._observe(self.agents), {agent: dict(infos.get(agent, {})) for agent in self.agents}
+
+    def step(self, actions: dict[str, int]):
+        """`frame_skip` frames of `actions` (AtariPreprocessing.step for every player). Players whose game
+        ended are terminated; at the time limit every player left is truncated and the episode is over."""
+        agents = list(self.agents)
+        rewards = dict.fromkeys(agents, 0.0)
+        terminated = dict.fromkeys(agents, False)
+        truncated = dict.fromkeys(agents, False)
+        infos: dict[str, Any] = {}
+        for t in range(self.frame_skip):
+            _, step_rewards, step_terminated, step_truncated, infos = self.raw.step(actions)
+            for agent, reward in step_rewards.items():
+                rewards[agent] += float(reward)
+            terminated.update({a: bool(v) for a, v in step_terminated.items()})
+            truncated.update({a: bool(v) for a, v in step_truncated.items()})
+            if any(step_terminated.values()) or any(step_truncated.values()):
+                break
+            if t == self.frame_skip - 2:
+                self.raw.ale.getScreenGrayscale(self._buffer[1])
+            elif t == self.frame_skip - 1:
+                self.raw.ale.getScreenGrayscale(self._buffer[0])
+        self._frames.append(self._frame())
+        # PettingZoo's Atari envs leave truncated players in `agents`; a Parallel env's episode ends when
+        # none is left, so the time limit removes them all.
+        self.agents = [] if any(truncated.values()) else list(self.raw.agents)
+        return (self._observe(agents), rewards, terminated, truncated,
+                {agent: dict(infos.get(agent, {})) for agent in agents})
+
+    def render(self):
+        return self.raw.render()
+
+    def close(self) -> None:
+        self.raw.close()
