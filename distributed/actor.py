@@ -32,7 +32,7 @@ from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
                                    actor_id_key, actor_shard, connect, connect_shard, run_done_key,
                                    shard_urls)
-from envs.registry import env_spec, make_env
+from envs.registry import env_spec, make_envs
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
 from league.players import MAIN, PLAYER_ID, namespace
@@ -343,8 +343,9 @@ class Actor:
         self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
         self.rng = torch.Generator().manual_seed(self.seeds.actions)
         self.np_rng = np.random.default_rng(self.seeds.opponents)
-        self.envs = [make_env(cfg.env.name, seeds, cfg.env.kwargs, seats=cfg.env.seats,
-                              empty_mask=cfg.env.empty_mask) for seeds in self.seeds.envs]
+        # One adapter per env (with env.kwargs.emulator=ale_vector, the slots of one Atari vector env).
+        self.envs = make_envs(cfg.env.name, self.seeds.envs, cfg.env.kwargs, seats=cfg.env.seats,
+                              empty_mask=cfg.env.empty_mask)
         self.buffers = [[UnrollBuffer(self.unroll_spec, lambda: self.version) for _ in self.spec.agents]
                         for _ in self.envs]
         self.model = make_model(self.spec, cfg.agent)
@@ -514,9 +515,10 @@ class Actor:
                     return
                 unrolls, versions = unrolls[ready:], versions[ready:]
             actions = self.choose_actions(steps)
-            for i, env in enumerate(self.envs):
-                env.act(actions[i])
-                steps[i] = env.advance()
+            # Every env acts before any advances: the slots of one Atari vector env step together (make_envs).
+            for env, action in zip(self.envs, actions):
+                env.act(action)
+            steps = [env.advance() for env in self.envs]
             self.env_steps += len(self.envs)
 
     def core_record(self, i: int, agent: int) -> tuple[np.ndarray, int, float] | None:

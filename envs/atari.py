@@ -20,6 +20,18 @@ DQN curves (Mnih et al. 2015; Espeholt et al. 2018; Machado et al. 2018 discuss 
 
 Rewards are the game's score changes, unclipped; `learner.reward_clipping` clips them for the loss
 only, so every episode statistic is the game's own score.
+
+`emulator` picks what steps an actor's games, with the preprocessing above either way:
+
+* `gymnasium` (the default, the reference): one gymnasium env per env slot of the actor, built by
+  `make_atari`.
+* `ale_vector`: ale-py's C++ `AtariVectorEnv` runs all `actor.num_envs` games of an actor in one object
+  (envs/atari_vector.py), on `emulator_threads` threads (1: an actor is one process per core). It
+  preprocesses in C++ as gymnasium's wrappers do in Python; its frames are the same except the first
+  ones of an episode, whose stack it pads with zeros where `FrameStackObservation` repeats the reset
+  frame, and its no-op starts are drawn from its own random numbers (an episode can start with no
+  no-op, where `AtariPreprocessing` plays 1 to `noop_max`). Evaluation and replays, one game at a time, always play
+  the gymnasium path (`envs.registry.make_env`); only the actor's `make_envs` reads this setting.
 """
 
 from __future__ import annotations
@@ -31,8 +43,10 @@ import gymnasium
 
 ALE_PACKAGES = "ale-py and opencv-python-headless (in requirements.txt: bash scripts/bootstrap.sh installs them)"
 LIFE_LOST = "life_lost"  # info key: the step lost a life (envs.parallel settles it as done when asked to)
+EMULATORS = ("gymnasium", "ale_vector")  # env.kwargs.emulator: see the module doc
 DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
-                max_episode_frames=108_000, end_on_life_loss=False, full_action_space=False)
+                max_episode_frames=108_000, end_on_life_loss=False, full_action_space=False,
+                emulator="gymnasium", emulator_threads=1)
 
 
 def _ale():
@@ -77,6 +91,14 @@ def settings(kwargs: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"env.kwargs.noop_max must be an integer >= 0, got {out['noop_max']!r}")
     if not 0.0 <= float(out["sticky_actions"]) <= 1.0:
         raise ValueError(f"env.kwargs.sticky_actions must be in [0, 1], got {out['sticky_actions']!r}")
+    if out["emulator"] not in EMULATORS:
+        raise ValueError(f"env.kwargs.emulator must be one of {', '.join(EMULATORS)}, got {out['emulator']!r}")
+    if not isinstance(out["emulator_threads"], int) or isinstance(out["emulator_threads"], bool) \
+            or out["emulator_threads"] < 1:
+        raise ValueError(f"env.kwargs.emulator_threads must be an integer >= 1, got {out['emulator_threads']!r}")
+    if out["emulator_threads"] != 1 and out["emulator"] != "ale_vector":
+        raise ValueError(f"env.kwargs.emulator_threads={out['emulator_threads']} is for emulator=ale_vector "
+                         f"(the gymnasium path steps each game in the actor's own thread)")
     return out
 
 

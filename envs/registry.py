@@ -15,7 +15,8 @@ Names:
   `pettingzoo:pettingzoo.classic.go_v5`; its `parallel_env` is used where it has one, else its `env`.
 * `atari:<Game>`: an Atari 2600 game of the Arcade Learning Environment, e.g. `atari:Pong`, preprocessed
   as the published IMPALA/DQN curves were (envs/atari.py: frame skip 4, 84x84 grayscale, a stack of 4);
-  its kwargs are `envs.atari.DEFAULTS`.
+  its kwargs are `envs.atari.DEFAULTS`. With `emulator: ale_vector` an actor's games run in one ale-py
+  vector env (envs/atari_vector.py, built by `make_envs`).
 * `atari2p:<game>`: a multi-player Atari game of PettingZoo, e.g. `atari2p:boxing`, `atari2p:pong` (the newest
   `pettingzoo.atari.<game>_vN`), every player preprocessed as `atari:` is (envs/atari2p.py), plus one plane
   per player saying which one it is; players `first_0`, `second_0`, each its own seat; its kwargs are
@@ -41,7 +42,8 @@ import numpy as np
 
 from envs import atari, atari2p
 from envs.aec import AECAdapter
-from envs.base import EnvSpec
+from envs.atari_vector import AtariVectorGroup
+from envs.base import EMPTY_MASK_RULES, EnvSpec
 from envs.memory import CUE_RECALL_VERSION, CueRecall
 from envs.parallel import ParallelAdapter, single_agent_adapter
 from envs.spaces import ObsEncoder, UnsupportedSpace, num_actions, observation_encoder
@@ -345,7 +347,9 @@ def make_env(name: str, seed: int | np.random.SeedSequence, kwargs: Optional[Map
     (episode k gets a seed drawn from its child k; see `envs.base.EpisodeSeeds`).
     render_mode: as in `make_raw_env`. seats: as in `env_spec`. empty_mask: "error" or "skip", what an
     acting agent with an all-zero action mask means (see envs/base.py); "skip" only for simultaneous
-    games (a turn-based game's turn cannot be skipped).
+    games (a turn-based game's turn cannot be skipped). An `atari:<Game>` is always the gymnasium env
+    here, whatever its `emulator` (evaluation and replays play one game at a time); an actor's vector
+    env comes from `make_envs`.
 
     Raises ValueError for `empty_mask="skip"` on a turn-based game."""
     game = _lookup(name, kwargs, seats)
@@ -366,6 +370,30 @@ def make_env(name: str, seed: int | np.random.SeedSequence, kwargs: Optional[Map
         return single_agent_adapter(make, seed, game.encoders[0], spec.num_actions, name, empty_mask)
     return ParallelAdapter(make, seed, game.encoders, spec.agent_seats, spec.num_actions, game.outcome,
                            game.units_left, name=name, empty_mask=empty_mask)
+
+
+def make_envs(name: str, seeds: Sequence[int | np.random.SeedSequence], kwargs: Optional[Mapping[str, Any]] = None,
+              seats: Optional[Sequence[Sequence[str]]] = None, empty_mask: str = "error") -> list:
+    """An actor's envs: one adapter per seed (each seed as in `make_env`).
+
+    Normally `make_env` once per seed: independent adapters. For `atari:<Game>` with
+    `env.kwargs.emulator=ale_vector`, the slots of one `AtariVectorGroup` (envs/atari_vector.py): one
+    ale-py vector env steps all the games once every slot has acted, so a caller acts on every env
+    before advancing any (for independent adapters that order changes nothing). Its games are seeded
+    once from the seeds (see envs/atari_vector.py). seats, empty_mask: as in `make_env`.
+    """
+    kwargs = dict(kwargs or {})
+    if name.startswith("atari:") and atari.settings(kwargs)["emulator"] == "ale_vector":
+        spec = env_spec(name, kwargs, seats)  # the game and env.seats checked as for one env
+        if empty_mask not in EMPTY_MASK_RULES:
+            raise ValueError(f"empty_mask must be one of {EMPTY_MASK_RULES}, got {empty_mask!r}")
+        group = AtariVectorGroup(name[len("atari:"):], list(seeds), kwargs, name)
+        if (group.obs_shape, group.num_actions) != (spec.obs_shape, spec.num_actions):
+            raise ValueError(f"env '{name}': ale-py's vector env gives observations {group.obs_shape} and "
+                             f"{group.num_actions} actions where the gymnasium env gives {spec.obs_shape} and "
+                             f"{spec.num_actions}")
+        return list(group.slots)
+    return [make_env(name, seed, kwargs, seats=seats, empty_mask=empty_mask) for seed in seeds]
 
 
 def make_raw_env(name: str, render_mode: Optional[str] = None, kwargs: Optional[Mapping[str, Any]] = None):
