@@ -140,25 +140,26 @@ def save_model_only(path: str | Path, tensors: dict[str, torch.Tensor], metadata
     durable_replace(tmp, path)
 
 
-def describe_core(agent: dict | object) -> str:
-    """`none`, or `lstm (core_size N)`, of an AgentConfig or its dict."""
+def describe_network(agent: dict | object) -> str:
+    """`torso shallow, core none`, or `torso mlp, core lstm (core_size N)`, of an AgentConfig or its dict."""
     get = agent.get if isinstance(agent, dict) else lambda k, d=None: getattr(agent, k, d)
     core = get("core", "none") or "none"
-    return core if core == "none" else f"{core} (core_size {get('core_size', 256)})"
+    core = core if core == "none" else f"{core} (core_size {get('core_size', 256)})"
+    return f"torso {get('torso', 'conv')}, core {core}"
 
 
-def check_core(metadata: dict[str, str], cfg, path: str | Path) -> None:
-    """Raises CheckpointError naming both when the checkpoint's network has another recurrent core
-    (agent.core, agent.core_size) than `cfg` (a Config) describes; a checkpoint written before cores
-    existed has none."""
+def check_network(metadata: dict[str, str], cfg, path: str | Path) -> None:
+    """Raises CheckpointError naming both when the checkpoint's network has another torso (agent.torso) or
+    recurrent core (agent.core, agent.core_size) than `cfg` (a Config) describes; a checkpoint written
+    before cores existed has none."""
     try:
         saved = (yaml.safe_load(metadata["config"]) or {}).get("agent") or {}
     except yaml.YAMLError:
         return  # the config's own loading reports it
-    if describe_core(saved) != describe_core(cfg.agent):
-        raise CheckpointError(f"{path} holds a network with core {describe_core(saved)}, this config asks for core "
-                              f"{describe_core(cfg.agent)}: set agent.core and agent.core_size as the checkpoint's "
-                              "run had them, or start a new run")
+    if describe_network(saved) != describe_network(cfg.agent):
+        raise CheckpointError(f"{path} holds a network with {describe_network(saved)}; this config asks for "
+                              f"{describe_network(cfg.agent)}: set agent.torso, agent.core and agent.core_size as "
+                              "the checkpoint's run had them, or start a new run")
 
 
 def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ import numpy as np
 import redis
 import torch
 
-from agents.checkpoint import (CheckpointError, check_core, load_optimizer_state, model_state, read_checkpoint,
+from agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
                                save_checkpoint)
 from agents.core import NO_ACTION
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
@@ -568,7 +568,7 @@ class Learner:
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
         tensors, metadata = read_checkpoint(self.checkpoint_path)
-        check_core(metadata, self.cfg, self.checkpoint_path)
+        check_network(metadata, self.cfg, self.checkpoint_path)
         fresh_groups = self.optimizer.state_dict()["param_groups"]
         try:
             self.model.load_state_dict(model_state(tensors))

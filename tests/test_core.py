@@ -274,7 +274,7 @@ def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, 
 
 
 def test_a_short_recurrent_run_trains_through_ingest_workers_and_replay_and_resumes(tmp_path, redis_url, run_name):
-    from agents.checkpoint import CheckpointError, check_core, read_checkpoint
+    from agents.checkpoint import CheckpointError, check_network, read_checkpoint
     from tests.test_parallel import _train
 
     _, records = _train(tmp_path, redis_url, "configs/memory_cue.yaml", run_name, "run.total_frames=3000",
@@ -283,6 +283,7 @@ def test_a_short_recurrent_run_trains_through_ingest_workers_and_replay_and_resu
     assert records[-1]["frames"] >= 3000 and records[-1]["replayed_fraction"] > 0
     path = tmp_path / run_name / "checkpoints" / "latest.safetensors"
     _, metadata = read_checkpoint(path)
-    check_core(metadata, cue_config("agent.core_size=16"), path)  # the same core: accepted
-    with pytest.raises(CheckpointError, match=r"core lstm \(core_size 16\), this config asks for core none"):
-        check_core(metadata, cue_config("agent.core=none"), path)
+    check_network(metadata, cue_config("agent.core_size=16"), path)  # the same core: accepted
+    with pytest.raises(CheckpointError,
+                       match=r"torso mlp, core lstm \(core_size 16\); this config asks for torso mlp, core none"):
+        check_network(metadata, cue_config("agent.core=none"), path)
