@@ -80,7 +80,8 @@ class RunConfig:
 @dataclass
 class EnvConfig:
     name: str = _f("connect_four", "env registry name (see envs/registry.py): connect_four, tictactoe, battle, "
-                   "cue_recall, mpe:<scenario>, gym:<id>, popgym:<Env>, pettingzoo:<module>, sc2:<map>")
+                   "cue_recall, mpe:<scenario>, gym:<id>, popgym:<Env>, pettingzoo:<module>, atari:<Game> "
+                   "(e.g. atari:Pong), atari2p:<game> (e.g. atari2p:boxing), sc2:<map>")
     kwargs: Dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env's constructor, e.g. {map_size: 30} for battle", "default": {}})
     empty_mask: str = _f("error", "an acting agent whose action mask is all zeros: error (stop, naming the env, "

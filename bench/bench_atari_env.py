@@ -27,8 +27,8 @@ Frame copies between the emulator and the Redis entry, per agent step (84x84 gra
 a frame is 7 KB, a stack 28 KB; a raw screen is 210x160, 33.6 KB in gray, 100.8 KB in RGB):
 
 gymnasium path (ale-py's `AtariEnv` with frameskip=1 under gymnasium's wrappers):
-  1. 4 x RGB screen: `AtariEnv.step` returns `ale.getScreenRGB()`, a new 210x160x3 array, for each of
-     the 4 emulator frames; `AtariPreprocessing` throws it away (403 KB copied for nothing);
+  1. 4 x gray screen: `AtariEnv.step` returns a new 210x160 array (`obs_type="grayscale"`, envs/atari.py;
+     RGB would be 3x that) for each of the 4 emulator frames; `AtariPreprocessing` throws it away;
   2. 2 x gray screen: `ale.getScreenGrayscale(buffer)` of the last two frames into the pooling buffers;
   3. max of the two in place (`np.maximum(out=)`: no new buffer);
   4. 1 x frame: `cv2.resize` (INTER_AREA) into a new 84x84 array;
@@ -55,7 +55,7 @@ Both paths, in the actor (distributed/actor.py) and the wire format (distributed
      writes the compressed bytes instead);
   f. 1 x the payload: `msgpack.packb` copies each array's bytes (raw or compressed) into the message.
      redis-py hands large arguments to the socket without joining them (not counted).
-So per agent step: gymnasium ~ 4 RGB + 2 gray screens + 1 frame + 2 stacks before the actor;
+So per agent step: gymnasium ~ 6 gray screens + 1 frame + 2 stacks before the actor;
 ale_vector ~ 2 gray screens + 1 frame + 2 stacks, in C++; then 5-6 stack copies in the actor and codec
 for either (~ 150 KB at T=20, uncompressed).
 """

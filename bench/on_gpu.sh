@@ -8,7 +8,9 @@
 #      workers at B = 32 and B = 128;
 #   3. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side;
 #   4. bench_core.py: the update with and without the LSTM core on CUDA (cuDNN's LSTM), and the core's
-#      unroll as nn.LSTM calls per run of steps against a step-by-step loop.
+#      unroll as nn.LSTM calls per run of steps against a step-by-step loop;
+#   5. bench_pixels.py: the learner's update on Pong's frames (configs/atari_pong.yaml, T x B = 20 x 16 and
+#      20 x 32) with IMPALA's deep (resnet) and shallow torsos on CUDA, frames/s.
 # Everything goes to OUT (default /tmp/on_gpu) and to standard output.
 #
 #   bash bench/on_gpu.sh [OUT]
@@ -43,3 +45,7 @@ done
   --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --out "$OUT/algos" | tee "$OUT/compare.txt"
 "$PY" bench/bench_core.py --device "$DEVICE" --B 32 | tee "$OUT/bench_core_B32.txt"
 "$PY" bench/bench_core.py --device "$DEVICE" --B 128 | tee "$OUT/bench_core_B128.txt"
+for B in 16 32; do
+  "$PY" bench/bench_pixels.py --device "$DEVICE" --torsos resnet shallow --skip-wire --reps 10 \
+    --set learner.batch_size="$B" | tee "$OUT/bench_pixels_B$B.txt"
+done

@@ -112,7 +112,10 @@ def make_atari(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = N
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
     extra = {} if render_mode is None else {"render_mode": render_mode}
-    env = gymnasium.make(env_id(game), frameskip=1, repeat_action_probability=float(s["sticky_actions"]),
+    # obs_type grayscale: AtariPreprocessing reads the screens from the emulator itself, so the base env's
+    # own observation per emulator frame is thrown away; gray is a third of RGB's copy (the frames agree).
+    env = gymnasium.make(env_id(game), frameskip=1, obs_type="grayscale",
+                         repeat_action_probability=float(s["sticky_actions"]),
                          full_action_space=bool(s["full_action_space"]),
                          max_num_frames_per_episode=s["max_episode_frames"], **extra)
     env = AtariPreprocessing(env, noop_max=s["noop_max"], frame_skip=s["frame_skip"], screen_size=s["screen_size"],
