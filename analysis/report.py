@@ -129,19 +129,24 @@ def _broken(run: Run, records: list[dict], x, y) -> tuple[list[float], list[floa
     return xs, ys
 
 
+X_AXES = {"frames": "agent steps trained", "emulator_frames": "emulator frames (Atari: 4 per agent step)",
+          "time": "wall clock (s)"}
+
+
 def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> Figure | None:
-    """One line per key of `keys` that the records have, against frames or the run's training seconds
-    (a resumed run's learner processes as separate pieces of one line)."""
-    present = [k for k in keys if any(k in r for r in run.records)]
+    """One line per key of `keys` that the records have, against `x` (a key of X_AXES: agent steps
+    trained, emulator frames, or the run's training seconds; a resumed run's learner processes as
+    separate pieces of one line)."""
+    present = [k for k in keys if any(k in r and (x == "time" or x in r) for r in run.records)]
     if not present:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for k in present:
-        recs = [r for r in run.records if k in r]
-        ax.plot(*_broken(run, recs, (lambda r: r["frames"]) if x == "frames" else run.elapsed, lambda r: r[k]),
+        recs = [r for r in run.records if k in r and (x == "time" or x in r)]
+        ax.plot(*_broken(run, recs, run.elapsed if x == "time" else (lambda r: r[x]), lambda r: r[k]),
                 ".-", label=k)
-    ax.set_xlabel("agent steps trained" if x == "frames" else "wall clock (s)")
+    ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -241,6 +246,10 @@ def _section(anchor: str, title: str, body: list[str | None]) -> str:
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
 
 
+def _has(run: Run, key: str) -> bool:
+    return any(key in r for r in run.records)
+
+
 def _seat_keys(run: Run) -> tuple[str, ...]:
     """The per-seat league score keys (`league_score_seat_<s>`) the run's records have, by seat."""
     keys = {k for r in run.records for k in r if k.startswith("league_score_seat_")}
@@ -252,7 +261,11 @@ def run_figures(run: Run) -> dict[str, list]:
     league where a league ran. Each list holds matplotlib Figures (or None where nothing was recorded)."""
     sections = {
         "architecture": [architecture(run)],
+        # Atari's published curves count emulator frames (and minutes); runs with a frame skip log them.
         "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
+                     _lines(run, CURVE_KEYS[:2], "emulator_frames", "score against emulator frames"),
+                     _lines(run, CURVE_KEYS[:2], "time", "score against time")
+                     if _has(run, "emulator_frames") else None,
                      _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
                      _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps"),
                      _lines(run, _seat_keys(run), "frames", "league score per learner seat (seat 0 moves first)")],

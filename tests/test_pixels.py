@@ -4,6 +4,7 @@ that keep frames and the other torsos apart."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +108,24 @@ def test_a_lost_life_settles_the_learning_episode_and_the_game_goes_on():
         if lives_lost == 2:
             break
     assert lives_lost == 2 and not step.episodes  # two learning episodes ended; the game (5 lives) goes on
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (np.zeros((21, 4, 84, 83), np.uint8), r"array 'obs' has shape \[1, 21, 4, 84, 83\], expected \[1, 21, 4, 84, 84\]"),
+    (np.zeros((21, 4, 84, 84), np.float32), r"array 'obs' has dtype '<f4', expected '\|u1'"),
+])
+def test_an_unroll_of_frames_of_the_wrong_shape_or_dtype_is_refused_alone(bad, reason):
+    from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls
+
+    uspec, T, A = UnrollSpec(env_spec("atari:Pong"), 20), 20, 6
+    rng = np.random.default_rng(0)
+    good = {"obs": rng.integers(0, 256, (T + 1, 4, 84, 84), dtype=np.uint8),
+            "action_mask": np.ones((T + 1, A), np.uint8), "action": rng.integers(0, A, T),
+            "reward": np.zeros(T, np.float32), "done": np.zeros(T, np.uint8), "truncated": np.zeros(T, np.uint8),
+            "behaviour_logits": np.zeros((T, A), np.float32)}
+    entries = [encode_unrolls([u], unroll_id=str(i), policy_version=0, actor_id=0, env="atari:Pong",
+                              compression="zstd", level=1) for i, u in enumerate([good, {**good, "obs": bad}, good])]
+    first, refused, last = decode_unrolls(entries, uspec)
+    assert isinstance(refused, DecodeError) and re.search(reason, str(refused)), refused
+    np.testing.assert_array_equal(first[1]["obs"][0], good["obs"])
+    np.testing.assert_array_equal(last[1]["obs"][0], good["obs"])
