@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-games", type=int, default=200,
                    help="games per seat against each baseline bot after training (default 200; 0 = skip)")
     p.add_argument("--eval-history", type=int, default=6, metavar="N",
-                   help="board games: also play up to N earlier policies of the run (a league's main snapshots, "
-                   "else checkpoints/history/) after training, to see how it learned (default 6; 0 = none)")
+                   help="games of several seats: also play up to N earlier policies of the run (a league's main "
+                   "snapshots, else checkpoints/history/) against the same bots after training, to see how it "
+                   "learned (default 6; 0 = none)")
     p.add_argument("--eval-history-games", type=int, default=50, metavar="G",
                    help="games per seat and bot of each earlier policy (default 50)")
     p = sub.add_parser("learner", help="run the learner against a Redis")
@@ -471,8 +472,9 @@ def _train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None
 def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, history: int = 0,
                       history_games: int = 50) -> None:
     """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone),
-    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`). Board games
-    with `history` > 0: also up to `history` earlier policies, `history_games` per seat (`_over_training`)."""
+    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`). Games of several
+    seats with `history` > 0: also up to `history` earlier policies, `history_games` per seat, against the
+    bots the final policy played (`_over_training`)."""
     from agents.policy import load_policy
     from evaluation.evaluate import episode_returns, evaluate
 
@@ -497,9 +499,9 @@ def _final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, 
             log.info("  %s", _seat_line(seat, r))
     log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
-    if board and history > 0:
-        record["over_training"] = _over_training(cfg, run_dir, record, ("tactical", strongest[policy.spec.name]),
-                                                 history, history_games)
+    if history > 0:
+        opponents = ("tactical", strongest[policy.spec.name]) if board else ("random",)
+        record["over_training"] = _over_training(cfg, run_dir, record, opponents, history, history_games)
     record_final_evaluation(cfg, run_dir, record)
 
 
@@ -537,11 +539,14 @@ def _over_training(cfg: Config, run_dir: Path, record: dict, opponents: tuple[st
 
 def _seats_summary(seats: dict) -> str:
     """'won 90% / 80%, took 70% / 65% of immediate wins, made 50% / 55% of forced blocks' over the seats
-    of one match (`MatchResult.as_dict()` per seat; '-' where a seat had no chance)."""
+    of one match (`MatchResult.as_dict()` per seat; '-' where a seat had no chance); in games without
+    one-move tactics 'won 90% / 80%, mean return +12.5 / +9.0'."""
     def rates(key: str) -> str:
         return " / ".join("-" if r["tactics"][key] is None else f"{r['tactics'][key]:.0%}" for r in seats.values())
 
     won = " / ".join(f"{r['win_rate']:.0%}" for r in seats.values())
+    if any(r.get("tactics") is None for r in seats.values()):
+        return f"won {won}, mean return " + " / ".join(f"{r.get('mean_return', 0.0):+.1f}" for r in seats.values())
     return f"won {won}, took {rates('wins_taken_rate')} of immediate wins, made {rates('blocks_made_rate')} of forced blocks"
 
 
@@ -740,10 +745,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _seat_line(seat: str, result: dict) -> str:
-    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%' and the seat's tactics (`_tactics_line`), for one
-    seat's `MatchResult.as_dict()`."""
+    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%  mean return +0.9' and the seat's tactics
+    (`_tactics_line`), for one seat's `MatchResult.as_dict()`."""
+    mean_return = f"  mean return {result['mean_return']:+.1f}" if "mean_return" in result else ""
     return (f"as {seat}: won {result['win_rate']:.1%}  drew {result['draw_rate']:.1%}  lost {result['loss_rate']:.1%}"
-            + _tactics_line(result["tactics"]))
+            + mean_return + _tactics_line(result["tactics"]))
 
 
 def _tactics_line(tactics: dict | None) -> str:

@@ -313,11 +313,16 @@ def evaluation_table(record: dict) -> str:
                        f"<td>{e['max_return']:.1f}</td></tr></table>")
     rows = "".join(f"<tr><td>{html.escape(opponent)}</td><td>{html.escape(seat)}</td><td>{r['win_rate']:.1%}</td>"
                    f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td>"
+                   f"<td>{_mean_return(r)}</td>"
                    f"<td>{_chances(r.get('tactics'), 'wins_taken', 'win_chances')}</td>"
                    f"<td>{_chances(r.get('tactics'), 'blocks_made', 'block_chances')}</td></tr>"
                    for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
-    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th>"
+    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th><th>mean return</th>"
                    f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>")
+
+
+def _mean_return(result: dict) -> str:
+    return f"{result['mean_return']:+.1f}" if "mean_return" in result else ""  # older evaluation.json: none
 
 
 def _chances(tactics: dict | None, done: str, chances: str) -> str:
@@ -333,25 +338,27 @@ OVER_TRAINING_RATES = (("win_rate", "win rate"), ("wins_taken_rate", "immediate 
 
 
 def _seat_rate(result: dict, key: str) -> float | None:
-    """`win_rate` or a tactics rate of one seat's `MatchResult.as_dict()`; None where it has none."""
-    return result.get(key) if key == "win_rate" else (result.get("tactics") or {}).get(key)
+    """`win_rate`, `mean_return` or a tactics rate of one seat's `MatchResult.as_dict()`; None where it has none."""
+    return result.get(key) if key in ("win_rate", "mean_return") else (result.get("tactics") or {}).get(key)
 
 
 def over_training_figure(record: dict | None) -> Figure | None:
     """evaluation.json's `over_training` (earlier policies of the run, then the final one, against the
     bots): one row per opponent, one column per rate (win rate, immediate wins taken, forced blocks
-    made), against agent steps trained, one line per seat. None where the record has no such entries."""
+    made; in games without one-move tactics: win rate and mean return), against agent steps trained, one line per seat. None where the record has no such entries."""
     entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
                      key=lambda e: e["frames"])
     if not entries:
         return None
     opponents = list(dict.fromkeys(o for e in entries for o in e["opponents"]))
+    tactics = any(r.get("tactics") for e in entries for seats in e["opponents"].values() for r in seats.values())
+    rates = OVER_TRAINING_RATES if tactics else (("win_rate", "win rate"), ("mean_return", "mean return per game"))
     plt = _pyplot()
-    fig, axes = plt.subplots(len(opponents), len(OVER_TRAINING_RATES), figsize=(10, 0.8 + 2.6 * len(opponents)),
+    fig, axes = plt.subplots(len(opponents), len(rates), figsize=(10, 0.8 + 2.6 * len(opponents)),
                              squeeze=False, sharex=True)
     for row, opponent in enumerate(opponents):
         seats = list(dict.fromkeys(s for e in entries for s in e["opponents"].get(opponent, {})))
-        for col, (key, label) in enumerate(OVER_TRAINING_RATES):
+        for col, (key, label) in enumerate(rates):
             ax = axes[row][col]
             for seat in seats:
                 points = [(e["frames"], _seat_rate(e["opponents"][opponent][seat], key)) for e in entries
@@ -359,7 +366,8 @@ def over_training_figure(record: dict | None) -> Figure | None:
                 points = [(x, y) for x, y in points if y is not None]  # no chance of that kind in those games
                 if points:
                     ax.plot(*zip(*points), ".-", label=seat)
-            ax.set_ylim(-0.03, 1.03)
+            if key != "mean_return":
+                ax.set_ylim(-0.03, 1.03)
             ax.set_title(f"vs {opponent}: {label}", fontsize=9)
             ax.grid(alpha=0.3)
             if row == len(opponents) - 1:

@@ -101,6 +101,7 @@ class MatchResult:
     wins: int
     draws: int
     losses: int
+    mean_return: float = 0.0  # the seat's summed reward per game (two-player Atari: its score difference)
     tactics: Tactics | None = None
 
     @property
@@ -113,10 +114,11 @@ class MatchResult:
 
 
 def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:
-    """Wins, draws and losses of the player in `seat` over `records`."""
+    """Wins, draws and losses of the player in `seat` over `records`, and its mean return per game."""
     wins = sum(r.winner == seat for r in records)
     draws = sum(r.winner is None for r in records)
-    return MatchResult(seat, len(records), wins, draws, len(records) - wins - draws)
+    mean_return = float(np.mean([r.returns[seat] for r in records])) if records else 0.0
+    return MatchResult(seat, len(records), wins, draws, len(records) - wins - draws, mean_return)
 
 
 def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int = 0,
