@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from agents.core import LSTMCore, Network
-from agents.torsos import PIXEL_TORSOS, pixel_torso
+from agents.torsos import PIXEL_TORSOS, orthogonal_init, pixel_torso
 from config import AgentConfig
 
 # Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay
@@ -117,6 +117,9 @@ class ActorCritic(Network):
         out = cfg.hidden if self.core is None else cfg.core_size
         self.policy = nn.Linear(out, num_actions)
         self.baseline = nn.Linear(out, 1)
+        if self.pixels is not None:  # as the torso (agents/torsos.py): a near-uniform first policy
+            orthogonal_init(self.policy, 0.01)
+            orthogonal_init(self.baseline, 1.0)
 
     def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
         """The torso: obs [N, *obs_shape] (any numeric dtype; scaled by 1/255 only where the env's space

@@ -22,6 +22,22 @@ from torch import nn
 
 from agents.spec import PIXEL_TORSOS, check_frames
 
+def orthogonal_init(module: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights scaled by `gain` and zero biases for every conv and linear layer of `module`, the
+    initialization of the reference A2C and PPO implementations on Atari (OpenAI Baselines; Andrychowicz
+    et al. 2021, "What matters in on-policy RL", sec. 3). With PyTorch's default (small uniform weights,
+    random biases) the first conv layer of the shallow torso died on Pong within minutes: every unit's
+    ReLU negative on every frame, the policy then the same in every state."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(layer.weight, gain)
+            nn.init.zeros_(layer.bias)
+    return module
+
+
+RELU_GAIN = 2 ** 0.5  # the gain of a layer followed by a ReLU (He et al. 2015)
+
+
 def _flat_size(trunk: nn.Module, c: int, h: int, w: int) -> int:
     with torch.no_grad():
         return trunk(torch.zeros(1, c, h, w)).numel()
@@ -40,6 +56,7 @@ class ShallowTorso(nn.Module):
         self.trunk = nn.Sequential(nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
                                    nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
         self.fc = nn.Sequential(nn.Linear(_flat_size(self.trunk, c, h, w), hidden), nn.ReLU())
+        orthogonal_init(self, RELU_GAIN)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.fc(self.trunk(frames.float() / 255.0))
@@ -78,6 +95,7 @@ class ResNetTorso(nn.Module):
         layers += [nn.ReLU(), nn.Flatten()]
         self.trunk = nn.Sequential(*layers)
         self.fc = nn.Sequential(nn.Linear(_flat_size(self.trunk, *frames), hidden), nn.ReLU())
+        orthogonal_init(self, RELU_GAIN)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.fc(self.trunk(frames.float() / 255.0))
