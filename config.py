@@ -149,7 +149,9 @@ class LearnerConfig:
     rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)")
     rmsprop_eps: float = _f(1e-5, "RMSProp epsilon. The loss here is a mean over the T x B steps; IMPALA's 0.01 "
                              "was for a sum over its 20 x 32, where it equals 0.01 / 640 ~ 1.6e-5 here (the "
-                             "1e-5 of A2C's reference implementations). 0.01 on a mean swamps the gradients")
+                             "1e-5 of A2C's reference implementations). 0.01 on a mean swamps the gradients. "
+                             "PyTorch's RMSProp starts its mean of squared gradients at 0 (TensorFlow's at 1): "
+                             "its first steps are up to 10x the learning rate")
     discount: float = _f(0.99, "gamma")
     pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
                                       "(the value targets keep learner.discount): below it, a move that wins now "
