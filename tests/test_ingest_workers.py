@@ -177,14 +177,26 @@ def test_a_worker_that_dies_under_run_learner_leaves_a_checkpoint(tmp_path, redi
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     threads = torch.get_num_threads()
 
+    def ingest_workers() -> list[psutil.Process]:
+        found = []
+        for child in psutil.Process().children():
+            try:  # another test's child can exit between listing and reading its command line
+                if "distributed.ingest_workers" in child.cmdline():
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
     def kill_a_worker() -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            workers = [p for p in psutil.Process().children() if "distributed.ingest_workers" in p.cmdline()]
+            workers = ingest_workers()
             if workers and redis_client.get(f"{run_name}:traj:trained") == b"6":
                 workers[0].kill()
                 return
             time.sleep(0.05)
+        for worker in ingest_workers():  # never leave run_learner waiting for data that will not come
+            worker.kill()
 
     killer = threading.Thread(target=kill_a_worker)
     killer.start()
