@@ -117,6 +117,23 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _wait_redis_arg(p: argparse.ArgumentParser, what: str = "Redis") -> None:
+    p.add_argument("--wait-redis", type=_seconds, default=0.0, metavar="SECONDS",
+                   help=f"at start, wait up to SECONDS for {what} to answer (default 0: try once); past that, "
+                   "exit with code 4, which means: start again later (e.g. Redis starts after this process)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="role", required=True)
@@ -134,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "learned (default 6; 0 = none)")
     p.add_argument("--eval-history-games", type=int, default=50, metavar="G",
                    help="games per seat and bot of each earlier policy (default 50)")
+    _wait_redis_arg(p, "a shared Redis (--redis-url) and the trajectory shards' servers")
     p = sub.add_parser("learner", help="run the learner against a Redis")
     _config_args(p)
+    _wait_redis_arg(p, "Redis and the trajectory shards' servers")
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoints/latest.safetensors")
     p.add_argument("--player", default="main", help="which learner: main (default), main_exploiter_N or "
@@ -146,10 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "tcp://<rank 0's host>:<free port>, the same for every rank")
     p = sub.add_parser("league", help="run the league manager against a Redis")
     _config_args(p)
+    _wait_redis_arg(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/league/state.json")
     p = sub.add_parser("actor", help="run one actor process against a Redis")
     _config_args(p)
+    _wait_redis_arg(p, "Redis and the trajectory shards' servers")
     p.add_argument("--actor-id", type=int, default=None,
                    help="this actor's id in the run (refused if a live actor holds it); default: the lowest free id")
     p.add_argument("--player", default="main", help="the learner this actor plays for (default main)")
@@ -220,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: $IMPALA_REDIS_URL)")
     p.add_argument("--delete", metavar="RUN_NAME", help="delete every key of run RUN_NAME from --redis-url; "
                    "refused while the run is live (a launcher, learner or league manager holds its lease)")
+    _wait_redis_arg(p, "the Redis of --redis-url")
     p = sub.add_parser("config", help="print the resolved config of --config and --set (YAML, no secrets)")
     _config_args(p)
     return parser
@@ -255,6 +277,23 @@ def _redis_url(args: argparse.Namespace, cfg: Config) -> str | None:
     from distributed.launcher import REDIS_URL_ENV
 
     return args.redis_url or cfg.run.redis_url or os.environ.get(REDIS_URL_ENV)
+
+
+def _connect_waiting(args: argparse.Namespace, cfg: Config, url: str, shards: bool = False):
+    """A client of the run's Redis at `url` once it answers PING and, with `shards`, once every other
+    server of the trajectory shards (transport.shard_urls) does too: waiting up to --wait-redis seconds
+    in all. Raises RedisUnreachable past that (exit code 4); a bad URL or password fails at once (2)."""
+    import time
+
+    from distributed.transport import connect, shard_urls
+
+    deadline = time.monotonic() + args.wait_redis
+    client = connect(url, wait_s=args.wait_redis)
+    if shards:
+        for server in dict.fromkeys(shard_urls(url, cfg.transport.shards, cfg.transport.shard_urls)):
+            if server != url:
+                connect(server, wait_s=max(0.0, deadline - time.monotonic())).close()
+    return client
 
 
 def _new_run_dir(cfg: Config, resume: bool) -> Path:
@@ -390,8 +429,6 @@ def _write_run_config(run_dir: Path, cfg: Config, where: str) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import signal
 
-    from distributed.transport import connect
-
     # Until the launcher takes over: a SIGTERM or a closed terminal (SIGHUP) stops start-up as Ctrl-C does.
     # SIGINT too: a shell starts a background job with it ignored, which Python keeps, and the launcher
     # answers it once it supervises; start-up must not be the one window where it does nothing.
@@ -407,7 +444,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not 1 <= args.eval_history_games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--eval-history-games must be in [1, {MAX_EVAL_GAMES}]")
     url = _redis_url(args, cfg)
-    client = connect(url) if url else None  # fail fast with a clear message
+    client = _connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
         from distributed.learner import pick_device
 
@@ -596,9 +633,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the learner needs a Redis: pass --redis-url or set run.redis_url")
-    from distributed.transport import connect
-
-    connect(url)  # fail fast, before anything is written
+    _connect_waiting(args, cfg, url, shards=True).close()  # fail fast, before anything is written
     player = _player(args, cfg)
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     if not (run_dir / "config.yaml").exists():
@@ -635,7 +670,6 @@ def _player(args: argparse.Namespace, cfg: Config) -> str:
 
 def cmd_league(args: argparse.Namespace) -> int:
     from distributed.ownership import exit_with_launcher
-    from distributed.transport import connect
     from league.manager import run_league
 
     exit_with_launcher("league manager")
@@ -645,7 +679,7 @@ def cmd_league(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the league manager needs a Redis: pass --redis-url or set run.redis_url")
-    connect(url)
+    _connect_waiting(args, cfg, url).close()
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
     run_league(cfg, url, run_dir, resume=args.resume)
     return 0
@@ -663,12 +697,14 @@ def cmd_actor(args: argparse.Namespace) -> int:
     url = _redis_url(args, cfg)
     if not url:
         raise ConfigError("the actor needs a Redis: pass --redis-url or set run.redis_url")
+    player = _player(args, cfg)
+    _connect_waiting(args, cfg, url, shards=True).close()
     if cfg.learner.algo == "a3c":
         from distributed.a3c import A3CWorker
 
-        run_actor(cfg, url, args.actor_id, _player(args, cfg), actor_class=A3CWorker)
+        run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
     else:
-        run_actor(cfg, url, args.actor_id, _player(args, cfg))
+        run_actor(cfg, url, args.actor_id, player)
     return 0
 
 
@@ -891,7 +927,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             raise ConfigError("--delete removes a run's keys from a shared Redis: pass --redis-url")
         from distributed.transport import connect
 
-        deleted = delete_run_keys(connect(url), args.delete)
+        deleted = delete_run_keys(connect(url, wait_s=args.wait_redis), args.delete)
         print(f"deleted {deleted} keys of run '{args.delete}'")
         return 0
     rows = list_run_dirs(Path(args.dir))
@@ -901,7 +937,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if url:
         from distributed.transport import connect
 
-        remote = list_redis_runs(connect(url))
+        remote = list_redis_runs(connect(url, wait_s=args.wait_redis))
         print(f"Redis: {len(remote) or 'no'} run{'' if len(remote) == 1 else 's'}")
         for row in remote:
             print(f"  {row['name']:<28} {row['state']:<34} {row['keys']:>6} keys {row['bytes'] / 1e6:>9.1f} MB")
@@ -913,17 +949,29 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+REDIS_UNREACHABLE_HINT = ("Start it (or fix the URL or the network) and start this again, or wait for it with "
+                          "--wait-redis SECONDS")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one role; returns the process's exit code (README.md, "Exit codes", lists them)."""
+    args = build_parser().parse_args(argv)  # a usage error exits here with argparse's code, 2
     _setup_logging()
+    from distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
+    from distributed.transport import RedisUnreachable
+
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
                 "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
                 "report": cmd_report, "runs": cmd_runs, "config": cmd_config}
     try:
         return commands[args.role](args)
+    except RedisUnreachable as e:
+        print(f"error: {e} {REDIS_UNREACHABLE_HINT} (exit code {REDIS_UNREACHABLE_EXIT}: Redis unreachable at start)",
+              file=sys.stderr)
+        return REDIS_UNREACHABLE_EXIT
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     except KeyboardInterrupt:  # outside the launcher's own handling (start-up, final evaluation)
         print("interrupted", file=sys.stderr)
         return 130

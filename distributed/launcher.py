@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 import redis
 
 from config import Config
-from distributed.ownership import OWNER_ENV, PEER_LOST_EXIT
+from distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT
 from distributed.params import ParamStore
 from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
 from league.players import MAIN, learner_players, namespace
@@ -287,12 +287,14 @@ def _stop_all(procs: dict[str, subprocess.Popen], forced: "Callable[[], bool]") 
 
 
 def _describe_exit(code: int) -> str:
+    """'exited with code 4 (Redis unreachable at start)', 'was killed by SIGKILL': a child's end as Popen saw it."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    name = EXIT_NAMES.get(code)
+    return f"exited with code {code}" + (f" ({name})" if name else "")
 
 
 def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple[str, list[str], int]]:
@@ -415,7 +417,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                 except redis.RedisError as e:
                     failure = f"lost the connection to Redis: {e}"
                     break
-                if not finished and code == 2:  # run.py's exit code for a config or file error: restarting won't help
+                if not finished and code == USER_ERROR_EXIT:  # a config or file error: restarting won't help
                     failure = f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)"
                     break
                 if not finished:
@@ -423,7 +425,9 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                     if restarts > MAX_ACTOR_RESTARTS:
                         failure = f"workers crashed {restarts} times; giving up (see their errors above)"
                         break
-                    log.warning("%s (pid %d) exited with code %s; restarting it", name, proc.pid, code)
+                    # Redis unreachable at start (an embedded one restarting) is worth a restart too.
+                    log.warning("%s (pid %d) exited with code %s%s; restarting it", name, proc.pid, code,
+                                f" ({EXIT_NAMES[code]})" if code in EXIT_NAMES else "")
                     role, args, nice = commands[name]
                     _release_dead_actor_id(client, cfg.run.name, args, proc.pid)
                     commands[name] = (role, _restart_args(role, args), nice)

@@ -28,9 +28,20 @@ log = logging.getLogger("ownership")
 LOCK_NAME = "run.lock"
 OWNER_ENV = "IMPALA_RUN_OWNER"  # pid of the launcher that holds the run directory's lock
 WATCH_EVERY_S = 0.5
-# The exit code of `run.py learner` when its collective or rendezvous failed (distributed/data_parallel.py):
-# it is not the cause of a failed run but a peer's casualty, so the launcher names the rank that exited otherwise.
+# Exit codes of the roles (README.md, "Exit codes", has the whole table), for a launcher or a scheduler
+# to tell "stop" from "start again". 0: the role ended as asked (the run is over, or a stop signal);
+# 1: an unexpected failure.
+# An error its one-line message explains (a UserError: a bad config or command line, as argparse's usage
+# errors; a taken run name or actor id; a refused password; Redis lost for longer than
+# run.redis_retry_s): starting again unchanged is no remedy.
+USER_ERROR_EXIT = 2
+# `run.py learner` when its collective or rendezvous failed (distributed/data_parallel.py): it is not the
+# cause of a failed run but a peer's casualty, so the launcher names the rank that exited otherwise.
 PEER_LOST_EXIT = 3
+# Redis did not answer at start (within --wait-redis seconds): it may not be up yet, so start again later.
+REDIS_UNREACHABLE_EXIT = 4
+EXIT_NAMES = {USER_ERROR_EXIT: "an error its message explains", PEER_LOST_EXIT: "a peer learner rank was lost",
+              REDIS_UNREACHABLE_EXIT: "Redis unreachable at start"}
 
 
 class RunDirLocked(UserError, RuntimeError):

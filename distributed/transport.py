@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import ssl
 import threading
 import time
 from typing import Any, Callable
@@ -64,6 +65,12 @@ RESULTS_MAXLEN = 100_000  # episode results are statistics: the oldest may be tr
 
 class RedisUnavailable(UserError, RuntimeError):
     """Redis cannot be reached; the message says where and what to check."""
+
+
+class RedisUnreachable(RedisUnavailable):
+    """Redis did not answer `connect`'s first PING: nothing listens at the address, the connection timed
+    out, or the server is still loading its data. Unlike a wrong URL or a refused password this may pass,
+    so the roles exit with a code of its own (`ownership.REDIS_UNREACHABLE_EXIT`): start again later."""
 
 
 class RedisGaveUp(redis.ConnectionError):
@@ -155,11 +162,14 @@ def redis_outages(client: redis.Redis) -> int:
     return policy.outages if isinstance(policy, RetryPolicy) else 0
 
 
-def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.Redis:
+def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0, wait_s: float = 0.0) -> redis.Redis:
     """A client for `url` whose socket timeout exceeds any blocking read we issue, and which retries a
     lost connection for up to `retry_s` seconds (`RetryPolicy`).
 
-    Raises RedisUnavailable with the host (never the password) if Redis does not answer PING now.
+    wait_s: how long to keep sending the first PING while Redis does not answer (a server that starts
+    after this process); 0 tries once. One line is logged when the waiting begins.
+    Raises RedisUnreachable if Redis has not answered PING by then, RedisUnavailable (with the host,
+    never the password) for a bad URL, a refused password, or a server that is not a usable Redis.
     """
     # Block time and socket timeout are set together: a blocking XREADGROUP longer than the socket
     # timeout would surface as a TimeoutError (and, retried, would never return). `read` checks it.
@@ -172,18 +182,52 @@ def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0) -> redis.R
                                       maint_notifications_config=MaintNotificationsConfig(enabled=False))
     except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
         raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
-    try:
-        client.ping()
-    except redis.AuthenticationError as e:
-        raise RedisUnavailable(f"Redis at {_safe(url)} refused the password: {e}") from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-        raise RedisUnavailable(f"cannot reach Redis at {_safe(url)}: {e}. Is redis-server running there, "
-                               f"and is the URL (redis://[:password@]host:port/db) right?") from None
-    except redis.RedisError as e:  # e.g. an HTTP server on that port, or a db index out of range
-        raise RedisUnavailable(f"Redis at {_safe(url)} did not answer as a usable Redis: "
-                               f"{type(e).__name__}: {e}") from None
+    _first_ping(client, url, wait_s)
     policy.armed = True
     return client
+
+
+WAIT_POLL_S = 0.5  # between first PINGs while waiting for a Redis that is not up yet
+
+
+def _first_ping(client: redis.Redis, url: str, wait_s: float) -> None:
+    """PING until Redis answers or `wait_s` has passed. The retry policy is not armed yet, so each PING
+    fails at once: a wrong URL is reported without waiting out `run.redis_retry_s`."""
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.AuthenticationError as e:  # a ConnectionError to redis-py, but waiting will not fix it
+            raise RedisUnavailable(f"Redis at {_safe(url)} refused the password: {e}") from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:  # BusyLoadingError included
+            if _tls_refused(e):
+                raise RedisUnavailable(f"cannot reach Redis at {_safe(url)}: the TLS handshake failed: {str(e).rstrip('.')}; check "
+                                       "the URL's ssl_ca_certs (and ssl_certfile, ssl_keyfile) and the host name") from None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+                raise RedisUnreachable(f"cannot reach Redis at {_safe(url)}{waited}: {str(e).rstrip('.')}. Is "
+                                       "redis-server running there, and is the URL (redis://[:password@]host:port/db) "
+                                       "right?") from None
+            if not waiting:
+                log.warning("pid %d: Redis at %s does not answer yet (%s); waiting up to %g s for it", os.getpid(),
+                            _safe(url), e, wait_s)
+                waiting = True
+            time.sleep(min(WAIT_POLL_S, left))
+        except redis.RedisError as e:  # e.g. an HTTP server on that port, or a db index out of range
+            raise RedisUnavailable(f"Redis at {_safe(url)} did not answer as a usable Redis: "
+                                   f"{type(e).__name__}: {e}") from None
+
+
+def _tls_refused(error: BaseException) -> bool:
+    """Whether a failed connection is a TLS refusal (a certificate not trusted, a host name that does not
+    match, TLS spoken to a plain port): a setting to fix, not a server to wait for. redis-py raises its
+    ConnectionError while handling the ssl module's error, which it keeps as the context."""
+    cause = error.__cause__ or error.__context__
+    transient = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)  # a server going down mid-handshake
+    return isinstance(cause, ssl.SSLError) and not isinstance(cause, transient)
 
 
 def _safe(url: str) -> str:

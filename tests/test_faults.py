@@ -248,7 +248,6 @@ def cli_errors(tmp_path_factory, redis_server):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("train unreachable", "cannot reach Redis at redis://***@127.0.0.1:"),
     ("train bad port", "bad Redis URL redis://***@127.0.0.1:notaport/0"),
     ("learner wrong password", "refused the password"),
     ("actor not a url", "bad Redis URL"),
@@ -266,6 +265,16 @@ def test_bad_command_lines_exit_2_with_one_clear_line(cli_errors, name, message)
     assert "s3cret" not in out + err
     if name.startswith("train"):
         assert list(cwd.iterdir()) == []  # no run directory was created
+
+
+def test_unreachable_redis_exits_4_with_one_clear_line(cli_errors):
+    """Not a bad command line: Redis may come up later, so it has its own code (see tests/test_startup.py)."""
+    code, out, err, cwd = cli_errors["train unreachable"]
+    assert code == 4, out + err
+    assert err.startswith("error: cannot reach Redis at redis://***@127.0.0.1:") and err.count("\n") == 1, err
+    assert "--wait-redis SECONDS" in err
+    assert "Traceback" not in out + err and "s3cret" not in out + err
+    assert list(cwd.iterdir()) == []  # no run directory was created
 
 
 # -- killed and interrupted processes ---------------------------------------------------------------

@@ -1,0 +1,38 @@
+# One image for every role: the role is the first argument.
+#   docker build -t REGISTRY/impala-league:TAG .
+#   docker run --init -e IMPALA_REDIS_URL REGISTRY/impala-league:TAG actor --config configs/connect_four.yaml
+#
+# Build arguments:
+#   TORCH_INDEX  a pip index to take torch from before requirements.txt is installed. Empty (the default):
+#                torch==2.13.0 as requirements.txt pins it, from the default index. PyTorch publishes an
+#                index per build: its CPU-only index (.../whl/cpu) gives small actor images, a CUDA one
+#                (.../whl/cu128 for CUDA 12.8) the learner's; requirements.txt's pin is then already met.
+#   TORCH_SPEC   the torch requirement taken from TORCH_INDEX (default torch==2.13.0, the pinned version).
+FROM python:3.11.13-slim-bookworm
+
+ARG TORCH_INDEX=""
+ARG TORCH_SPEC="torch==2.13.0"
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+WORKDIR /app
+
+# Requirements first: this layer is rebuilt only when they change, not on every code change.
+COPY requirements.txt ./
+RUN if [ -n "$TORCH_INDEX" ]; then pip install --index-url "$TORCH_INDEX" "$TORCH_SPEC"; fi \
+    && pip install -r requirements.txt
+
+COPY . .
+
+# The code stays root's (read-only to the roles); runs/ is the one place they write (mount a volume there).
+RUN useradd --create-home --uid 10001 --user-group impala \
+    && mkdir -p /app/runs \
+    && chown impala:impala /app/runs
+USER impala
+
+ENTRYPOINT ["python", "/app/run.py"]
+CMD ["--help"]
