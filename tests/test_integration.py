@@ -183,7 +183,7 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
     league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
               "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",
               "--set", "actor.num_actors=1", "--set", "league.exploiter_nice=0"]
-    proc = train(tmp_path, run_name, redis_server.url, *league, frames=3000)
+    proc = train(tmp_path, run_name, redis_server.url, *league, frames=1500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Traceback" not in out
@@ -207,7 +207,7 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
     assert any(x["opponent_id"] == "main" for x in results if x["player"] == "main_exploiter_0")
     assert any(x["opponent_id"] in snapshots for x in results if x["player"] == "main")
     # Resume: the manager reloads its snapshots and the exploiters their checkpoints.
-    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=4000)
+    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=2000)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"league resumed from {run_dir / 'league' / 'state.json'}: {len(snapshots)} snapshots" in out
