@@ -168,3 +168,66 @@ class CoreStates:
     def reset(self, key) -> None:
         """Stream `key`'s episode ended: its next step starts from zeros."""
         self.streams.pop(key, None)
+
+
+def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward pass of `model` over a learner batch's (distributed.learner.Batch) T+1 observations and
+    its final observations together.
+
+    Returns logits [T+1, B, ...] and values [T+1, B] (with gradient), and final_values [T, B]: V of the
+    final observation of each truncated step, 0 elsewhere (no gradient: it is a target), or None
+    when the batch has no truncated step. The final observations get an all-legal mask: the baseline
+    does not read the mask.
+
+    With a recurrent core the torso runs on all observations at once, then the core over the T+1 steps
+    (`recurrent_features`), and a truncated step's final observation continues from the core state of
+    its own episode after that step.
+    """
+    T, B = batch.reward.shape
+    flat = (lambda x: {k: v.flatten(0, 1) for k, v in x.items()}) if isinstance(batch.obs, dict) else (
+        lambda x: x.flatten(0, 1))
+    obs, masks = flat(batch.obs), batch.action_mask.flatten(0, 1)
+    n = 0 if batch.final_t is None else len(batch.final_t)
+    if n:
+        if isinstance(obs, dict):
+            obs = {k: torch.cat([v, batch.final_obs[k].to(v.dtype)]) for k, v in obs.items()}
+        else:
+            obs = torch.cat([obs, batch.final_obs.to(obs.dtype)])
+        masks = torch.cat([masks, masks.new_ones((n, masks.shape[1]))])
+    if getattr(model, "core", None) is None:
+        logits, values = model(obs, masks)
+    else:
+        features, extra = model.encode(obs)
+        logits, values = model.decode(recurrent_features(model.core, features, batch), extra, masks)
+    final_values = None
+    if n:
+        final_values = torch.zeros(T, B, dtype=values.dtype, device=values.device)
+        final_values[batch.final_t, batch.final_b] = values[-n:].detach()
+        logits, values = logits[:-n], values[:-n]
+    return logits.view(T + 1, B, -1), values.view(T + 1, B), final_values
+
+
+def recurrent_features(core, features: torch.Tensor, batch) -> torch.Tensor:
+    """The core's outputs for the torso's `features` [(T+1) B + N, F] (the batch's T+1 steps time-major,
+    then its N final observations) -> [(T+1) B + N, core_size], row for row.
+
+    Each unroll starts from the state it carries (`batch.core_state`: what its stream had before step 0)
+    with its carried last action and reward; after a `done` step t the state, last action and last reward
+    are zeroed before step t+1 (the next episode's first), as the actor zeroed them. A truncated step's
+    final observation continues its episode: the state after step t, with action_t and reward_t as the
+    last action and reward."""
+    T, B = batch.reward.shape
+    steps = features[:(T + 1) * B].view(T + 1, B, -1)
+    reset = torch.cat([torch.zeros_like(batch.done[:1]), batch.done])  # [T+1, B]: zero the state first
+    head0 = batch.action if batch.action.dim() == 2 else batch.action[..., 0]
+    last_action = torch.cat([batch.last_action[None], head0]).masked_fill(reset, NO_ACTION)
+    last_reward = torch.cat([batch.last_reward[None], batch.reward]).masked_fill(reset, 0.0)
+    out, ends = core.unroll(core.inputs(steps, last_action, last_reward), batch.core_state, reset)
+    out = out.flatten(0, 1)
+    n = 0 if batch.final_t is None else len(batch.final_t)
+    if not n:
+        return out
+    state = torch.stack([ends[t][b] for t, b in zip(batch.final_t.tolist(), batch.final_b.tolist())])
+    x = core.inputs(features[(T + 1) * B:], head0[batch.final_t, batch.final_b], batch.reward[batch.final_t, batch.final_b])
+    final_out, _ = core.step(x, state)
+    return torch.cat([out, final_out])

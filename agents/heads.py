@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from agents.network import explore
-from distributed.vtrace import action_log_probs
 from envs.registry import EnvSpec
+from losses.vtrace import action_log_probs
 
 
 def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None,

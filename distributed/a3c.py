@@ -20,13 +20,16 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from agents.core import forward_batch
+from agents.heads import DiscreteHead
 from config import Config
 from distributed.actor import Actor
 from distributed.codec import DecodeError, decode_weights, encode_weights, unpack_message
-from distributed.learner import Batch, Learner, actor_critic_loss, optimizer_step
+from distributed.learner import Batch, Learner, optimizer_step
 from distributed.ingest import BatchReader
 from distributed.transport import TrajectoryStream
 from league.players import MAIN, namespace
+from losses.actor_critic import actor_critic_loss
 
 GRADIENTS = "grads"  # stream `{run}:grads`
 SCHEMA = 1
@@ -119,7 +122,7 @@ class A3CWorker(Actor):
         if self.mirror:
             batch = batch.with_mirror(self.spec)
         self.model.zero_grad(set_to_none=True)
-        loss, parts = actor_critic_loss(self.model, batch, self.loss_cfg)
+        loss, parts = actor_critic_loss(*forward_batch(self.model, batch), batch, self.loss_cfg, DiscreteHead())
         loss.backward()
         self.gradients_sent += 1  # the stream's `produced` counts gradients, as the parameter server's acks do
         self.backlog = self.gradients.add([encode_gradients(

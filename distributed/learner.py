@@ -26,10 +26,9 @@ import torch
 
 from agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
                                save_checkpoint)
-from agents.core import NO_ACTION
+from agents.core import forward_batch
 from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
-from distributed import vtrace
 from distributed.allocator import keep_freed_memory
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
@@ -47,6 +46,7 @@ from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
 from league.store import LeagueStore
+from losses.actor_critic import actor_critic_loss
 from envs.registry import EnvSpec, env_spec
 from evaluation.bots import GAMES
 from tracking import Tracker, start_tracking, strict_json
@@ -214,181 +214,6 @@ class Prepared(NamedTuple):
 
 Head = DiscreteHead | FunctionCallHead
 
-EPSILON_CORRECTION = 1e-6  # the epsilon of the paper's epsilon-correction: log(pi + epsilon)
-
-
-class Targets(NamedTuple):
-    """What the losses need from one correction; every field [T, B] float.
-
-    vs: value targets (no gradient). pg_advantages: the advantages in front of the policy's log-prob
-    (no gradient). log_pi: the log-prob term of the policy gradient, with gradient. log_rhos:
-    log pi(a_t|x_t) - log mu(a_t|x_t), unclipped, for the diagnostics (no gradient).
-    """
-
-    vs: torch.Tensor
-    pg_advantages: torch.Tensor
-    log_pi: torch.Tensor
-    log_rhos: torch.Tensor
-
-
-def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch, cfg: LearnerConfig,
-                       head: Head, final_values: torch.Tensor | None = None) -> Targets:
-    """Value targets and policy-gradient advantages under the off-policy correction `cfg.correction`
-    (IMPALA, Espeholt et al. 2018, Table 2 and appendix D):
-
-      vtrace  vs from V-trace (eq. 1); advantage min(pg_rho_bar, rho_t) (r_t + gamma_t v_{t+1} - V(x_t)).
-      is1     vs uncorrected n-step returns; the advantage weighted by this step's own ratio only,
-              min(pg_rho_bar, rho_t) (1-step importance sampling).
-      epsilon vs uncorrected; no weight; log pi in the policy gradient is log(pi + 1e-6), which
-              bounds it when the behaviour policy took an action that pi now gives ~0 probability.
-      none    vs uncorrected n-step returns; no weight.
-
-    "Uncorrected" = V-trace with every rho and c set to 1 (with learner.lambda_=1, the n-step
-    bootstrapped returns). logits [T+1, B, ...] (masked), values [T+1, B], both with gradient; `head`
-    reads log pi and log mu of the actions from them (summed over the heads a multi-head action uses).
-
-    Rewards are clipped first by `cfg.reward_clipping` (vtrace.clip_rewards): the loss only, never the
-    episode statistics, which the actors report from the game's own rewards.
-
-    Episode ends: discounts are gamma * (1 - done), so nothing flows across an episode boundary, also
-    inside an unroll. A truncated step t (a time limit, not the game's end) is not terminal: its
-    one-step target is r_t + gamma * V(x_final), x_final being the final observation of that episode
-    (`final_values` [T, B], no gradient, 0 where not truncated). It is folded into the reward,
-    r'_t = r_t + gamma * V(x_final), with discount 0, which gives exactly
-    delta_t = rho_t (r_t + gamma V(x_final) - V(x_t)), vs_t = V(x_t) + delta_t, and the advantage
-    min(pg_rho_bar, rho_t) (r_t + gamma V(x_final) - V(x_t)): V-trace (eq. 1) with v_{t+1} := V(x_final)
-    and the next episode's values cut off.
-
-    `cfg.pg_discount` (when set) is the gamma of the policy-gradient advantage only, e.g.
-    r_t + gamma_pg vs_{t+1} - V(x_t) under V-trace; the value targets and a truncated step's
-    bootstrap keep `cfg.discount`.
-    """
-    not_done = (~batch.done).float()
-    discounts = not_done * cfg.discount
-    pg_discounts = None if cfg.pg_discount is None else not_done * cfg.pg_discount
-    rewards = vtrace.clip_rewards(batch.reward, cfg.reward_clipping)
-    if final_values is not None and batch.truncated is not None:
-        rewards = rewards + cfg.discount * batch.truncated.float() * final_values
-    log_pi = head.log_prob(logits[:-1], batch.action)
-    log_mu = head.behaviour_log_prob(batch.behaviour_logits, batch.action)
-    log_rhos = (log_pi - log_mu).detach()
-    targets = dict(discounts=discounts, rewards=rewards, values=values[:-1].detach(),
-                   bootstrap_value=values[-1].detach(), lambda_=cfg.lambda_,
-                   pg_discounts=pg_discounts)
-    if cfg.correction == "vtrace":
-        vt = vtrace.from_importance_weights(log_rhos, clip_rho_threshold=cfg.clip_rho_threshold,
-                                            clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
-                                            clip_c_threshold=cfg.clip_c_threshold, **targets)
-        return Targets(vt.vs, vt.pg_advantages, log_pi, log_rhos)
-    plain = vtrace.from_importance_weights(torch.zeros_like(log_rhos), clip_rho_threshold=None,
-                                           clip_pg_rho_threshold=None, clip_c_threshold=None, **targets)
-    if cfg.correction == "is1":
-        rhos = log_rhos.exp() if cfg.clip_pg_rho_threshold is None else log_rhos.clamp(
-            max=math.log(cfg.clip_pg_rho_threshold)).exp()
-        return Targets(plain.vs, rhos * plain.pg_advantages, log_pi, log_rhos)
-    if cfg.correction == "epsilon":
-        return Targets(plain.vs, plain.pg_advantages, torch.log(log_pi.exp() + EPSILON_CORRECTION), log_rhos)
-    return Targets(plain.vs, plain.pg_advantages, log_pi, log_rhos)
-
-
-def actor_critic_loss(model: torch.nn.Module, batch: Batch, cfg: LearnerConfig,
-                      head: Head | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The IMPALA loss on `batch` (with gradient) and its parts and diagnostics (0-dim tensors, no gradient).
-
-    `head` (agents/heads.py, default one Discrete action) gives log pi(a|x), log mu(a|x) and the
-    entropy; for multi-head actions they are sums over the heads the action uses, so
-    log_rho = log pi(a|x) - log mu(a|x) is the sum of the per-head log-ratios.
-
-    loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
-      policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),
-      baseline_loss        = mean(0.5 * (v_t - V(x_t))^2),
-      entropy_loss         = -mean(H(pi(.|x_t))),
-    v_t and pg_advantage_t from the off-policy correction `cfg.correction` (see `off_policy_targets`;
-    V-trace, eq. 1, by default) and means over the T x B steps (a sum would tie the step size to T x B).
-    With correction `none` on on-policy unrolls this is A3C's n-step advantage actor-critic loss
-    (Mnih et al. 2016, Algorithm S3). The diagnostics mean_rho, rho_clipped_fraction and
-    c_clipped_fraction describe the batch's importance ratios pi/mu, whichever correction is used;
-    truncated_fraction is the share of steps a time limit ended (bootstrapped, not terminal).
-    """
-    head = head or DiscreteHead()
-    T, B = batch.reward.shape
-    logits, values, final_values = forward_batch(model, batch)
-    vt = off_policy_targets(logits, values, batch, cfg, head, final_values)
-    policy_gradient_loss = -(vt.log_pi * vt.pg_advantages).mean()
-    baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
-    entropy = head.entropy(logits[:-1], batch.action).mean()
-    loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
-    rhos = vt.log_rhos.clamp(max=10.0).exp()  # capped so one stale step cannot make the mean inf
-    parts = {"loss": loss, "policy_gradient_loss": policy_gradient_loss, "baseline_loss": baseline_loss,
-             "entropy": entropy, "mean_rho": rhos.mean(),
-             "rho_clipped_fraction": (rhos > (cfg.clip_rho_threshold or math.inf)).float().mean(),
-             "c_clipped_fraction": (rhos > (cfg.clip_c_threshold or math.inf)).float().mean(),
-             "truncated_fraction": (batch.truncated.float().mean() if batch.truncated is not None
-                                    else torch.zeros((), device=loss.device))}
-    return loss, {k: v.detach() for k, v in parts.items()}
-
-
-def forward_batch(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward pass over the batch's T+1 observations and its final observations together.
-
-    Returns logits [T+1, B, ...] and values [T+1, B] (with gradient), and final_values [T, B]: V of the
-    final observation of each truncated step, 0 elsewhere (no gradient: it is a target), or None
-    when the batch has no truncated step. The final observations get an all-legal mask: the baseline
-    does not read the mask.
-
-    With a recurrent core the torso runs on all observations at once, then the core over the T+1 steps
-    (`recurrent_features`), and a truncated step's final observation continues from the core state of
-    its own episode after that step.
-    """
-    T, B = batch.reward.shape
-    flat = (lambda x: {k: v.flatten(0, 1) for k, v in x.items()}) if isinstance(batch.obs, dict) else (
-        lambda x: x.flatten(0, 1))
-    obs, masks = flat(batch.obs), batch.action_mask.flatten(0, 1)
-    n = 0 if batch.final_t is None else len(batch.final_t)
-    if n:
-        if isinstance(obs, dict):
-            obs = {k: torch.cat([v, batch.final_obs[k].to(v.dtype)]) for k, v in obs.items()}
-        else:
-            obs = torch.cat([obs, batch.final_obs.to(obs.dtype)])
-        masks = torch.cat([masks, masks.new_ones((n, masks.shape[1]))])
-    if getattr(model, "core", None) is None:
-        logits, values = model(obs, masks)
-    else:
-        features, extra = model.encode(obs)
-        logits, values = model.decode(recurrent_features(model.core, features, batch), extra, masks)
-    final_values = None
-    if n:
-        final_values = torch.zeros(T, B, dtype=values.dtype, device=values.device)
-        final_values[batch.final_t, batch.final_b] = values[-n:].detach()
-        logits, values = logits[:-n], values[:-n]
-    return logits.view(T + 1, B, -1), values.view(T + 1, B), final_values
-
-
-def recurrent_features(core, features: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """The core's outputs for the torso's `features` [(T+1) B + N, F] (the batch's T+1 steps time-major,
-    then its N final observations) -> [(T+1) B + N, core_size], row for row.
-
-    Each unroll starts from the state it carries (`batch.core_state`: what its stream had before step 0)
-    with its carried last action and reward; after a `done` step t the state, last action and last reward
-    are zeroed before step t+1 (the next episode's first), as the actor zeroed them. A truncated step's
-    final observation continues its episode: the state after step t, with action_t and reward_t as the
-    last action and reward."""
-    T, B = batch.reward.shape
-    steps = features[:(T + 1) * B].view(T + 1, B, -1)
-    reset = torch.cat([torch.zeros_like(batch.done[:1]), batch.done])  # [T+1, B]: zero the state first
-    head0 = batch.action if batch.action.dim() == 2 else batch.action[..., 0]
-    last_action = torch.cat([batch.last_action[None], head0]).masked_fill(reset, NO_ACTION)
-    last_reward = torch.cat([batch.last_reward[None], batch.reward]).masked_fill(reset, 0.0)
-    out, ends = core.unroll(core.inputs(steps, last_action, last_reward), batch.core_state, reset)
-    out = out.flatten(0, 1)
-    n = 0 if batch.final_t is None else len(batch.final_t)
-    if not n:
-        return out
-    state = torch.stack([ends[t][b] for t, b in zip(batch.final_t.tolist(), batch.final_b.tolist())])
-    x = core.inputs(features[(T + 1) * B:], head0[batch.final_t, batch.final_b], batch.reward[batch.final_t, batch.final_b])
-    final_out, _ = core.step(x, state)
-    return torch.cat([out, final_out])
-
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> dict[str, float]:
     """Clip the gradients in `model`'s .grad to global norm `cfg.grad_norm_clip` and step, unless that
@@ -407,13 +232,14 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg
 def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: LearnerConfig,
                head: Head | None = None,
                reduce_gradients: Callable[[torch.nn.Module], None] | None = None) -> dict[str, float]:
-    """One IMPALA update on `batch` (loss: `actor_critic_loss`). Returns the losses, grad_norm,
+    """One IMPALA update on `batch` (loss: losses.actor_critic.actor_critic_loss; `head` default one
+    Discrete action). Returns the losses, grad_norm,
     skipped_update and the V-trace diagnostics as floats (the losses and diagnostics: of this batch).
 
     `reduce_gradients(model)`, with several learners (distributed/data_parallel.py), averages the
     gradients over them between the backward pass and the clip, so the clip and the step see the
     gradient of the union of their batches."""
-    loss, parts = actor_critic_loss(model, batch, cfg, head)
+    loss, parts = actor_critic_loss(*forward_batch(model, batch), batch, cfg, head or DiscreteHead())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if reduce_gradients is not None:

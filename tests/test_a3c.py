@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 
+from agents.core import forward_batch
+from agents.heads import DiscreteHead
 from agents.network import ActorCritic
 from config import AgentConfig, ConfigError, LearnerConfig, load_config
 from distributed.a3c import apply_gradients, decode_gradients, encode_gradients
 from distributed.codec import DecodeError
-from distributed.learner import Batch, actor_critic_loss, learn_step, make_optimizer
+from distributed.learner import Batch, learn_step, make_optimizer
 from envs.registry import env_spec
+from losses.actor_critic import actor_critic_loss
 
 REPO = Path(__file__).resolve().parent.parent
 PICKLED_EMPTY_DICT = b"\x80\x04\x95\x04\x00\x00\x00\x00\x00\x00\x00}\x94."  # an empty dict in pickle protocol 4
@@ -41,7 +44,7 @@ def test_a_pushed_gradient_applied_by_the_server_equals_the_learners_own_a3c_upd
     server.load_state_dict(worker.state_dict())
     reference.load_state_dict(worker.state_dict())
     batch = _batch(spec)
-    loss, parts = actor_critic_loss(worker, batch, cfg)
+    loss, parts = actor_critic_loss(*forward_batch(worker, batch), batch, cfg, DiscreteHead())
     loss.backward()
     data = encode_gradients(worker, policy_version=7, actor_id=2, frames=12, stats={k: float(v) for k, v in parts.items()})
     assert isinstance(data, bytes) and b"pickle" not in data

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from agents.core import NO_ACTION, CoreInput
+from agents.core import NO_ACTION, CoreInput, forward_batch
 from agents.heads import make_model, policy_head
 from agents.policy import Policy
 from config import load_config
 from distributed.actor import Actor
 from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
-from distributed.learner import Batch, forward_batch, learn_step, make_optimizer
+from distributed.learner import Batch, learn_step, make_optimizer
 from distributed.params import ParamStore
 from envs.registry import env_spec
 from evaluation.evaluate import episode_returns

@@ -15,10 +15,10 @@ from pettingzoo.utils.env import ParallelEnv
 
 from distributed.actor import UnrollBuffer
 from distributed.codec import UnrollSpec
-from distributed.vtrace import from_importance_weights
 from envs.parallel import ParallelAdapter
 from envs.registry import EnvSpec, env_spec, make_env
 from envs.spaces import UnsupportedSpace, observation_encoder
+from losses.vtrace import from_importance_weights
 
 AGENTS = ["red_0", "red_1", "blue_0"]
 DIES_AT = {"red_0": 3, "red_1": 1, "blue_0": 2}  # the step (0-based) whose action is the unit's last

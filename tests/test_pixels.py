@@ -14,9 +14,9 @@ from agents.network import ActorCritic
 from agents.spec import checked_spec
 from agents.torsos import ResNetTorso, ShallowTorso
 from config import AgentConfig, ConfigError
-from distributed.vtrace import clip_rewards
 from envs.registry import env_spec, make_env
 from experiment import load_config
+from losses.vtrace import clip_rewards
 
 pytest.importorskip("ale_py")
 

@@ -17,15 +17,17 @@ from gymnasium import spaces
 from pettingzoo.utils.conversions import parallel_to_aec
 from pettingzoo.utils.env import ParallelEnv
 
+from agents.core import forward_batch
 from agents.heads import DiscreteHead
 from config import LearnerConfig
 from distributed.actor import UnrollBuffer
 from distributed.codec import DecodeError, UnrollSpec, decode_unroll, decode_unrolls, encode_unroll
-from distributed.learner import Batch, forward_batch, off_policy_targets
+from distributed.learner import Batch
 from envs.aec import AECAdapter
 from envs.parallel import ParallelAdapter
 from envs.registry import EnvSpec, make_env
 from envs.spaces import observation_encoder
+from losses.actor_critic import off_policy_targets
 
 AGENTS = ["hunter_0", "prey_0"]
 A = 3
