@@ -12,7 +12,6 @@ In both, log pi(a|x) is what V-trace's log_rho = log pi(a|x) - log mu(a|x) and t
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from agents.network import explore
 from envs.registry import EnvSpec
@@ -112,34 +111,3 @@ class FunctionCallHead:
     def entropy(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Entropy summed over the function head and the argument heads the taken function uses."""
         return self.codec.entropy(self.split(logits), actions[..., 0])
-
-
-def _sc2_sizes(spec) -> tuple[int, int]:
-    """(screen_size, minimap_size) of a StarCraft II spec, read from its observation arrays."""
-    shapes = {name: shape for name, shape, _ in spec.obs_arrays}
-    return shapes["screen"][-1], shapes["minimap"][-1]
-
-
-def policy_head(spec) -> DiscreteHead | FunctionCallHead:
-    """The head for EnvSpec `spec`: FunctionCallHead for StarCraft II (kind "sc2"), DiscreteHead otherwise."""
-    if spec.kind == "sc2":
-        from envs.sc2_wrappers.actions import FunctionCallCodec
-
-        return FunctionCallHead(FunctionCallCodec(*_sc2_sizes(spec)))
-    return DiscreteHead()
-
-
-def make_model(spec, cfg) -> nn.Module:
-    """The actor-critic network for EnvSpec `spec` and AgentConfig `cfg`: SC2LE's FullyConv for
-    StarCraft II, else agents.network.ActorCritic. Both are agents.core.Network: called as
-    `model(obs, action_mask)` without a core, stepped with `model.step(obs, action_mask, core_input)`."""
-    if spec.kind == "sc2":
-        from agents.fullyconv import FullyConv
-        from envs.sc2_wrappers.actions import FunctionCallCodec
-        from envs.sc2_wrappers.observation import SC2ObservationSpec
-
-        sizes = _sc2_sizes(spec)
-        return FullyConv(SC2ObservationSpec(*sizes), FunctionCallCodec(*sizes), cfg)
-    from agents.network import ActorCritic
-
-    return ActorCritic(spec.obs_shape, spec.num_actions, cfg, spec.obs_image)

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from agents.core import NO_ACTION, zero_core_input  # noqa: E402
-from agents.heads import make_model  # noqa: E402
+from agents.model import make_model  # noqa: E402
 from config import AgentConfig, LearnerConfig  # noqa: E402
 from distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
 from envs.registry import env_spec  # noqa: E402

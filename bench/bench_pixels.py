@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.heads import make_model  # noqa: E402
+from agents.model import make_model  # noqa: E402
 from config import load_config  # noqa: E402
 from distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
 from envs.registry import env_spec  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from agents.heads import make_model  # noqa: E402
+from agents.model import make_model  # noqa: E402
 from config import load_config  # noqa: E402
 from distributed.actor import Actor  # noqa: E402
 from distributed.codec import UnrollSpec, decode_unroll, decode_unrolls, encode_unrolls  # noqa: E402

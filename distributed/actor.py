@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 
 from agents.core import CoreStates
-from agents.heads import make_model, policy_head
+from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls

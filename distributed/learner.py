@@ -27,7 +27,8 @@ import torch
 from agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
                                save_checkpoint)
 from agents.core import forward_batch
-from agents.heads import DiscreteHead, FunctionCallHead, make_model, policy_head
+from agents.heads import DiscreteHead, FunctionCallHead
+from agents.model import make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
 from distributed.allocator import keep_freed_memory
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls

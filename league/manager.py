@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
-from agents.heads import make_model
+from agents.model import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
 from distributed.ownership import owns_run_dir

@@ -179,7 +179,7 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     observation in the unroll, and the episodes are reported with their 100 steps."""
     import torch
 
-    from agents.heads import make_model
+    from agents.model import make_model
     from config import load_config
     from distributed.actor import Actor
     from distributed.params import ParamStore

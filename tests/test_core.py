@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from agents.core import NO_ACTION, CoreInput, forward_batch
-from agents.heads import make_model, policy_head
+from agents.model import make_model, policy_head
 from agents.policy import Policy
 from config import load_config
 from distributed.actor import Actor

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agents.heads import make_model, policy_head
+from agents.model import make_model, policy_head
 from config import AgentConfig, ConfigError, LearnerConfig, from_yaml_text, validate
 from distributed.data_parallel import average_gradients, broadcast_state, join
 from distributed.learner import Batch, learn_step, make_optimizer

@@ -110,7 +110,7 @@ def first_layer_input(kwargs: dict) -> "torch.Tensor":
     observation the real adapter encodes."""
     import torch
 
-    from agents.heads import make_model
+    from agents.model import make_model
     from envs.registry import env_spec
 
     spec = env_spec(PLANES, kwargs)
@@ -158,7 +158,7 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
                                                                              run_name):
     import torch
 
-    from agents.heads import make_model
+    from agents.model import make_model
     from distributed.params import ParamStore
     from envs.registry import env_spec
 
@@ -205,7 +205,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
 
     import msgpack
 
-    from agents.heads import make_model
+    from agents.model import make_model
     from distributed.params import ParamStore
     from envs.registry import env_spec
 

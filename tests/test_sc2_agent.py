@@ -8,7 +8,8 @@ import torch
 
 import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
 from agents.fullyconv import FullyConv
-from agents.heads import FunctionCallHead, make_model, policy_head
+from agents.heads import FunctionCallHead
+from agents.model import make_model, policy_head
 from agents.network import MASKED_LOGIT
 from config import ConfigError
 from experiment import load_config

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-from agents.heads import make_model, policy_head
+from agents.model import make_model, policy_head
 from config import LearnerConfig, load_config
 from distributed.actor import UnrollBuffer
 from agents.checkpoint import read_checkpoint

@@ -328,7 +328,7 @@ def test_starcraft_step_limit_is_truncated_and_its_final_observations_reach_the_
     # pysc2 ends an episode at its step limit with discount 1 (the game's own end has discount 0);
     # the mock env always says 0, so this test hands the adapter the step limit's discount.
     import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-    from agents.heads import make_model
+    from agents.model import make_model
     from config import load_config
     from envs.registry import env_spec
 
