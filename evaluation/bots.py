@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
 
 import numpy as np
 
@@ -214,7 +213,12 @@ Connect four: 8 plies take about 0.1 s per move (0.5 s at worst); 9 would take u
 to 18 s per move in this pure-Python search, too slow for evaluating over many games."""
 
 
-class Bot(Protocol):
+class Bot:
+    """A baseline player of a board game. Subclasses implement `act_batch`; `act` is one position of it.
+
+    A seeded bot given the same calls makes the same choices.
+    """
+
     def act(self, observation: np.ndarray, action_mask: np.ndarray) -> int:
         """Chooses a legal action.
 
@@ -224,14 +228,18 @@ class Bot(Protocol):
 
         Returns:
           An action index with ``action_mask[action] == 1``.
+
+        Raises:
+          ValueError: if ``action_mask`` has no legal move, or (bots with a board model) the observation's
+            shape does not match the game.
         """
-        ...
+        return int(self.act_batch(observation[None], action_mask[None])[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
         """``act`` for N positions: observations int8 ``[N, H, W, 2]``, action_masks int8
-        ``[N, num_actions]`` -> actions int64 ``[N]``. A seeded bot given the same calls makes the same
-        choices."""
-        ...
+        ``[N, num_actions]`` -> actions int64 ``[N]``. Raises ValueError as ``act`` does, for any of the
+        positions."""
+        raise NotImplementedError
 
 
 def _legal_mask(action_masks: np.ndarray) -> np.ndarray:
@@ -249,22 +257,18 @@ def _choose(rng: np.random.Generator, candidates: np.ndarray) -> np.ndarray:
     return np.where(candidates, rng.random(candidates.shape), -1.0).argmax(1)
 
 
-class RandomBot:
+class RandomBot(Bot):
     """Plays a uniformly random legal move; works for any game with an action mask."""
 
     def __init__(self, seed: int | None = None):
         self._rng = np.random.default_rng(seed)
-
-    def act(self, observation: np.ndarray, action_mask: np.ndarray) -> int:
-        """See ``Bot.act``. Raises ValueError if ``action_mask`` has no legal move."""
-        return int(self.act_batch(observation[None], action_mask[None])[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
         """See ``Bot.act_batch``. Raises ValueError if a position has no legal move."""
         return _choose(self._rng, _legal_mask(action_masks))
 
 
-class TacticalBot:
+class TacticalBot(Bot):
     """One-ply tactics: win now if possible, else block the opponent's immediate win, else random.
 
     Ties among several winning (or blocking) moves are broken uniformly at random.
@@ -276,15 +280,6 @@ class TacticalBot:
             raise ValueError(f"TacticalBot: unsupported game {game!r}; choose one of {sorted(GAMES)}")
         self.game = GAMES[game]
         self._rng = np.random.default_rng(seed)
-
-    def act(self, observation: np.ndarray, action_mask: np.ndarray) -> int:
-        """See ``Bot.act``.
-
-        Raises:
-          ValueError: if ``action_mask`` has no legal move or the observation shape does not
-            match the game.
-        """
-        return int(self.act_batch(observation[None], action_mask[None])[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
         """See ``Bot.act_batch``. Raises ValueError as ``act`` does, for any of the positions."""
@@ -348,7 +343,7 @@ with numpy: connect four at depth 2 takes 30-46 us per position in batches of 32
 than alpha-beta one position at a time (``bench/bench_env.py``). Deeper searches use alpha-beta."""
 
 
-class MinimaxBot:
+class MinimaxBot(Bot):
     """Depth-limited negamax over a ``GridGame`` board.
 
     Values are from the point of view of the player to move: ``WIN_SCORE - p`` for a win on ply p
@@ -464,15 +459,6 @@ class MinimaxBot:
                 best = value
                 values[move] = value
         return {m: v for m, v in values.items() if v == best}
-
-    def act(self, observation: np.ndarray, action_mask: np.ndarray) -> int:
-        """See ``Bot.act``.
-
-        Raises:
-          ValueError: if ``action_mask`` has no legal move or the observation shape does not
-            match the game.
-        """
-        return int(self.act_batch(observation[None], action_mask[None])[0])
 
     def act_batch(self, observations: np.ndarray, action_masks: np.ndarray) -> np.ndarray:
         """See ``Bot.act_batch``. Raises ValueError as ``act`` does, for any of the positions."""
