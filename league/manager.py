@@ -36,10 +36,9 @@ from distributed.ownership import owns_run_dir
 from distributed.params import ParamStore
 from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
 from envs.registry import env_spec
-from league.matchmaking import (MAIN, SELF, MatchmakingConfig, league_exploiter_opponents, main_agent_opponents,
-                                main_exploiter_opponents)
+from league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from league.payoff import EloRatings, PayoffTable, episode_score
-from league.players import PLAYER_ID, learner_players, namespace, role
+from league.players import MAIN, PLAYER_ID, learner_players, namespace, role
 from league.store import LeagueStore
 
 log = logging.getLogger("league")
@@ -88,11 +87,6 @@ class LeagueManager:
         self.state_path = self.dir / "state.json"
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.learners = learner_players(cfg)
-        self.matchmaking = MatchmakingConfig(
-            self_play=league.self_play, pfsp=league.pfsp, forgotten=league.forgotten, bot_share=league.bot_share,
-            forgotten_below=league.forgotten_below, weighting=league.pfsp_weighting, p=league.pfsp_p,
-            seat=league.pfsp_seat,
-            exploiter_gives_up_below=league.exploiter_gives_up_below)
         self.payoff = PayoffTable(decay=league.payoff_decay, min_games=league.min_games)
         self.elo = EloRatings(k=league.elo_k)
         self.members: dict[str, dict] = {p: {"kind": "learner", "role": role(p)} for p in self.learners}
@@ -242,11 +236,11 @@ class LeagueManager:
     def distribution(self, player: str) -> dict[str, float]:
         kind = role(player)
         if kind == MAIN:
-            return main_agent_opponents(player, self.payoff, self.frozen(), self.snapshots(player), self.matchmaking,
+            return main_agent_opponents(player, self.payoff, self.frozen(), self.snapshots(player), self.cfg.league,
                                         self.cfg.league.bots)
         if kind == "main_exploiter":
-            return main_exploiter_opponents(player, self.payoff, self.snapshots(MAIN), self.matchmaking)
-        return league_exploiter_opponents(player, self.payoff, self.frozen(), self.matchmaking)
+            return main_exploiter_opponents(player, self.payoff, self.snapshots(MAIN), self.cfg.league)
+        return league_exploiter_opponents(player, self.payoff, self.frozen(), self.cfg.league)
 
     def publish(self) -> dict[str, dict[str, float]]:
         out = {p: self.distribution(p) for p in self.learners}

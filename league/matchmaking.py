@@ -16,15 +16,13 @@ weights (plain self-play), a learner id (`main`) that learner's latest weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from config import PFSP_WEIGHTINGS, LeagueConfig
 from league.payoff import PayoffTable
+from league.players import MAIN
 
 SELF = "self"
-MAIN = "main"
-WEIGHTINGS = ("hard", "variance", "uniform")
 
 
 def pfsp_probabilities(win_rates: list[float | None], weighting: str = "hard", p: float = 2.0) -> np.ndarray:
@@ -35,8 +33,8 @@ def pfsp_probabilities(win_rates: list[float | None], weighting: str = "hard", p
 
     Raises ValueError for an unknown weighting or no candidates.
     """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"unknown PFSP weighting {weighting!r}; valid: {', '.join(WEIGHTINGS)}")
+    if weighting not in PFSP_WEIGHTINGS:
+        raise ValueError(f"unknown PFSP weighting {weighting!r}; valid: {', '.join(PFSP_WEIGHTINGS)}")
     if not win_rates:
         raise ValueError("PFSP needs at least one candidate opponent")
     x = np.array([0.5 if w is None else w for w in win_rates], dtype=np.float64)
@@ -50,21 +48,6 @@ def pfsp_probabilities(win_rates: list[float | None], weighting: str = "hard", p
     if total <= 0:
         return np.full(len(x), 1.0 / len(x))
     return weights / total
-
-
-@dataclass(frozen=True)
-class MatchmakingConfig:
-    """The mixing proportions and PFSP settings (see `config.LeagueConfig` for their docs)."""
-
-    self_play: float = 0.35
-    pfsp: float = 0.5
-    forgotten: float = 0.15
-    bot_share: float = 0.0
-    forgotten_below: float = 0.3
-    weighting: str = "hard"
-    p: float = 2.0
-    exploiter_gives_up_below: float = 0.1
-    seat: str = "pooled"  # the win rate PFSP weighs by: pooled, or the weaker seat's
 
 
 def _mix(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
@@ -89,7 +72,7 @@ def _pfsp(player: str, candidates: list[str], payoff: PayoffTable, weighting: st
 
 
 def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], own_snapshots: list[str],
-                         cfg: MatchmakingConfig, bots: list[str] = ()) -> dict[str, float]:
+                         cfg: LeagueConfig, bots: list[str] = ()) -> dict[str, float]:
     """The main agent's mix: self-play, PFSP over the whole league, its forgotten snapshots, and
     (beyond AlphaStar) a fixed share of PFSP over the baseline bots.
 
@@ -104,24 +87,24 @@ def main_agent_opponents(player: str, payoff: PayoffTable, league: list[str], ow
     forgotten = [s for s in own_snapshots
                  if (w := payoff.win_rate(player, s)) is not None and w < cfg.forgotten_below]
     return _mix([(cfg.self_play, {SELF: 1.0}),
-                 (cfg.pfsp, _pfsp(player, league, payoff, cfg.weighting, cfg.p, cfg.seat)),
-                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.p, cfg.seat)),
-                 (cfg.bot_share, _pfsp(player, list(bots), payoff, cfg.weighting, cfg.p, cfg.seat))])
+                 (cfg.pfsp, _pfsp(player, league, payoff, cfg.pfsp_weighting, cfg.pfsp_p, cfg.pfsp_seat)),
+                 (cfg.forgotten, _pfsp(player, forgotten, payoff, "hard", cfg.pfsp_p, cfg.pfsp_seat)),
+                 (cfg.bot_share, _pfsp(player, list(bots), payoff, cfg.pfsp_weighting, cfg.pfsp_p, cfg.pfsp_seat))])
 
 
 def main_exploiter_opponents(player: str, payoff: PayoffTable, main_snapshots: list[str],
-                             cfg: MatchmakingConfig) -> dict[str, float]:
+                             cfg: LeagueConfig) -> dict[str, float]:
     """The main exploiter plays the main agent's latest weights, unless it cannot win at all yet
     (win rate below `exploiter_gives_up_below`): then variance-PFSP over the main agent's
     snapshots, which gives it opponents it can learn from (AlphaStar's MainExploiter)."""
     w = payoff.win_rate(player, MAIN)
     if w is not None and w < cfg.exploiter_gives_up_below and main_snapshots:
-        return _pfsp(player, main_snapshots, payoff, "variance", cfg.p, cfg.seat)
+        return _pfsp(player, main_snapshots, payoff, "variance", cfg.pfsp_p, cfg.pfsp_seat)
     return {MAIN: 1.0}
 
 
 def league_exploiter_opponents(player: str, payoff: PayoffTable, league: list[str],
-                               cfg: MatchmakingConfig) -> dict[str, float]:
+                               cfg: LeagueConfig) -> dict[str, float]:
     """The league exploiter: hard PFSP over the whole league (the main agent's latest weights while
     the league holds nobody else), finding strategies no player in it can answer."""
-    return _pfsp(player, league, payoff, cfg.weighting, cfg.p, cfg.seat) or {MAIN: 1.0}
+    return _pfsp(player, league, payoff, cfg.pfsp_weighting, cfg.pfsp_p, cfg.pfsp_seat) or {MAIN: 1.0}

@@ -130,7 +130,7 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["learner.batch_size=4097", "actor.high_water_mark=5000"], r"learner.batch_size must be in \[1, 4096\]"),
     (["learner.discount=1.5"], r"learner.discount must be in \[0, 1\]"),
     (["learner.discount=-0.1"], r"learner.discount must be in \[0, 1\]"),
-    (["learner.pg_discount=1.2"], r"learner.pg_discount=1.2 must be in \[0, 1\]"),
+    (["learner.pg_discount=1.2"], r"learner.pg_discount must be in \[0, 1\] or null \(got 1.2\)"),
     (["actor.high_water_mark=31"], "actor.high_water_mark must be >= learner.batch_size"),
     (["learner.batch_size=300"], "actor.high_water_mark must be >= learner.batch_size"),
     (["learner.clip_rho_threshold=0"], "learner.clip_rho_threshold must be > 0 or null"),
@@ -138,14 +138,14 @@ def test_unknown_env_names_valid_envs_and_the_closest():
     (["learner.clip_c_threshold=0.0"], "learner.clip_c_threshold must be > 0 or null"),
     (["learner.optimizer=sgd"], "learner.optimizer must be adam or rmsprop"),
     (["learner.lambda_=1.01"], r"learner.lambda_ must be in \[0, 1\]"),
-    (["actor.unroll_length=0"], "actor.unroll_length must be >= 1"),
+    (["actor.unroll_length=0"], r"actor.unroll_length must be in \[1, 10000\] \(got 0\)"),
     (["actor.send_batch=0"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
     (["actor.send_batch=257"], r"actor.send_batch must be in \[1, actor.high_water_mark\]"),
     (["actor.send_batch=3"], r"actor.send_batch=3 must divide the 32 fresh unrolls of each batch"),
     (["actor.send_batch=8", "learner.replay_fraction=0.875"], r"must divide the 4 fresh unrolls.*set it to a divisor"),
     (["league.opponent_temperature=-0.5"], r"league.opponent_temperature must be in \[0, 100\]"),
     (["learner.learning_rate=0"], "learner.learning_rate must be > 0"),
-    (["learner.mirror_augment=sometimes"], "learner.mirror_augment='sometimes' must be random, both or none"),
+    (["learner.mirror_augment=sometimes"], "learner.mirror_augment must be random, both or none \\(got 'sometimes'\\)"),
     (["agent.landing_plane=true", "env.name=tictactoe"], "agent.landing_plane needs agent.torso=conv and a game "
                                                            "whose pieces fall"),
     (["agent.threat_planes=true", "agent.torso=mlp"], "agent.threat_planes needs agent.torso=conv and "
@@ -168,16 +168,16 @@ def test_range_checks(overrides, message):
     (["learner.read_block_ms=600000"], r"learner.read_block_ms must be in \[1, 30000\]"),
     (["learner.checkpoint_every_s=0"], "learner.checkpoint_every_s must be > 0"),
     (["learner.device=banana"], "learner.device must be auto, cpu"),
-    (["learner.learning_rate=inf"], "learner.learning_rate must be finite"),
+    (["learner.learning_rate=inf"], "learner.learning_rate must be > 0 and finite"),
     (["learner.entropy_cost=nan"], "learner.entropy_cost must be a number, not nan"),
     (["run.log_every_s=nan"], "run.log_every_s must be a number, not nan"),
     (["run.max_minutes=-1"], "run.max_minutes must be >= 0"),
-    (["run.seed=-1"], r"run.seed must be in \[0, 2\*\*31\)"),
+    (["run.seed=-1"], r"run.seed must be in \[0, 2147483648\)"),
     (["run.name=../outside"], "run.name must be letters, digits"),
     (["run.name=/tmp/abs"], "run.name must be letters, digits"),
-    (["actor.num_envs=100000000"], "actor.num_envs must be <= 4096"),
-    (["actor.num_actors=100000"], "actor.num_actors must be <= 256"),
-    (["actor.unroll_length=10000000"], "actor.unroll_length must be <= 10000"),
+    (["actor.num_envs=100000000"], r"actor.num_envs must be in \[1, 4096\]"),
+    (["actor.num_actors=100000"], r"actor.num_actors must be in \[1, 256\]"),
+    (["actor.unroll_length=10000000"], r"actor.unroll_length must be in \[1, 10000\]"),
     (["actor.num_envs=4096", "actor.unroll_length=5000"], "actor.num_envs \\* actor.unroll_length must be <="),
 ])
 def test_nonsense_values_are_refused_by_name(overrides, message):
@@ -366,3 +366,15 @@ def test_cli_actor_without_redis_exits_4(cli):
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in err
     assert "Traceback" not in err + out
     assert seconds < 30
+
+
+def test_a_fields_rule_lives_beside_it_and_help_config_prints_it():
+    from config import Rule, describe
+
+    assert Rule(low=0, high=1, low_open=True).describe() == "in (0, 1]"
+    assert Rule(low=0, high=2**31, high_open=True).describe() == "in [0, 2147483648)"
+    assert Rule(low=0, low_open=True, finite=True).describe() == "> 0 and finite"
+    assert Rule(choices=("a", "b", "c")).describe() == "a, b or c"
+    assert not Rule(low=0, low_open=True).ok(0.0) and Rule(low=0).ok(0.0)
+    line = next(l for l in describe().splitlines() if "learner.optimizer " in l)
+    assert line.endswith("[adam or rmsprop]")

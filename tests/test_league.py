@@ -13,11 +13,11 @@ import torch
 
 from agents.network import ActorCritic
 from agents.policy import load_policy
-from config import load_config
+from config import LeagueConfig, load_config
 from distributed.params import ParamStore
 from envs.registry import env_spec
-from league.matchmaking import (MatchmakingConfig, league_exploiter_opponents, main_agent_opponents,
-                                main_exploiter_opponents, pfsp_probabilities)
+from league.matchmaking import (league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents,
+                                pfsp_probabilities)
 from league.payoff import ELO_SCALE, EloRatings, PayoffTable, episode_score
 from league.store import LeagueStore
 
@@ -149,7 +149,7 @@ def _payoff(results: dict[tuple[str, str], tuple[int, int]]) -> PayoffTable:
 def test_main_agent_mix_matches_hand_computation():
     # main vs s1: 1-3 (0.25, forgotten), vs s2: 3-1 (0.75), random unplayed (0.5).
     payoff = _payoff({("main", "s1"): (1, 3), ("main", "s2"): (3, 1)})
-    dist = main_agent_opponents("main", payoff, ["s1", "s2", "random"], ["s1", "s2"], MatchmakingConfig())
+    dist = main_agent_opponents("main", payoff, ["s1", "s2", "random"], ["s1", "s2"], LeagueConfig())
     # hard PFSP weights 0.5625, 0.0625, 0.25 (total 0.875); forgotten = {s1}.
     assert dist["self"] == pytest.approx(0.35)
     assert dist["s1"] == pytest.approx(0.5 * 0.5625 / 0.875 + 0.15)
@@ -159,7 +159,7 @@ def test_main_agent_mix_matches_hand_computation():
 
 
 def test_main_agent_without_a_league_is_self_play_and_unforgotten_share_goes_to_self_play():
-    cfg = MatchmakingConfig()
+    cfg = LeagueConfig()
     assert main_agent_opponents("main", PayoffTable(), [], [], cfg) == {"self": 1.0}
     dist = main_agent_opponents("main", PayoffTable(), ["random"], [], cfg)
     assert dist == pytest.approx({"self": 0.5, "random": 0.5})
@@ -168,7 +168,7 @@ def test_main_agent_without_a_league_is_self_play_and_unforgotten_share_goes_to_
 def test_main_agent_bot_share_is_pfsp_over_the_bots_on_top_of_the_league_share():
     # main vs s1 1-1 (0.5, not forgotten), vs random 9-1 (0.9), vs tactical 3-1 (0.75).
     payoff = _payoff({("main", "s1"): (1, 1), ("main", "random"): (9, 1), ("main", "tactical"): (3, 1)})
-    dist = main_agent_opponents("main", payoff, ["s1", "random", "tactical"], ["s1"], MatchmakingConfig(bot_share=0.25),
+    dist = main_agent_opponents("main", payoff, ["s1", "random", "tactical"], ["s1"], LeagueConfig(bot_share=0.25),
                                 bots=["random", "tactical"])
     # Weights 0.35 + 0.15 (nothing forgotten: to self-play), 0.5 league, 0.25 bots; total 1.25.
     # Hard PFSP over the league: 0.25, 0.01, 0.0625 (total 0.3225); over the bots: 0.01, 0.0625 (0.0725).
@@ -180,7 +180,7 @@ def test_main_agent_bot_share_is_pfsp_over_the_bots_on_top_of_the_league_share()
 
 
 def test_main_exploiter_plays_the_main_agent_unless_hopeless():
-    cfg = MatchmakingConfig()
+    cfg = LeagueConfig()
     assert main_exploiter_opponents("main_exploiter_0", PayoffTable(), ["main-1"], cfg) == {"main": 1.0}
     hopeless = _payoff({("main_exploiter_0", "main"): (0, 20), ("main_exploiter_0", "main-1"): (1, 1)})
     dist = main_exploiter_opponents("main_exploiter_0", hopeless, ["main-1", "main-2"], cfg)
@@ -188,7 +188,7 @@ def test_main_exploiter_plays_the_main_agent_unless_hopeless():
 
 
 def test_league_exploiter_pfsp_over_the_league():
-    cfg = MatchmakingConfig()
+    cfg = LeagueConfig()
     assert league_exploiter_opponents("league_exploiter_0", PayoffTable(), [], cfg) == {"main": 1.0}
     payoff = _payoff({("league_exploiter_0", "a"): (1, 1)})
     dist = league_exploiter_opponents("league_exploiter_0", payoff, ["a", "b"], cfg)

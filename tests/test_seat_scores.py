@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from config import LeagueConfig
 from distributed.learner import seat_scores
-from league.matchmaking import MatchmakingConfig, league_exploiter_opponents
+from league.matchmaking import league_exploiter_opponents
 from league.payoff import PayoffTable, episode_score
 
 
@@ -64,8 +65,8 @@ def test_pfsp_can_weigh_by_the_weaker_seat():
             table.add("league_exploiter_0", opponent, episode_score(e), e["learner_seat"])
     assert table.win_rate("league_exploiter_0", "A") == pytest.approx(0.7)
     assert table.win_rate("league_exploiter_0", "A", "weaker") == pytest.approx(0.3)
-    pooled = league_exploiter_opponents("league_exploiter_0", table, ["A", "B"], MatchmakingConfig(p=2.0))
-    weaker = league_exploiter_opponents("league_exploiter_0", table, ["A", "B"], MatchmakingConfig(p=2.0, seat="weaker"))
+    pooled = league_exploiter_opponents("league_exploiter_0", table, ["A", "B"], LeagueConfig(pfsp_p=2.0))
+    weaker = league_exploiter_opponents("league_exploiter_0", table, ["A", "B"], LeagueConfig(pfsp_p=2.0, pfsp_seat="weaker"))
     # hard PFSP f(x) = (1 - x)^2: pooled A 0.09, B 0.25; weaker seat A 0.49, B 0.25.
     assert pooled["A"] == pytest.approx(0.09 / 0.34) and weaker["A"] == pytest.approx(0.49 / 0.74)
 
