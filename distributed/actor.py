@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -202,6 +202,28 @@ class UnrollBuffer:
             self.finals.pop(t, None)
 
 
+@dataclass
+class Match:
+    """Who plays an env's other seats in the episode under way: drawn at its start (`Actor.start_episode`)
+    and kept until it ends, so that a weight swap waits for the next episode."""
+
+    opponent: str = SELF  # a league member's id, or SELF: every seat is the learner's
+    policy: object | None = None  # the network or bot that moves for the opponent; None in self-play
+    version: str = SELF  # the exact weights it plays (`Opponents.version`)
+    learner_seat: int = -1  # the seat the learner plays and learns from; -1 = every seat (self-play)
+
+
+@dataclass
+class EnvSlot:
+    """One env of an actor and what it carries from step to step: per agent of the env, the unroll
+    under way of its learning stream, and the match of its episode. (A recurrent core's state per
+    (env, agent) lives in `Actor.cores`, which batches it for the forward pass.)"""
+
+    env: object  # the adapter (envs/): advance() and act(actions)
+    buffers: list[UnrollBuffer]  # indexed by agent
+    match: Match = field(default_factory=Match)
+
+
 class Opponents:
     """The policies that play a learner's opponents, by id, loaded on first use and cached.
 
@@ -344,10 +366,10 @@ class Actor:
         self.rng = torch.Generator().manual_seed(self.seeds.actions)
         self.np_rng = np.random.default_rng(self.seeds.opponents)
         # One adapter per env (with env.kwargs.emulator=ale_vector, the slots of one Atari vector env).
-        self.envs = make_envs(cfg.env.name, self.seeds.envs, cfg.env.kwargs, seats=cfg.env.seats,
-                              empty_mask=cfg.env.empty_mask)
-        self.buffers = [[UnrollBuffer(self.unroll_spec, lambda: self.version) for _ in self.spec.agents]
-                        for _ in self.envs]
+        envs = make_envs(cfg.env.name, self.seeds.envs, cfg.env.kwargs, seats=cfg.env.seats,
+                         empty_mask=cfg.env.empty_mask)
+        self.slots = [EnvSlot(env, [UnrollBuffer(self.unroll_spec, lambda: self.version)
+                                    for _ in self.spec.agents]) for env in envs]
         self.model = make_model(self.spec, cfg.agent)
         self.model.eval()
         self.head = policy_head(self.spec)
@@ -369,12 +391,6 @@ class Actor:
         self.league = LeagueStore(self.redis, cfg.run.name)
         self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots)
         self.distribution: dict[str, float] | None = None
-        self.opponent = [SELF] * len(self.envs)  # per env: who plays the other seat this episode
-        # Per env: the policy object (network or bot) that plays every opponent move of this episode,
-        # and the exact version it is (see `Opponents.version`); None / "self" in self-play.
-        self.opponent_policy: list[object | None] = [None] * len(self.envs)
-        self.opponent_version = [SELF] * len(self.envs)
-        self.learner_seat = [-1] * len(self.envs)  # per env: the learning seat, -1 = every seat (self-play)
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
         self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
@@ -389,6 +405,11 @@ class Actor:
         self.pending_results: list[dict] = []
         self.results_sent_at = time.monotonic()
         self.over, self.over_checked_at = False, -math.inf
+
+    @property
+    def envs(self) -> list:
+        """The env adapters, in slot order."""
+        return [slot.env for slot in self.slots]
 
     def stop(self, *_: object) -> None:
         self.stopping = True
@@ -459,31 +480,30 @@ class Actor:
         self.opponents.refresh()
 
     def start_episode(self, i: int) -> None:
-        """Draw env i's opponent for the episode that starts now (self-play when there is no league yet)."""
-        opponent, seat, policy, version = SELF, -1, None, SELF
+        """Draw env i's match for the episode that starts now (self-play when there is no league yet)."""
+        match = Match()
         if self.distribution:
             ids = list(self.distribution)
             drawn = ids[self.np_rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
             if drawn not in (SELF, self.player):
-                policy = self.opponents.get(drawn, set(self.opponent))
-                if policy is not None:  # pinned for the whole episode: a weight swap waits for its end
-                    opponent, seat, version = drawn, int(self.np_rng.integers(len(self.spec.seats))), \
-                        self.opponents.version(drawn)
-        self.opponent[i], self.learner_seat[i] = opponent, seat
-        self.opponent_policy[i], self.opponent_version[i] = policy, version
+                policy = self.opponents.get(drawn, {slot.match.opponent for slot in self.slots})
+                if policy is not None:
+                    match = Match(drawn, policy, self.opponents.version(drawn),
+                                  int(self.np_rng.integers(len(self.spec.seats))))
+        self.slots[i].match = match
 
     def learns(self, i: int, agent: int) -> bool:
         """Is agent `agent` of env i a learning stream (it plays the learner's seat this episode)?"""
-        return self.learner_seat[i] in (-1, self.spec.agent_seats[agent])
+        return self.slots[i].match.learner_seat in (-1, self.spec.agent_seats[agent])
 
     def run(self) -> None:
         """The actor loop: observe all envs, one forward pass per policy to move, act, send finished unrolls."""
         self.sync_params(wait=True)
         self.refresh_opponents()
         log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s", self.actor_id, os.getpid(),
-                 len(self.envs), self.spec.name, self.version, self.player)
-        steps = [env.advance() for env in self.envs]
-        for i in range(len(self.envs)):
+                 len(self.slots), self.spec.name, self.version, self.player)
+        steps = [slot.env.advance() for slot in self.slots]
+        for i in range(len(self.slots)):
             self.start_episode(i)
         unrolls: list[dict[str, np.ndarray]] = []  # finished, not sent yet
         versions: list[int] = []  # of each: the policy version that chose its step 0's action
@@ -492,7 +512,7 @@ class Actor:
             for i, step in enumerate(steps):
                 for s in step.settlements:  # they all belong to the episode the opponent was drawn for
                     if self.learns(i, s.agent):
-                        self.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
+                        self.slots[i].buffers[s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
                     if self.cores is not None:
                         if s.done or s.truncated:
                             self.cores.reset((i, s.agent))
@@ -503,10 +523,11 @@ class Actor:
                     self.start_episode(i)
                 for agent, obs, mask in zip(step.agents, step.observations, step.action_masks):
                     if self.learns(i, agent):
-                        unroll = self.buffers[i][agent].observe(obs, mask, self.core_record(i, agent))
+                        buffer = self.slots[i].buffers[agent]
+                        unroll = buffer.observe(obs, mask, self.core_record(i, agent))
                         if unroll is not None:
                             unrolls.append(unroll)
-                            versions.append(self.buffers[i][agent].finished_version)
+                            versions.append(buffer.finished_version)
             self.report(episodes)
             if len(unrolls) >= self.cfg.actor.send_batch:  # whole entries of send_batch; the rest waits
                 ready = len(unrolls) - len(unrolls) % self.cfg.actor.send_batch
@@ -516,10 +537,10 @@ class Actor:
                 unrolls, versions = unrolls[ready:], versions[ready:]
             actions = self.choose_actions(steps)
             # Every env acts before any advances: the slots of one Atari vector env step together (make_envs).
-            for env, action in zip(self.envs, actions):
-                env.act(action)
-            steps = [env.advance() for env in self.envs]
-            self.env_steps += len(self.envs)
+            for slot, action in zip(self.slots, actions):
+                slot.env.act(action)
+            steps = [slot.env.advance() for slot in self.slots]
+            self.env_steps += len(self.slots)
 
     def core_record(self, i: int, agent: int) -> tuple[np.ndarray, int, float] | None:
         """What an unroll of env i's agent keeps of its core input before this step (None: no core)."""
@@ -539,7 +560,7 @@ class Actor:
                 if self.learns(i, agent):
                     learning.append((i, k))
                 else:
-                    by_opponent.setdefault(id(self.opponent_policy[i]), []).append((i, k))
+                    by_opponent.setdefault(id(self.slots[i].match.policy), []).append((i, k))
         if learning:
             obs, masks = self.stack(steps, learning)
             keys = self.core_keys(steps, learning)
@@ -548,10 +569,10 @@ class Actor:
             self.advance_cores(keys, state, drawn)
             chosen, behaviour_np = drawn.numpy(), behaviour.numpy()
             for n, (i, k) in enumerate(learning):
-                self.buffers[i][steps[i].agents[k]].record_action(chosen[n], behaviour_np[n])
+                self.slots[i].buffers[steps[i].agents[k]].record_action(chosen[n], behaviour_np[n])
                 actions[i][k] = chosen[n]
         for pairs in by_opponent.values():
-            policy = self.opponent_policy[pairs[0][0]]
+            policy = self.slots[pairs[0][0]].match.policy
             if isinstance(policy, torch.nn.Module):
                 obs, masks = self.stack(steps, pairs)
                 keys = self.core_keys(steps, pairs)
@@ -630,9 +651,10 @@ class Actor:
         leaves it out, so no statistic and no rating is made from it."""
         returns = [float(r) for r in episode.returns]
         finite = all(math.isfinite(r) for r in returns)
+        match = self.slots[i].match
         report = {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
-                  "opponent_id": self.opponent[i], "opponent_version": self.opponent_version[i],
-                  "learner_seat": self.learner_seat[i],
+                  "opponent_id": match.opponent, "opponent_version": match.version,
+                  "learner_seat": match.learner_seat,
                   "winner": -1 if episode.winner is None or not finite else episode.winner, "length": episode.length,
                   "returns": returns if finite else []}
         if not finite:

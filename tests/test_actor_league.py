@@ -11,7 +11,7 @@ import torch
 
 from agents.network import ActorCritic
 from config import load_config
-from distributed.actor import Actor
+from distributed.actor import Actor, Match
 from distributed.codec import decode_unrolls
 from distributed.params import ParamStore
 from envs.registry import env_spec
@@ -106,9 +106,8 @@ def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redi
         actor = _actor(tmp_path, run_name, redis_client, redis_url, f"league.opponent_temperature={temperature}",
                        "actor.num_envs=64")
         steps = [env.advance() for env in actor.envs]
-        actor.opponent = ["main-0000100"] * len(actor.envs)
-        actor.opponent_policy = [actor.opponents.get("main-0000100")] * len(actor.envs)
-        actor.learner_seat = [1] * len(actor.envs)  # the snapshot has the first move in every env
+        for slot in actor.slots:  # the snapshot has the first move in every env
+            slot.match = Match("main-0000100", actor.opponents.get("main-0000100"), "main-0000100", learner_seat=1)
         first_moves[temperature] = [a for [a] in actor.choose_actions(steps)]
         obs, masks = actor.stack(steps, [(0, 0)])
         actor.close()

@@ -259,8 +259,8 @@ def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, 
 
     def send(batch, *_):
         unrolls.extend(batch)
-        seen_opponent_state.extend(float(actor.cores.get((i, 1 - actor.learner_seat[i]))[0].abs().sum())
-                                   for i in range(len(actor.envs)) if actor.learner_seat[i] >= 0)
+        seen_opponent_state.extend(float(actor.cores.get((i, 1 - slot.match.learner_seat))[0].abs().sum())
+                                   for i, slot in enumerate(actor.slots) if slot.match.learner_seat >= 0)
         return len(unrolls) >= 8
 
     actor.send = send

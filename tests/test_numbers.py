@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distributed.actor import Actor
+from distributed.actor import Actor, Match
 from envs.base import leader
 from envs.registry import make_env
 from experiment import load_config
@@ -87,7 +87,7 @@ def test_the_league_scores_no_game_with_a_nan_return(tmp_path, redis_url, run_na
     manager.consume_results()  # creates the group at the stream's end
     actor = Actor(cfg, redis_url, 0)
     try:
-        actor.opponent[0], actor.opponent_version[0], actor.learner_seat[0] = "random", "random", 0
+        actor.slots[0].match = Match("random", None, "random", learner_seat=0)
         nan = float("nan")
         reports = [actor.result(0, EpisodeResult((nan, -1.0), 5, leader([nan, -1.0]))),
                    actor.result(0, EpisodeResult((1.0, -1.0), 5, 0))]

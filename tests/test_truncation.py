@@ -261,9 +261,9 @@ def collect(actor, count: int) -> list[dict[str, np.ndarray]]:
     while len(unrolls) < count:
         for i, step in enumerate(steps):
             for s in step.settlements:
-                actor.buffers[i][s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
+                actor.slots[i].buffers[s.agent].settle(s.reward, s.done, s.truncated, s.final_observation)
             for agent, obs, mask in zip(step.agents, step.observations, step.action_masks):
-                unroll = actor.buffers[i][agent].observe(obs, mask)
+                unroll = actor.slots[i].buffers[agent].observe(obs, mask)
                 if unroll is not None:
                     unrolls.append(unroll)
         actions = actor.choose_actions(steps)
