@@ -646,15 +646,13 @@ def cmd_learner(args: argparse.Namespace) -> int:
         if cfg.learner.algo == "a3c":
             from distributed.a3c import ParameterServer
 
-            run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
-                        report=log_report)
-        else:
-            run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
-                        rank=args.rank, dist_url=args.dist_url)
+            return run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
+                               report=log_report)
+        return run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
+                           rank=args.rank, dist_url=args.dist_url)
     except DataParallelError as e:
         print(f"error: {e}", file=sys.stderr)
         return PEER_LOST_EXIT
-    return 0
 
 
 def _player(args: argparse.Namespace, cfg: Config) -> str:
@@ -681,8 +679,7 @@ def cmd_league(args: argparse.Namespace) -> int:
         raise ConfigError("the league manager needs a Redis: pass --redis-url or set run.redis_url")
     _connect_waiting(args, cfg, url).close()
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
-    run_league(cfg, url, run_dir, resume=args.resume)
-    return 0
+    return run_league(cfg, url, run_dir, resume=args.resume)
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
@@ -702,10 +699,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
     if cfg.learner.algo == "a3c":
         from distributed.a3c import A3CWorker
 
-        run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
-    else:
-        run_actor(cfg, url, args.actor_id, player)
-    return 0
+        return run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
+    return run_actor(cfg, url, args.actor_id, player)
 
 
 def _check_evaluate_args(args: argparse.Namespace) -> None:
