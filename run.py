@@ -5,6 +5,7 @@
   learner   one learner alone (multi-machine: point it, the league and the actors at one Redis)
   league    the league manager alone (snapshots, payoff, Elo, opponent distributions)
   actor     one actor process
+  actors    C actor processes on this host, restarted when they crash, stopped together
   evaluate  play a checkpoint against a baseline bot in both seats, or a round-robin of checkpoints,
             run directories and bots with Elo ratings
   replay    re-simulate a recorded game, check it, and show it (text boards, GIF)
@@ -98,6 +99,21 @@ episode_return (the learning seat's return: the score of single-agent envs such 
 """
 
 
+ACTORS_HELP = """Run the actors of one host: C `run.py actor` processes (default: one per CPU of this
+host), each with this command's --config, --set, --player and --wait-redis, each taking the lowest free
+actor id of the run. The Redis URL reaches them through the environment, never their command line.
+
+  run.py actors --config configs/connect_four.yaml --redis-url redis://:PASSWORD@HOST:6379/0 --count 16
+
+It supervises them as `run.py train` does its own: a line per actor started, restarted or ended, with
+its pid. An actor that crashes is started again (its id released first), up to 20 restarts in all,
+then every actor is stopped (exit code 1). An actor that exits with code 2 (a config error) stops them
+all (2). When the run is over (the learner set its done key) the actors end and so does this (0).
+SIGTERM, SIGINT or SIGHUP sends every actor SIGTERM, kills those left after 10 s (at once on a second
+signal), and exits with 128 + the signal's number. If this process is killed, its actors die with it.
+"""
+
+
 RUNS_HELP = """List runs, or delete what a run left in a shared Redis.
 
   run.py runs                                   the run directories under runs/ (--dir): live (host and
@@ -174,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actor-id", type=int, default=None,
                    help="this actor's id in the run (refused if a live actor holds it); default: the lowest free id")
     p.add_argument("--player", default="main", help="the learner this actor plays for (default main)")
+    p = sub.add_parser("actors", help="run and supervise C actor processes on this host",
+                       description=ACTORS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _config_args(p)
+    _wait_redis_arg(p, "Redis and the trajectory shards' servers (each actor waits as long)")
+    p.add_argument("--count", type=int, default=os.cpu_count() or 1, metavar="C",
+                   help=f"actor processes to run (default: this host's CPU count, {os.cpu_count() or 1})")
+    p.add_argument("--player", default="main", help="the learner these actors play for (default main)")
     p = sub.add_parser("evaluate", help="play a checkpoint against a baseline bot, or a round-robin with Elo",
                        description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     who = p.add_mutually_exclusive_group(required=True)
@@ -646,15 +669,13 @@ def cmd_learner(args: argparse.Namespace) -> int:
         if cfg.learner.algo == "a3c":
             from distributed.a3c import ParameterServer
 
-            run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
-                        report=log_report)
-        else:
-            run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
-                        rank=args.rank, dist_url=args.dist_url)
+            return run_learner(cfg, url, run_dir, resume=args.resume, player=player, learner_class=ParameterServer,
+                               report=log_report)
+        return run_learner(cfg, url, run_dir, resume=args.resume, player=player, report=log_report,
+                           rank=args.rank, dist_url=args.dist_url)
     except DataParallelError as e:
         print(f"error: {e}", file=sys.stderr)
         return PEER_LOST_EXIT
-    return 0
 
 
 def _player(args: argparse.Namespace, cfg: Config) -> str:
@@ -681,8 +702,7 @@ def cmd_league(args: argparse.Namespace) -> int:
         raise ConfigError("the league manager needs a Redis: pass --redis-url or set run.redis_url")
     _connect_waiting(args, cfg, url).close()
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.dir) / cfg.run.name
-    run_league(cfg, url, run_dir, resume=args.resume)
-    return 0
+    return run_league(cfg, url, run_dir, resume=args.resume)
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
@@ -702,10 +722,23 @@ def cmd_actor(args: argparse.Namespace) -> int:
     if cfg.learner.algo == "a3c":
         from distributed.a3c import A3CWorker
 
-        run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
-    else:
-        run_actor(cfg, url, args.actor_id, player)
-    return 0
+        return run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
+    return run_actor(cfg, url, args.actor_id, player)
+
+
+def cmd_actors(args: argparse.Namespace) -> int:
+    from distributed.launcher import supervise_actors
+
+    cfg = _load(args)
+    _require_game(cfg)
+    if args.count < 1:
+        raise ConfigError(f"--count must be >= 1 (actor processes on this host), got {args.count}")
+    url = _redis_url(args, cfg)
+    if not url:
+        raise ConfigError("the actors need a Redis: pass --redis-url or set run.redis_url")
+    player = _player(args, cfg)
+    _connect_waiting(args, cfg, url, shards=True).close()
+    return supervise_actors(cfg, args.config, args.overrides, url, args.count, player, args.wait_redis)
 
 
 def _check_evaluate_args(args: argparse.Namespace) -> None:
@@ -961,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
     from distributed.transport import RedisUnreachable
 
     commands = {"train": cmd_train, "learner": cmd_learner, "league": cmd_league, "actor": cmd_actor,
-                "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
+                "actors": cmd_actors, "evaluate": cmd_evaluate, "replay": cmd_replay, "compare": cmd_compare,
                 "report": cmd_report, "runs": cmd_runs, "config": cmd_config}
     try:
         return commands[args.role](args)

@@ -28,10 +28,11 @@ from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
+from distributed.ownership import stopped_exit_code
 from distributed.params import ParamStore
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
                                    actor_id_key, actor_shard, connect, connect_shard, run_done_key,
-                                   shard_urls)
+                                   run_is_over, shard_urls)
 from envs.registry import env_spec, make_envs
 from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
 from league.matchmaking import SELF
@@ -354,6 +355,7 @@ class Actor:
         self.cfg = cfg
         self.player = player
         self.stopping = False
+        self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.redis = connect(redis_url, retry_s=cfg.run.redis_retry_s)  # first: a wrong URL fails before envs are built
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
@@ -411,8 +413,10 @@ class Actor:
         """The env adapters, in slot order."""
         return [slot.env for slot in self.slots]
 
-    def stop(self, *_: object) -> None:
+    def stop(self, signum: int | None = None, _frame: object = None) -> None:
+        """Stop after the current step; a signal handler (`signum`: the signal, kept for the exit code)."""
         self.stopping = True
+        self.stop_signal = self.stop_signal or signum
 
     def close(self) -> None:
         """Give up this actor's id (its lease would lapse by itself within 10 s)."""
@@ -663,9 +667,11 @@ class Actor:
 
 
 def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = MAIN,
-              actor_class: type = Actor) -> None:
+              actor_class: type = Actor) -> int:
     """Entry point of `run.py actor` (`actor_class`: Actor, or a subclass such as A3C's worker): one
-    thread for torch, stop cleanly on SIGTERM/SIGINT. actor_id None: the lowest free id of the run."""
+    thread for torch, stop cleanly on SIGTERM/SIGINT. actor_id None: the lowest free id of the run.
+    Returns the exit code: 0 once the run is over, 128 + N when signal N stopped it before
+    (`stopped_exit_code`). Raises RedisUnavailable when Redis stays lost."""
     torch.set_num_threads(1)
     keep_freed_memory()
     actor = actor_class(cfg, redis_url, actor_id, player)
@@ -677,3 +683,4 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
         raise RedisUnavailable(f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}") from None
     actor.close()
     log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)
+    return stopped_exit_code(actor.stop_signal, lambda: actor.over or run_is_over(actor.redis, cfg.run.name))

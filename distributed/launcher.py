@@ -1,9 +1,11 @@
 """Processes of a training run: an embedded Redis (unless one is given), the learners, the league
 manager (when the league is on) and the actors.
 
-`run.py train` calls `supervise`. Children are `run.py learner|league|actor` processes, the same
-commands a multi-machine deployment starts by hand, reading the run's resolved config file. The Redis
-URL (with its password) reaches them through the environment, never the command line.
+`run.py train` calls `supervise`; `run.py actors` calls `supervise_actors` (the actors of one host of a
+run whose learner runs elsewhere). Both restart their children by the same rules (`Workers`). Children
+are `run.py learner|league|actor` processes, the same commands a multi-machine deployment starts by
+hand, reading the run's resolved config file (`actors`: the user's config and --set). The Redis URL
+(with its password) reaches them through the environment, never the command line.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import redis
 
 from config import Config
-from distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT
+from distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT, stopped_exit_code
 from distributed.params import ParamStore
-from distributed.transport import RedisUnavailable, actor_id_key, connect, run_done_key
+from distributed.transport import (LearnerLease, RedisUnavailable, actor_id_key, connect, run_done_key,
+                                   run_is_over)
 from league.players import MAIN, learner_players, namespace
 from league.store import LeagueStore
 
@@ -236,9 +239,10 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(sig))
 
 
-def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice: int = 0,
+def _spawn(role: str, config_path: Path | None, redis_url: str, extra: list[str], nice: int = 0,
            view: "LiveView | None" = None) -> subprocess.Popen:
-    """Start `run.py role` as a child; with a live view its output goes through the view."""
+    """Start `run.py role [--config config_path] extra` as a child; with a live view its output goes
+    through the view."""
     env = dict(os.environ, **{REDIS_URL_ENV: redis_url, OWNER_ENV: str(os.getpid())}, PYTHONUNBUFFERED="1")
 
     def setup() -> None:
@@ -256,7 +260,8 @@ def _spawn(role: str, config_path: Path, redis_url: str, extra: list[str], nice:
 
     # A new session: Ctrl-C reaches only the launcher, which then stops the children in order.
     output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if view is not None else {}
-    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), role, "--config", str(config_path), *extra],
+    config = ["--config", str(config_path)] if config_path is not None else []
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), role, *config, *extra],
                             env=env, start_new_session=True, preexec_fn=setup, **output)
     if view is not None:
         view.forward(proc.stdout)
@@ -341,20 +346,105 @@ def _failed_rank(ranks: list[subprocess.Popen]) -> str | None:
     return None
 
 
-def _release_dead_actor_id(client: redis.Redis, run: str, args: list[str], pid: int) -> None:
-    """Delete the id lease of actor process `pid`, which the launcher has seen exit: left to lapse, it
-    would keep the restarted actor waiting a lease lifetime for its own id."""
-    if "--actor-id" not in args:
+def _release_dead_actor_id(client: redis.Redis, run: str, role: str, args: list[str], pid: int) -> None:
+    """Delete the id lease of actor process `pid` (a `role` child started with `args`), which has been seen
+    to exit: left to lapse, it would keep the restarted actor waiting a lease lifetime for its own id
+    (`--actor-id N`), or send it to another id. Without --actor-id the run's actor leases are searched for
+    the one `pid` of this host held. Nothing for other roles."""
+    if role != "actor":
         return
-    key = actor_id_key(run, int(args[args.index("--actor-id") + 1]))
-    holder = client.get(key)
-    if holder is not None and holder.decode().startswith(f"{socket.gethostname()} pid {pid} "):
-        client.delete(key)
+    if "--actor-id" in args:
+        keys = [actor_id_key(run, int(args[args.index("--actor-id") + 1])).encode()]
+    else:  # `{run}:actor:{id}`, not the `{run}:actor:{id}:starts` counters
+        keys = [key for key in client.scan_iter(match=actor_id_key(run, "*"), count=1000)
+                if key.rsplit(b":", 1)[1].isdigit()]
+    mine = f"{socket.gethostname()} pid {pid} ".encode()
+    for key in keys:
+        holder = client.get(key)
+        if holder is not None and holder.startswith(mine):  # released only if still that holder's
+            LearnerLease(client, run, holder.decode(), role=key.decode()[len(run) + 1:]).release()
+            return
 
 
 def _restart_args(role: str, args: list[str]) -> list[str]:
     """A restarted learner or league manager continues from its own files."""
     return args if role == "actor" or "--resume" in args else args + ["--resume"]
+
+
+class Stop(NamedTuple):
+    """Why every supervised child must be stopped: the exit code for it and a one-line reason."""
+
+    code: int  # USER_ERROR_EXIT: a child's error that a restart cannot fix; 1: anything else
+    reason: str
+
+
+class Workers:
+    """Named `run.py` children kept running until the run is over, with the launcher's rules: the actors,
+    exploiter learners and league manager of `supervise`, and the actors of one host (`supervise_actors`).
+
+    commands: name -> (role, extra arguments, niceness), as `worker_commands` makes them; a child is
+    `run.py ROLE [--config config_path] ARGS` (`_spawn`, which also makes it die with this process).
+    A child that exits before the run is over (the run's done key unset), whatever its code, is started
+    again: an actor once its id lease is released (`_release_dead_actor_id`), a learner or league
+    manager with --resume (`_restart_args`). A child that exits once the run is over stays ended.
+    `poll` says when all must stop instead (`Stop`).
+    """
+
+    def __init__(self, commands: dict[str, tuple[str, list[str], int]], config_path: Path | None, redis_url: str,
+                 client: redis.Redis, run: str, view: "LiveView | None" = None,
+                 max_restarts: int = MAX_ACTOR_RESTARTS) -> None:
+        self.commands = dict(commands)
+        self.config_path = config_path
+        self.redis_url = redis_url
+        self.client = client
+        self.run = run
+        self.view = view
+        self.max_restarts = max_restarts  # restarts of all children together
+        self.restarts = 0
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ended: set[str] = set()  # names of children that exited once the run was over
+
+    def start(self) -> None:
+        """Start every child (`self.procs`: name -> process)."""
+        for name, (role, args, nice) in self.commands.items():
+            self.procs[name] = _spawn(role, self.config_path, self.redis_url, args, nice, self.view)
+
+    def alive(self) -> list[str]:
+        """The names of the children that are running now."""
+        return [name for name, proc in self.procs.items() if proc.poll() is None]
+
+    def poll(self) -> Stop | None:
+        """Look at every child once and restart those that exited before the run is over. Returns a Stop
+        when every child must be stopped: one exited with USER_ERROR_EXIT (a config or file error, which
+        a restart would meet again: code USER_ERROR_EXIT), more than `max_restarts` restarts were needed,
+        or Redis, which says whether the run is over, did not answer (code 1); else None."""
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None or name in self.ended:
+                continue
+            try:
+                finished = bool(self.client.exists(run_done_key(self.run)))
+            except redis.RedisError as e:
+                return Stop(1, f"lost the connection to Redis: {e}")
+            if finished:
+                self.ended.add(name)
+                log.info("%s (pid %d) %s: the run is over", name, proc.pid, _describe_exit(code))
+                continue
+            if code == USER_ERROR_EXIT:  # a config or file error: restarting won't help
+                return Stop(USER_ERROR_EXIT,
+                            f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)")
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                return Stop(1, f"workers crashed {self.restarts} times; giving up (see their errors above)")
+            # Redis unreachable at start (an embedded one restarting) is worth a restart too.
+            log.warning("%s (pid %d) exited with code %s%s; restarting it", name, proc.pid, code,
+                        f" ({EXIT_NAMES[code]})" if code in EXIT_NAMES else "")
+            role, args, nice = self.commands[name]
+            _release_dead_actor_id(self.client, self.run, role, args, proc.pid)
+            self.commands[name] = (role, _restart_args(role, args), nice)
+            self.procs[name] = _spawn(role, self.config_path, self.redis_url, self.commands[name][1], nice, self.view)
+            log.info("%s restarted (pid %d)", name, self.procs[name].pid)
+        return None
 
 
 def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool,
@@ -389,56 +479,33 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     # SIGTERM or a closed terminal (SIGHUP) must never leave children running in their own sessions.
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     learner = None
-    commands = worker_commands(cfg, run_dir, resume)
-    workers: dict[str, subprocess.Popen] = {}
+    workers = Workers(worker_commands(cfg, run_dir, resume), config_path, redis_url, client, cfg.run.name, view)
     ranks: list[subprocess.Popen] = []  # learner ranks 1..K-1 of learner.num_learners (rank 0 is `learner`)
     try:
         learner_args = learner_rank_args(cfg, run_dir, resume)
         learner = _spawn("learner", config_path, redis_url, learner_args[0], view=view)
         ranks = [_spawn("learner", config_path, redis_url, args, view=view) for args in learner_args[1:]]
-        for name, (role, args, nice) in commands.items():
-            workers[name] = _spawn(role, config_path, redis_url, args, nice, view)
+        workers.start()
         # With learner.algo=a3c the learner process is A3C's parameter server (run.py learner picks it).
         log.info("started the %s (pid %d) and %s", "parameter server" if cfg.learner.algo == "a3c" else "learner",
                  learner.pid,
                  ", ".join([f"learner rank {r} (pid {p.pid})" for r, p in enumerate(ranks, start=1)]
-                           + [f"{name} (pid {p.pid})" for name, p in workers.items()]))
-        restarts = 0
+                           + [f"{name} (pid {p.pid})" for name, p in workers.procs.items()]))
         while learner.poll() is None and not received and not failure:
             failure = _failed_rank(ranks) or ""  # a rank cannot rejoin its group: the run stops, --resume goes on
             if failure:
                 break
-            for name, proc in list(workers.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                try:
-                    finished = bool(client.exists(run_done_key(cfg.run.name)))
-                except redis.RedisError as e:
-                    failure = f"lost the connection to Redis: {e}"
-                    break
-                if not finished and code == USER_ERROR_EXIT:  # a config or file error: restarting won't help
-                    failure = f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)"
-                    break
-                if not finished:
-                    restarts += 1
-                    if restarts > MAX_ACTOR_RESTARTS:
-                        failure = f"workers crashed {restarts} times; giving up (see their errors above)"
-                        break
-                    # Redis unreachable at start (an embedded one restarting) is worth a restart too.
-                    log.warning("%s (pid %d) exited with code %s%s; restarting it", name, proc.pid, code,
-                                f" ({EXIT_NAMES[code]})" if code in EXIT_NAMES else "")
-                    role, args, nice = commands[name]
-                    _release_dead_actor_id(client, cfg.run.name, args, proc.pid)
-                    commands[name] = (role, _restart_args(role, args), nice)
-                    workers[name] = _spawn(role, config_path, redis_url, commands[name][1], nice, view)
+            stop = workers.poll()
+            if stop is not None:
+                failure = stop.reason
+                break
             if view is not None:
                 view.refresh()
             time.sleep(0.5)
     finally:
         if received or failure:
             log.info("stopping: learners write a final checkpoint")
-        everyone = dict(workers, **({"learner": learner} if learner is not None else {}),
+        everyone = dict(workers.procs, **({"learner": learner} if learner is not None else {}),
                         **{f"learner rank {r}": p for r, p in enumerate(ranks, start=1)})
         _stop_all(everyone, forced=lambda: len(received) > 1)
         for sig, handler in old_handlers.items():
@@ -468,3 +535,58 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         return 0, bool(client.exists(run_done_key(cfg.run.name)))
     except redis.RedisError:
         return 0, False
+
+
+def supervise_actors(cfg: Config, config_path: Path | None, overrides: list[str], redis_url: str, count: int,
+                     player: str, wait_redis_s: float) -> int:
+    """`run.py actors`: start `count` `run.py actor` processes on this host for learner `player` (each with
+    `--config config_path`, the `overrides` as --set and --wait-redis `wait_redis_s`; each leases the
+    lowest free actor id of the run) and keep them running until the run is over, with the rules of
+    `supervise` (`Workers`): a crashed actor is restarted once its id is released.
+
+    Returns the exit code: 0 when the run is over (its done key set: the actors end by themselves);
+    USER_ERROR_EXIT when an actor exits with it (a config error: restarting is no remedy), 1 when the
+    actors crashed more than MAX_ACTOR_RESTARTS times in all or Redis was lost, after stopping the
+    others; 128 + N after stop signal N (SIGINT, SIGTERM, SIGHUP) before the run was over: every actor
+    gets SIGTERM, and SIGKILL STOP_TIMEOUT_S["actor"] later or at a second signal. The actors die with
+    this process, also when it is killed (`die_with_parent`)."""
+    client = connect(redis_url, retry_s=cfg.run.redis_retry_s)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if len(received) == 2:  # print, not log: a handler may interrupt a log call of this thread
+            print(f"{signal.Signals(signum).name} again: killing every actor now", file=sys.stderr, flush=True)
+
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}  # before the first child exists
+    args = [arg for kv in overrides for arg in ("--set", kv)] + ["--player", player, "--wait-redis", f"{wait_redis_s:g}"]
+    workers = Workers({f"actor #{i}": ("actor", args, 0) for i in range(1, count + 1)}, config_path, redis_url,
+                      client, cfg.run.name)
+    stop = None
+    try:
+        workers.start()
+        for name, proc in workers.procs.items():
+            log.info("started %s (pid %d)", name, proc.pid)
+        while not received:
+            stop = workers.poll()
+            if stop is not None or len(workers.ended) == count:
+                break
+            time.sleep(0.5)
+    finally:
+        running = workers.alive()
+        if running:
+            log.info("stopping %d actors", len(running))
+        _stop_all(workers.procs, forced=lambda: len(received) > 1)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        for name in running:
+            log.info("%s (pid %d) %s", name, workers.procs[name].pid, _describe_exit(workers.procs[name].returncode))
+    if stop is not None:
+        log.error("%s", stop.reason)
+        return stop.code
+    if received:
+        code = stopped_exit_code(received[0], lambda: run_is_over(client, cfg.run.name))
+        log.info("stopped by %s%s", signal.Signals(received[0]).name, "" if code else " after the end of the run")
+        return code
+    log.info("the run is over: all %d actors exited", count)
+    return 0

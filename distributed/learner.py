@@ -38,11 +38,12 @@ from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
-from distributed.ownership import owns_run_dir
+from distributed.ownership import owns_run_dir, stopped_exit_code
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, redis_outages, run_done_key
+from distributed.transport import (LearnerLease, RedisUnavailable, ResultsStream, connect, redis_outages, run_done_key,
+                                   run_is_over)
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -356,6 +357,7 @@ class Learner:
                             else self.league.reset_count(player))
         self.consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.stopping = False
+        self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         # Reads, decodes and dead-letters (own pending entries first) for the ingest thread.
         self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in,
                                   cfg.actor.send_batch, cfg.learner.read_block_ms)
@@ -441,8 +443,10 @@ class Learner:
         if self.history is not None:
             self.history.update()
 
-    def stop(self, *_: object) -> None:
+    def stop(self, signum: int | None = None, _frame: object = None) -> None:
+        """Stop before the next update; a signal handler (`signum`: the signal, kept for the exit code)."""
         self.stopping = True
+        self.stop_signal = self.stop_signal or signum
 
     def follow_league(self) -> None:
         """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
@@ -610,7 +614,8 @@ class Learner:
                 # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
                 lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
                 (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
-                self.stopping = self.stopping or interrupted  # a signal to one rank stops them all
+                if interrupted and not self.stopping:  # a signal to one rank stops them all
+                    self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
                 if stop:
                     break
                 now = time.monotonic()
@@ -901,10 +906,12 @@ def _learner_return(episode: dict) -> float:
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
                 learner_class: type = Learner, report: Callable[[Path, Tracker], None] | None = None,
-                rank: int = 0, dist_url: str | None = None) -> None:
+                rank: int = 0, dist_url: str | None = None) -> int:
     """Entry point of `run.py learner` (`learner_class`: Learner, or A3C's parameter server): stop
     cleanly (final checkpoint) on SIGTERM/SIGINT. `report(run_dir, tracker)`, if given, logs the
     report's figures to the trackers at the end of the run. `rank`, `dist_url`: see `Learner`.
+    Returns the exit code: 0 once the run is over, 128 + N when signal N stopped it before
+    (`stopped_exit_code`; a rank stopped by another rank's signal: 143, as if by SIGTERM).
     Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first),
     IngestWorkerError (an ingest worker failed; the checkpoint is written first)."""
     torch.set_num_threads(1)
@@ -940,3 +947,5 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         raise DataParallelError(f"{e}{written}; `run.py train --resume RUN_DIR` continues") from None
     finally:
         learner.group.close()
+    return stopped_exit_code(learner.stop_signal,
+                             lambda: learner.finished or run_is_over(learner.redis, cfg.run.name))

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from config import UserError
 
@@ -29,8 +30,8 @@ LOCK_NAME = "run.lock"
 OWNER_ENV = "IMPALA_RUN_OWNER"  # pid of the launcher that holds the run directory's lock
 WATCH_EVERY_S = 0.5
 # Exit codes of the roles (README.md, "Exit codes", has the whole table), for a launcher or a scheduler
-# to tell "stop" from "start again". 0: the role ended as asked (the run is over, or a stop signal);
-# 1: an unexpected failure.
+# to tell "stop" from "start again". 0: the run is over; 1: an unexpected failure; 128 + N: stopped by
+# signal N before the run was over (`stopped_exit_code`).
 # An error its one-line message explains (a UserError: a bad config or command line, as argparse's usage
 # errors; a taken run name or actor id; a refused password; Redis lost for longer than
 # run.redis_retry_s): starting again unchanged is no remedy.
@@ -42,6 +43,18 @@ PEER_LOST_EXIT = 3
 REDIS_UNREACHABLE_EXIT = 4
 EXIT_NAMES = {USER_ERROR_EXIT: "an error its message explains", PEER_LOST_EXIT: "a peer learner rank was lost",
               REDIS_UNREACHABLE_EXIT: "Redis unreachable at start"}
+
+
+def stopped_exit_code(stop_signal: int | None, run_over: Callable[[], bool]) -> int:
+    """The exit code of a learner, actor or league manager whose loop has ended (its checkpoint or state
+    written): 128 + `stop_signal` when that stop signal (SIGTERM, SIGINT) ended it before the run was over,
+    else 0. `run_over()` (the run's done key is set) is asked only after a signal.
+
+    0 means "done" to a scheduler: a Kubernetes Job pod evicted with SIGTERM that exited 0 would be counted
+    as succeeded and never replaced, and the run would silently lose it."""
+    if stop_signal is None or run_over():
+        return 0
+    return 128 + stop_signal
 
 
 class RunDirLocked(UserError, RuntimeError):

@@ -764,3 +764,12 @@ def actor_id_key(run: str, actor_id: int) -> str:
 
 def run_done_key(run: str) -> str:
     return f"{run}:done"
+
+
+def run_is_over(client: redis.Redis, run: str) -> bool:
+    """Whether run `run` has ended (its done key is set); False when Redis does not answer, so that a
+    role that cannot tell counts as stopped before the end."""
+    try:
+        return bool(client.exists(run_done_key(run)))
+    except redis.RedisError:
+        return False

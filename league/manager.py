@@ -32,9 +32,9 @@ from agents.checkpoint import CheckpointError, model_state, read_checkpoint, sav
 from agents.model import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
-from distributed.ownership import owns_run_dir
+from distributed.ownership import owns_run_dir, stopped_exit_code
 from distributed.params import ParamStore
-from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key
+from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key, run_is_over
 from envs.registry import env_spec
 from league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from league.payoff import EloRatings, PayoffTable, episode_score
@@ -100,6 +100,7 @@ class LeagueManager:
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = {p: ParamStore(self.redis, namespace(cfg.run.name, p)) for p in self.learners}
         self.stopping = False
+        self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.unacked: list[bytes] = []  # results folded in but not yet saved: acknowledged after `save`
         self.last_ratings = 0.0
         if resume and self.state_path.exists():
@@ -110,8 +111,10 @@ class LeagueManager:
             raise ConfigError(f"{self.state_path} holds a league already: pass --resume to continue it, or give "
                               "another run directory (a new league would overwrite it)")
 
-    def stop(self, *_: object) -> None:
+    def stop(self, signum: int | None = None, _frame: object = None) -> None:
+        """Stop after the current round; a signal handler (`signum`: the signal, kept for the exit code)."""
         self.stopping = True
+        self.stop_signal = self.stop_signal or signum
 
     # -- members -----------------------------------------------------------------------------------
     def snapshots(self, player: str | None = None) -> list[str]:
@@ -362,8 +365,10 @@ class LeagueManager:
                            sorted(self.elo.ratings.items(), key=lambda kv: -kv[1].elo)[:5]))
 
 
-def run_league(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False) -> None:
-    """Entry point of `run.py league`: stop cleanly (state written) on SIGTERM/SIGINT."""
+def run_league(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False) -> int:
+    """Entry point of `run.py league`: stop cleanly (state written) on SIGTERM/SIGINT. Returns the exit
+    code: 0 once the run is over, 128 + N when signal N stopped it before (`stopped_exit_code`). Raises
+    RedisUnavailable when Redis stays lost (the state written first)."""
     torch.set_num_threads(1)
     manager = LeagueManager(cfg, redis_url, run_dir, resume)
     signal.signal(signal.SIGTERM, manager.stop)
@@ -374,3 +379,4 @@ def run_league(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False)
         manager.save()
         raise RedisUnavailable(f"the league manager lost Redis ({type(e).__name__}: {e}); state written to "
                                f"{manager.state_path}") from None
+    return stopped_exit_code(manager.stop_signal, lambda: run_is_over(manager.redis, cfg.run.name))

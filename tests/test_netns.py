@@ -83,7 +83,7 @@ def test_actors_in_another_namespace_resume_after_the_link_is_cut_and_restored(t
         for name in ("actor0", "actor1"):
             procs[name].send_signal(signal.SIGTERM)
         for name in ("actor0", "actor1"):
-            assert procs[name].wait(60) == 0, (tmp_path / f"{name}.log").read_text()
+            assert procs[name].wait(60) == 128 + signal.SIGTERM, (tmp_path / f"{name}.log").read_text()
         _wait(lambda: stream.accounting()["backlog"] == 0, 60, "the learner to drain", [procs["learner"]])
         final = stream.accounting()
     finally:
