@@ -8,10 +8,16 @@ in `IMPALA_RUN_OWNER`. On Linux they die with the launcher (PR_SET_PDEATHSIG wit
 launcher._spawn); elsewhere `exit_with_launcher` ends them within a second, and before writing a
 checkpoint or the league's state they check `owns_run_dir()`, so a child that outlives a killed launcher
 never writes into a directory that a new `train --resume` may own by then.
+
+The run directory's rules live here too: a fresh run never reuses a directory (`new_run_dir`), claims
+and locks it (`claim_run_dir`), resumes only under settings its checkpoint fits (`check_resumable`),
+and on a shared Redis holds its run name for its life (`run_lease`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -22,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from config import UserError
+from config import Config, ConfigError, UserError, from_yaml_text, to_yaml, without_secrets
+from distributed.transport import LearnerLease, LeaseHeld
+from league.players import learner_players, namespace
 
 log = logging.getLogger("ownership")
 
@@ -159,3 +167,90 @@ def exit_with_launcher(label: str) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def new_run_dir(cfg: Config, resume: bool) -> Path:
+    """runs/<name>; a fresh run never reuses a directory: it takes <name>-2, <name>-3, ... instead.
+    Only picks the path: `claim_run_dir` creates and locks it."""
+    base = Path(cfg.run.dir)
+    run_dir = base / cfg.run.name
+    if resume:
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume: no run directory {run_dir}; check run.name and run.dir")
+        return run_dir
+    k = 2
+    name = cfg.run.name
+    while (base / name).exists():
+        name = f"{cfg.run.name}-{k}"
+        k += 1
+    cfg.run.name = name
+    return base / name
+
+
+def claim_run_dir(run_dir: Path, resume: bool):
+    """Create a fresh run's directory (never an existing one) and lock it (distributed/ownership.py).
+    Returns the held RunLock; raises RunDirLocked naming the owner of a live run."""
+    if not resume:
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise ConfigError(f"{run_dir} was created by someone else while this run started; start it again") from None
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {run_dir}: {e.strerror}; check run.dir") from None
+    return RunLock(run_dir).acquire()
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Does any learner of the run directory have a checkpoint to resume from?"""
+    return any((run_dir / "checkpoints").rglob("latest.safetensors"))
+
+
+def check_resumable(cfg: Config, run_dir: Path) -> None:
+    """Refuse `--resume` with settings its checkpoint cannot continue under (the network's shape, the env, the
+    optimizer), before anything in the run directory is rewritten. Raises ConfigError naming each change."""
+    from agents.checkpoint import read_checkpoint  # safetensors' torch: only to resume, never at a fresh start
+
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if not checkpoint.is_file():
+        return  # stopped before its first checkpoint: nothing to fit
+
+    def fixed(c: Config) -> dict:
+        return {"env.name": c.env.name, "env.kwargs": c.env.kwargs, "learner.optimizer": c.learner.optimizer,
+                **{f"agent.{key}": value for key, value in dataclasses.asdict(c.agent).items()}}
+
+    saved, wanted = fixed(from_yaml_text(read_checkpoint(checkpoint)[1]["config"])), fixed(cfg)
+    changed = [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in wanted.items() if saved.get(key) != value]
+    if changed:
+        raise ConfigError(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
+                          f"resume without changing them, or start a new run without --resume. "
+                          f"{run_dir / 'config.yaml'} is unchanged")
+
+
+def write_run_config(run_dir: Path, cfg: Config, where: str) -> None:
+    """Create the run directory and its config.yaml (without the Redis URL, which may hold a password)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(without_secrets(cfg)))
+    except OSError as e:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {e.strerror}; check {where}") from None
+
+
+@contextlib.contextmanager
+def run_lease(client, cfg: Config):
+    """On a shared Redis, hold `{run}:launcher` for the run's life, and check that no learner or league
+    manager of another launcher (or started by hand) holds this run name, before anything is created or
+    started. Raises LeaseHeld naming the holder; a killed run's leases are waited for until they lapse."""
+    lease = LearnerLease(client, cfg.run.name, holder(), role="launcher", ttl_s=cfg.run.lease_ttl_s)
+    lease.acquire()
+    try:
+        keys = [f"{namespace(cfg.run.name, p)}:learner" for p in learner_players(cfg)] + [f"{cfg.run.name}:league"]
+        deadline = time.monotonic() + lease.TTL_MS / 1000 + 1
+        while (held := [k for k in keys if client.exists(k)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if held:
+            other = (client.get(held[0]) or b"?").decode(errors="replace")
+            raise LeaseHeld(f"run '{cfg.run.name}' is live on this Redis: {held[0]} is held by {other}; one owner "
+                            "per run: stop that run, or choose another run.name")
+        yield
+    finally:
+        lease.release()

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import run
 from agents.checkpoint import model_state, read_checkpoint, read_meta, save_checkpoint
 from agents.network import ActorCritic
 from agents.policy import load_policy
 from config import load_config, to_yaml
 from distributed.history import CheckpointHistory, history_files
 from envs.registry import env_spec
+from evaluation.final import final_evaluation, tactics_line
 from evaluation.over_training import earlier_policies
 
 TINY = ["env.name=tictactoe", "agent.torso=mlp", "agent.hidden=16", "agent.mlp_layers=1", "run.wandb_mode=disabled"]
@@ -102,7 +102,7 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
                      {"id": "main_exploiter_0-0000250", "player": "main_exploiter_0", "step": 250, "frames": 2500},
                      league)
     with caplog.at_level(logging.INFO, logger="run"):
-        run._final_evaluation(cfg, checkpoint, 4, run_dir, history=3, history_games=3)
+        final_evaluation(cfg, checkpoint, 4, run_dir, history=3, history_games=3)
     record = json.loads((run_dir / "evaluation.json").read_text())
     over = record["over_training"]
     assert [(e["step"], e["frames"], e["games"]) for e in over] == [(100, 1000, 3), (300, 3000, 3), (400, 4000, 4)]
@@ -132,4 +132,4 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
     (None, ""),
 ])
 def test_the_tactics_line_shows_counts_and_rates(tactics, line):
-    assert run._tactics_line(tactics) == line
+    assert tactics_line(tactics) == line
