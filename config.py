@@ -240,6 +240,11 @@ class TransportConfig:
     shard_urls: List[str] = _f_list([], "Redis of each shard: shard s lives on shard_urls[s % len]; empty = all on "
                                     "the run's Redis. No password in these URLs (config.yaml keeps them): a shard "
                                     "server takes the password of the run's Redis URL")
+    params_urls: List[str] = _f_list([], "read-only replicas of the run's Redis (redis-server --replicaof) that actors "
+                                     "fetch weights from: actor i reads params_urls[i % len], and falls back to the "
+                                     "run's Redis when a replica is unreachable, behind, or its blob fails the "
+                                     "published SHA-256; empty = all from the run's Redis. No password in these URLs: "
+                                     "a replica takes the password of the run's Redis URL")
 
 
 @dataclass
@@ -442,6 +447,16 @@ def replayed_per_batch(learner: LearnerConfig) -> int:
     return min(learner.batch_size - 1, round(learner.replay_fraction * learner.batch_size))
 
 
+def _server_urls_check(key: str, urls: list[str], what: str) -> tuple[bool, str]:
+    """(ok, message) of a list of Redis server URLs named in the config (transport.shard_urls,
+    transport.params_urls): each redis://host:port[/db], rediss://host:port[/db] or unix:///path with no
+    user or password, which the message never repeats (config.yaml keeps these lists)."""
+    ok = all(re.fullmatch(r"(redis|rediss)://[^@/?]+(/\d+)?|unix://[^@?]+", u) for u in urls)
+    return ok, (f"{key} must be redis://host:port[/db], rediss://host:port[/db] or unix:///path, each without user "
+                f"or password (config.yaml keeps them): {what} take the password of the run's Redis URL; got "
+                + ", ".join(u.split("@")[-1] if "@" in u else u for u in urls))
+
+
 def validate(cfg: Config) -> None:
     """Range checks that the type system cannot express. Raises ConfigError.
 
@@ -567,10 +582,8 @@ def validate(cfg: Config) -> None:
         (len(cfg.transport.shard_urls) <= cfg.transport.shards,
          f"transport.shard_urls lists {len(cfg.transport.shard_urls)} servers for transport.shards="
          f"{cfg.transport.shards}: the extra servers would get no shard; raise transport.shards or list fewer"),
-        (all(re.fullmatch(r"(redis|rediss)://[^@/?]+(/\d+)?|unix://[^@?]+", u) for u in cfg.transport.shard_urls),
-         "transport.shard_urls must be redis://host:port[/db], rediss://host:port[/db] or unix:///path, each without "
-         "user or password (config.yaml keeps them): shard servers take the password of the run's Redis URL; got "
-         + ", ".join(u.split("@")[-1] if "@" in u else u for u in cfg.transport.shard_urls)),
+        _server_urls_check("transport.shard_urls", cfg.transport.shard_urls, "shard servers"),
+        _server_urls_check("transport.params_urls", cfg.transport.params_urls, "weight replicas"),
         (0 <= cfg.run.redis_retry_s <= 86_400, "run.redis_retry_s must be in [0, 86400]"),
         (0.1 <= cfg.run.lease_ttl_s <= 3_600, "run.lease_ttl_s must be in [0.1, 3600]"),
         (cfg.run.max_minutes >= 0, "run.max_minutes must be >= 0 (0 = no time limit)"),
