@@ -27,7 +27,8 @@ replica's copy only if it is those weights, the same version and a blob whose SH
 Redis names. A replica that is behind (asynchronous replication: usually by under a millisecond), holds
 other bytes, or does not answer is not used for that fetch: the reader fetches from the run's Redis,
 counts it (`replica_fallbacks`) and logs each cause once. One that did not answer is left alone for
-REPLICA_RETRY_S.
+REPLICA_RETRY_S; one just behind a publish, or passed by one between the two reads, is read again first
+(REPLICA_READS).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("params")
 
 REPLICA_RETRY_S = 30.0  # after a replica did not answer: fetch from the run's Redis this long before trying it again
+# A replica receives a publish a moment after the run's Redis (usually under a millisecond, longer on a
+# busy host): a reader that finds it one step behind, or one ahead (a publish between its two reads),
+# reads again, up to REPLICA_READS times, REPLICA_CATCH_UP_S apart when it was behind.
+REPLICA_READS = 3
+REPLICA_CATCH_UP_S = 0.01
 
 
 def params_replica(run_url: str, urls: list[str], actor_id: int) -> tuple[redis.Redis | None, str]:
@@ -210,19 +216,25 @@ class ParamStore:
         """The replica's copy of the weights the run's Redis names now (version, SHA-256), as
         `fetch_bytes` returns it, or None (counted, each cause logged once) when the replica cannot give
         exactly those: it is down, behind, or its bytes fail that SHA-256. Also None before the first publish."""
-        version, digest = self.name()
-        if version < 0:
-            return None  # nothing published: the run's Redis says so itself
         if time.monotonic() < self._replica_down_until:
             return self._fall_back("down", f"it did not answer less than {REPLICA_RETRY_S:g} s ago")
-        try:
-            read = self._read(self.replica, delayed=bool(self.delay))
-        except redis.RedisError as e:
-            self._replica_down_until = time.monotonic() + REPLICA_RETRY_S
-            return self._fall_back("down", f"{type(e).__name__}: {e}")
-        if read is None or read[0] != version:
+        for _ in range(REPLICA_READS):
+            version, digest = self.name()
+            if version < 0:
+                return None  # nothing published: the run's Redis says so itself
+            try:
+                read = self._read(self.replica, delayed=bool(self.delay))
+            except redis.RedisError as e:
+                self._replica_down_until = time.monotonic() + REPLICA_RETRY_S
+                return self._fall_back("down", f"{type(e).__name__}: {e}")
+            if read is not None and read[0] == version:
+                break
+            if read is None or read[0] < version:  # the last publish is on its way to the replica
+                time.sleep(REPLICA_CATCH_UP_S)
+            # else a publish came between the two reads: read the name again
+        else:
             return self._fall_back("behind", f"it holds version {read[0] if read else 'none'} where the run's Redis "
-                                   f"names {version}")
+                                   f"names {version}, {REPLICA_READS} reads {REPLICA_CATCH_UP_S * 1000:g} ms apart")
         try:
             verify_weights(read[1], digest, f"the replica's copy of weights version {version}")
         except WeightsCorrupt as e:
