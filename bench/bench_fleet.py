@@ -28,8 +28,10 @@ gives, per second: unroll bytes the actors added and weight bytes they fetched, 
 and from replicas (counted in the client: lengths of the payloads added and of the blobs returned),
 and what the run's Redis sent in all (INFO stats `total_net_output_bytes`, which in Redis 6 includes
 the replication stream) and to its replicas (INFO replication `master_repl_offset` delta x replicas:
-every write once per replica, unrolls included). `resyncs` counts full resynchronisations during the
-point (INFO stats `sync_full`): a replica that fell further behind than the replication backlog.
+every write once per replica, unrolls included). `copies/blob`: blob bytes that left the run's Redis,
+fetched from it by actors plus what it sent its replicas less the unrolls added to it (which they copy
+too), over the blob bytes published. `resyncs` counts full resynchronisations during the point (INFO
+stats `sync_full`): a replica that fell further behind than the replication backlog.
 
     python bench/bench_fleet.py [--actors 256] [--shards 1 2 4] [--seconds 10] [--rate 4] [--workers 2]
                                 [--servers 1] [--replicas 0] [--publish-hz HZ] [--set key=value ...]
@@ -82,7 +84,7 @@ def worker(args: argparse.Namespace) -> None:
     logging.getLogger("params").setLevel(logging.ERROR)  # a fallback per simulated actor: the table counts them
     held = [(-1, None)] * len(ids)  # per actor: the name (version, SHA-256) of the weights it holds
     weights = {"primary": 0, "replica": 0, "fetches": 0, "replica_fetches": 0}
-    unroll_bytes = 0
+    unroll_bytes = unroll_bytes_run = 0  # all, and those added to the run's Redis (the rest: shard servers)
     token = uuid.uuid4().hex[:8]
     period = args.send_batch / args.rate
     start = time.monotonic()
@@ -109,6 +111,7 @@ def worker(args: argparse.Namespace) -> None:
             sent[k] += args.send_batch
             payload = msgpack.packb(msg, use_bin_type=True)
             unroll_bytes += len(payload)
+            unroll_bytes_run += len(payload) if stream.r is clients[k] else 0
             backlog[k] = stream.add([payload], producer=f"{ids[k]}-{token}", produced=sent[k])
             counted_at[k] = now
             next_at[k] = max(next_at[k] + period, now - period)  # a late actor catches up by one send, no more
@@ -116,6 +119,7 @@ def worker(args: argparse.Namespace) -> None:
                 held[k] = sync_weights(stores[k], held[k], weights)
         time.sleep(max(0.0, min(min(next_at) - time.monotonic(), 0.005)))
     print(json.dumps({"sent": sum(sent), "held_back": held_back, "unroll_bytes": unroll_bytes,
+                      "unroll_bytes_run": unroll_bytes_run,
                       "fallbacks": sum(store.replica_fallbacks for store in stores), **weights}))
 
 
@@ -232,8 +236,8 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
         publishing.set()
         for s in copies + servers:
             s.stop()
-    total = {k: sum(r[k] for r in reports) for k in ("unroll_bytes", "primary", "replica", "fetches",
-                                                     "replica_fetches", "fallbacks")}
+    total = {k: sum(r[k] for r in reports) for k in ("unroll_bytes", "unroll_bytes_run", "primary", "replica",
+                                                     "fetches", "replica_fetches", "fallbacks")}
     # The backlog counts entries: send_batch unrolls each.
     balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + \
         counts["backlog"] * cfg.actor.send_batch and counts["produced"] == sent
@@ -242,7 +246,8 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
             "sps": consumed * cfg.actor.unroll_length / elapsed, "unrolls_per_s": consumed / elapsed,
             "peak_mb": peak[0] / 2**20, "backlog": counts["backlog"], "counts": counts, "sent": sent,
             "balanced": balanced, "window_s": window, "published": published[0], "blob": blob,
-            "unroll_bps": total["unroll_bytes"] / window, "weights_primary_bps": total["primary"] / window,
+            "unroll_bps": total["unroll_bytes"] / window, "unroll_run_bps": total["unroll_bytes_run"] / window,
+            "weights_primary_bps": total["primary"] / window,
             "weights_replica_bps": total["replica"] / window, "fetches": total["fetches"],
             "replica_fetches": total["replica_fetches"], "fallbacks": total["fallbacks"],
             "primary_out_bps": (out_after - out_before) / window,
@@ -366,8 +371,8 @@ def print_weights_table(rows: list[dict], publish_hz: float, sync_every: int) ->
     for r in rows:
         blobs_bps = r["published"] * r["blob"] / r["window_s"]
         # Copies of each published blob that left the run's Redis: those actors fetched from it (counted),
-        # and what it sent its replicas (INFO) less the unrolls that each replica copies too.
-        copies = (r["weights_primary_bps"] + r["primary_repl_bps"] - r["replicas"] * r["unroll_bps"]) / blobs_bps
+        # and what it sent its replicas (INFO) less the unrolls added to it, which each replica copies too.
+        copies = (r["weights_primary_bps"] + r["primary_repl_bps"] - r["replicas"] * r["unroll_run_bps"]) / blobs_bps
         print(f"{r['actors']:>7} {r['replicas']:>8} {r['unroll_bps'] / mb:>10.2f} {r['weights_primary_bps'] / mb:>11.2f} "
               f"{r['weights_primary_bps'] / r['unroll_bps']:>10.1f} {r['weights_replica_bps'] / mb:>12.2f} "
               f"{r['fallbacks']:>9} {r['primary_out_bps'] / mb:>8.2f} {r['primary_repl_bps'] / mb:>11.2f} "
