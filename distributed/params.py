@@ -26,7 +26,7 @@ Redis stays the authority: the reader first reads the name (version, SHA-256) th
 replica's copy only if it is those weights, the same version and a blob whose SHA-256 is the one the run's
 Redis names. A replica that is behind (asynchronous replication: usually by under a millisecond), holds
 other bytes, or does not answer is not used for that fetch: the reader fetches from the run's Redis,
-counts it (`replica_fallbacks`) and logs each cause once. One that did not answer is left alone for
+counts it (`replica_fallbacks`, and in `{run}:params:replica_fallbacks`) and logs each cause once. One that did not answer is left alone for
 REPLICA_RETRY_S; one just behind a publish, or passed by one between the two reads, is read again first
 (REPLICA_READS).
 """
@@ -89,6 +89,7 @@ class ParamStore:
         self.sha_key = f"{run}:params:sha256"
         self.history_sha_key = f"{run}:params:history:sha256"
         self.corrupt_key = f"{run}:params:corrupt"
+        self.fallbacks_key = f"{run}:params:replica_fallbacks"
         self.fetched_digest: bytes | None = None  # SHA-256 of the blob the last `fetch` returned
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:
@@ -111,11 +112,15 @@ class ParamStore:
     def clear(self) -> None:
         """Delete the published weights (a new run must not hand an old run's weights to its actors)."""
         self.r.delete(self.key, self.version_key, self.frames_key, self.history_key, self.history_versions_key,
-                      self.sha_key, self.history_sha_key, self.corrupt_key)
+                      self.sha_key, self.history_sha_key, self.corrupt_key, self.fallbacks_key)
 
     def corrupt_count(self) -> int:
         """How many fetches found weights that did not match their SHA-256 (all readers together)."""
         return int(self.r.get(self.corrupt_key) or 0)
+
+    def replica_fallback_count(self) -> int:
+        """How many fetches meant for a replica read the run's Redis instead (all readers together)."""
+        return int(self.r.get(self.fallbacks_key) or 0)
 
     def _verified(self, version: int, data: bytes, digest: bytes | None) -> bytes:
         try:
@@ -245,6 +250,7 @@ class ParamStore:
     def _fall_back(self, cause: str, detail: str) -> None:
         """Count a fetch that reads the run's Redis instead of the replica; log the first of each cause."""
         self.replica_fallbacks += 1
+        self.r.incr(self.fallbacks_key)
         if cause not in self._causes_logged:
             self._causes_logged.add(cause)
             log.warning("weights under '%s': not from replica %s (%s); fetching them from the run's Redis "

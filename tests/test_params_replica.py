@@ -75,6 +75,7 @@ def test_fetch_through_a_replica_returns_the_primary_weights_sent_by_the_replica
     version, fetched = reader.fetch()
     assert version == 7 and _same(fetched, weights)
     assert reader.from_replica and reader.replica_fallbacks == 0
+    assert ParamStore(redis_client, run_name).replica_fallback_count() == 0
     assert reader.fetched_digest.decode() == weights_digest(encode_weights(weights))
     # The blob's bytes left the replica, not the run's Redis.
     sent = redis.Redis.from_url(replica.url).info("stats")["total_net_output_bytes"] - sent_before
@@ -110,6 +111,7 @@ def test_a_replica_copy_that_is_not_the_published_weights_is_never_used(
             assert version == 5 and _same(fetched, weights)
             assert not reader.from_replica
     assert reader.replica_fallbacks == 2
+    assert ParamStore(redis_client, run_name).replica_fallback_count() == 2  # what metrics.jsonl reports
     assert len([r for r in caplog.records if "not from replica" in r.getMessage()]) == 1  # once, not per fetch
     assert ParamStore(redis_client, run_name).corrupt_count() == 0  # the run's weights are sound
 
