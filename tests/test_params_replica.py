@@ -116,6 +116,26 @@ def test_a_replica_copy_that_is_not_the_published_weights_is_never_used(
     assert ParamStore(redis_client, run_name).corrupt_count() == 0  # the run's weights are sound
 
 
+def test_a_replica_one_publish_behind_is_read_again_and_used_once_it_caught_up(
+        redis_client, redis_url, run_name, impostor, monkeypatch):
+    import threading
+
+    import distributed.params
+
+    monkeypatch.setattr(distributed.params, "REPLICA_CATCH_UP_S", 0.5)  # room for the late write below
+    weights = _weights(6)
+    late = ParamStore(redis.Redis.from_url(impostor.url), run_name)
+    late.publish(_weights(5), 5)
+    _publish(redis_client, run_name, weights, 6)
+    catch_up = threading.Timer(0.1, late.publish, (weights, 6))  # version 6 reaches the "replica" late
+    catch_up.start()
+    reader = _reader(redis_url, run_name, _plain(impostor))
+    version, fetched = reader.fetch()
+    catch_up.join()
+    assert version == 6 and _same(fetched, weights)
+    assert reader.from_replica and reader.replica_fallbacks == 0
+
+
 def test_an_unreachable_replica_falls_back_to_the_primary(redis_client, redis_url, run_name, caplog):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
