@@ -119,12 +119,13 @@ def _run_name_ok(name: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) is not None
 
 
-def _shard_urls_ok(urls: list[str]) -> bool:
+def _server_urls_ok(urls: list[str]) -> bool:
     return all(re.fullmatch(r"(redis|rediss)://[^@/?]+(/\d+)?|unix://[^@?]+", u) for u in urls)
 
 
-_SHARD_URLS_RULE = ("redis://host:port[/db], rediss://host:port[/db] or unix:///path, each without user or "
-                    "password (config.yaml keeps them): shard servers take the password of the run's Redis URL")
+# transport.shard_urls and transport.params_urls: servers beside the run's Redis, reached with its password.
+_SERVER_URLS_RULE = ("redis://host:port[/db], rediss://host:port[/db] or unix:///path, each without user or "
+                     "password (config.yaml keeps them): these servers take the password of the run's Redis URL")
 
 
 @dataclass
@@ -337,7 +338,13 @@ class TransportConfig:
     shard_urls: List[str] = _f_list([], "Redis of each shard: shard s lives on shard_urls[s % len]; empty = all on "
                                     "the run's Redis. No password in these URLs (config.yaml keeps them): a shard "
                                     "server takes the password of the run's Redis URL",
-                                    rule=(_shard_urls_ok, _SHARD_URLS_RULE))
+                                    rule=(_server_urls_ok, _SERVER_URLS_RULE))
+    params_urls: List[str] = _f_list([], "read-only replicas of the run's Redis (redis-server --replicaof) that actors "
+                                     "fetch weights from: actor i reads params_urls[i % len], and falls back to the "
+                                     "run's Redis when a replica is unreachable, behind, or its blob fails the "
+                                     "published SHA-256; empty = all from the run's Redis. No password in these URLs: "
+                                     "a replica takes the password of the run's Redis URL",
+                                     rule=(_server_urls_ok, _SERVER_URLS_RULE))
 
 
 @dataclass

@@ -29,7 +29,7 @@ from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
 from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
 from distributed.ownership import stopped_exit_code
-from distributed.params import ParamStore
+from distributed.params import ParamStore, params_replica
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
                                    actor_id_key, actor_shard, connect, connect_shard, run_done_key,
                                    run_is_over, shard_urls)
@@ -237,8 +237,10 @@ class Opponents:
     weights `get` returns: the snapshot id or bot spec itself, or `<learner>@<version>`.
     """
 
-    def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int):
+    def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int, replica: redis.Redis | None = None,
+                 replica_name: str = "replica"):
         self.r = client
+        self.replica, self.replica_name = replica, replica_name  # other learners' weights come from there too
         self.cfg = cfg
         self.spec = spec
         self.seed = seed
@@ -285,7 +287,8 @@ class Opponents:
                 self.bots[opponent_id] = make_bot(opponent_id, self.spec.name, seed=self.seed)
                 return self.bots[opponent_id]
             if PLAYER_ID.fullmatch(opponent_id):
-                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id))
+                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id), replica=self.replica,
+                                   replica_name=self.replica_name)
                 try:
                     fetched = store.fetch()
                 except WeightsCorrupt as e:
@@ -389,9 +392,13 @@ class Actor:
                         else connect_shard(shard_url, retry_s=cfg.run.redis_retry_s))
         self.trajectories = TrajectoryStream(shard_client, own, shard=self.shard)
         self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay)
+        # Weights from a read-only replica of the run's Redis where transport.params_urls names some.
+        replica, self.replica_url = params_replica(redis_url, cfg.transport.params_urls, self.actor_id)
+        self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay, replica=replica,
+                                 replica_name=self.replica_url)
         self.league = LeagueStore(self.redis, cfg.run.name)
-        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots)
+        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots, replica=replica,
+                                   replica_name=self.replica_url)
         self.distribution: dict[str, float] | None = None
         self.done_key = run_done_key(cfg.run.name)
         self.version = -1
@@ -504,8 +511,9 @@ class Actor:
         """The actor loop: observe all envs, one forward pass per policy to move, act, send finished unrolls."""
         self.sync_params(wait=True)
         self.refresh_opponents()
-        log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s", self.actor_id, os.getpid(),
-                 len(self.slots), self.spec.name, self.version, self.player)
+        log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s%s", self.actor_id, os.getpid(),
+                 len(self.slots), self.spec.name, self.version, self.player,
+                 f", weights from replica {self.replica_url}" if self.replica_url else "")
         steps = [slot.env.advance() for slot in self.slots]
         for i in range(len(self.slots)):
             self.start_episode(i)

@@ -106,13 +106,21 @@ class EmbeddedRedis:
     the folder.
 
     On Linux it also dies with the thread that created it (see `die_with_parent`): create it from a
-    thread that outlives it, such as the main thread."""
+    thread that outlives it, such as the main thread.
+
+    `replica_of`: start a read-only replica of that server (`--replicaof`, with its password), ready once
+    it has loaded that server's data."""
 
     MAX_RESTARTS = 5  # by the watchdog: a server that keeps dying has a cause a restart will not fix
 
     def __init__(self, dir: str | Path | None = None, *, appendonly: bool = True,
-                 restart_on_exit: bool = False, password: str | None = None) -> None:
+                 restart_on_exit: bool = False, password: str | None = None,
+                 replica_of: "EmbeddedRedis | None" = None) -> None:
         self.password = password or secrets.token_hex(16)  # given: shard servers share the run's (transport.shard_urls)
+        # A read-only replica of that server (transport.params_urls), with its password.
+        self.replica_of = replica_of
+        if replica_of is not None:
+            self.password = replica_of.password
         self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -146,14 +154,19 @@ class EmbeddedRedis:
             self.proc = subprocess.Popen(
                 [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass",
                  self.password, "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync",
-                 "everysec", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning"],
+                 "everysec", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning",
+                 *(["--replicaof", "127.0.0.1", str(self.replica_of.port), "--masterauth", self.password]
+                   if self.replica_of is not None else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                 preexec_fn=die_with_parent)
         self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis.from_url(self.url, socket_connect_timeout=1).ping()  # BusyLoading while it reads its AOF
+                with redis.Redis.from_url(self.url, socket_connect_timeout=1) as client:
+                    client.ping()  # BusyLoading while it reads its AOF
+                    if self.replica_of is not None and client.info("replication")["master_link_status"] != "up":
+                        raise redis.ConnectionError("timeout: the replica did not load its primary's data")
                 return None
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:

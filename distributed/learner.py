@@ -785,6 +785,7 @@ class Learner:
             "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
             "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
+            "weight_replica_fallbacks": self.params.replica_fallback_count(),
             "actors_throttled_s": counts["throttled_s"],
         })
         if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames

@@ -174,17 +174,31 @@ def connect(url: str, *, block_ms: int = 1000, retry_s: float = 60.0, wait_s: fl
     # Block time and socket timeout are set together: a blocking XREADGROUP longer than the socket
     # timeout would surface as a TimeoutError (and, retried, would never return). `read` checks it.
     policy = RetryPolicy(_safe(url), retry_s)
-    try:
-        # No CLIENT command on connect (redis-py's SETINFO and maintenance-notification handshakes):
-        # the least-privilege ACL user of README.md may not run CLIENT, and Redis logs every refusal.
-        client = redis.Redis.from_url(url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5,
-                                      health_check_interval=30, retry=policy, driver_info=None,
-                                      maint_notifications_config=MaintNotificationsConfig(enabled=False))
-    except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
-        raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
+    client = _client(url, socket_timeout=block_ms / 1000 + 10, connect_timeout=5, retry=policy)
     _first_ping(client, url, wait_s)
     policy.armed = True
     return client
+
+
+def replica_client(url: str, timeout_s: float = 2.0) -> redis.Redis:
+    """A client for a server the caller can do without, a read-only replica of the run's Redis
+    (transport.params_urls): no retries and `timeout_s` to connect or answer, so a replica that is down
+    costs one failed command (redis.RedisError) and the caller reads the run's Redis instead; no first
+    PING, so a replica that is down now is tried again at the next command. Raises RedisUnavailable for a
+    bad URL."""
+    return _client(url, socket_timeout=timeout_s, connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+
+
+def _client(url: str, *, socket_timeout: float, connect_timeout: float, retry: Retry) -> redis.Redis:
+    """A redis-py client for `url` with our options. Raises RedisUnavailable (no password) for a bad URL."""
+    try:
+        # No CLIENT command on connect (redis-py's SETINFO and maintenance-notification handshakes):
+        # the least-privilege ACL user of README.md may not run CLIENT, and Redis logs every refusal.
+        return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                                    health_check_interval=30, retry=retry, driver_info=None,
+                                    maint_notifications_config=MaintNotificationsConfig(enabled=False))
+    except ValueError as e:  # bad scheme, port, db...: redis-py's message never holds the password
+        raise RedisUnavailable(f"bad Redis URL {_safe(url)}: {e}; expected redis://[:password@]host:port/db") from None
 
 
 WAIT_POLL_S = 0.5  # between first PINGs while waiting for a Redis that is not up yet
@@ -274,13 +288,15 @@ def shard_urls(run_url: str, shards: int, urls: list[str] | tuple[str, ...] = ()
     user and password of `run_url`."""
     if not urls:
         return [run_url] * shards
+    return [with_credentials(run_url, urls[s % len(urls)]) for s in range(shards)]
+
+
+def with_credentials(run_url: str, url: str) -> str:
+    """`url` (a server named in the config, which carries no credentials) with the user and password of
+    `run_url`, the run's Redis; `url` itself when it has its own or `run_url` has none."""
     credentials = run_url.split("://", 1)[-1].rsplit("@", 1)[0] + "@" if "@" in run_url else ""
-    out = []
-    for s in range(shards):
-        url = urls[s % len(urls)]
-        scheme, rest = url.split("://", 1)
-        out.append(f"{scheme}://{credentials}{rest}" if "@" not in rest else url)
-    return out
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{credentials}{rest}" if "@" not in rest else url
 
 
 class TrajectoryStream:
