@@ -8,6 +8,7 @@ from cli.common import config_args, connect_waiting, load, player_arg, redis_url
 from config import ConfigError
 from distributed.actor import run_actor
 from distributed.ownership import exit_with_launcher
+from evaluation.bots import league_bot
 
 NAME = "actor"
 
@@ -38,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
     if cfg.learner.algo == "a3c":
         from distributed.a3c import A3CWorker  # it pulls in the learner's modules: for A3C's workers only
 
-        return run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker)
-    return run_actor(cfg, url, args.actor_id, player)
+        return run_actor(cfg, url, args.actor_id, player, actor_class=A3CWorker, bots=league_bot)
+    return run_actor(cfg, url, args.actor_id, player, bots=league_bot)

@@ -28,6 +28,7 @@ from distributed.codec import DecodeError, decode_weights, encode_weights, unpac
 from distributed.learner import Batch, Learner, optimizer_step
 from distributed.ingest import BatchReader
 from distributed.transport import TrajectoryStream
+from league.opponents import BotFactory
 from league.players import MAIN, namespace
 from losses.actor_critic import actor_critic_loss
 
@@ -104,8 +105,9 @@ class A3CWorker(Actor):
     on unrolls the worker's current weights just produced (on-policy, up to `actor.epsilon`).
     """
 
-    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN):
-        super().__init__(cfg, redis_url, actor_id, player)
+    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN,
+                 bots: BotFactory | None = None):
+        super().__init__(cfg, redis_url, actor_id, player, bots)
         self.gradients = TrajectoryStream(self.redis, namespace(cfg.run.name, player), GRADIENTS)
         self.loss_cfg = dataclasses.replace(cfg.learner, correction="none")
         self.gradients_sent = 0

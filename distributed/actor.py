@@ -14,29 +14,26 @@ import signal
 import socket
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import redis
 import torch
-from safetensors import SafetensorError
 
 from agents.core import CoreStates
 from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
-from distributed.codec import UnrollSpec, WeightsCorrupt, decode_weights, encode_unrolls
+from distributed.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
 from distributed.ownership import stopped_exit_code
 from distributed.params import ParamStore, params_replica
 from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
                                    actor_id_key, actor_shard, connect, connect_shard, run_done_key,
                                    run_is_over, shard_urls)
 from envs.registry import env_spec, make_envs
-from evaluation.bots import BOT_SPECS as BOT_NAMES, make_bot
-from league.matchmaking import SELF
-from league.players import MAIN, PLAYER_ID, namespace
+from league.opponents import BotFactory, Match, Opponents
+from league.players import MAIN, namespace
 from league.store import LeagueStore
 
 log = logging.getLogger("actor")
@@ -204,17 +201,6 @@ class UnrollBuffer:
 
 
 @dataclass
-class Match:
-    """Who plays an env's other seats in the episode under way: drawn at its start (`Actor.start_episode`)
-    and kept until it ends, so that a weight swap waits for the next episode."""
-
-    opponent: str = SELF  # a league member's id, or SELF: every seat is the learner's
-    policy: object | None = None  # the network or bot that moves for the opponent; None in self-play
-    version: str = SELF  # the exact weights it plays (`Opponents.version`)
-    learner_seat: int = -1  # the seat the learner plays and learns from; -1 = every seat (self-play)
-
-
-@dataclass
 class EnvSlot:
     """One env of an actor and what it carries from step to step: per agent of the env, the unroll
     under way of its learning stream, and the match of its episode. (A recurrent core's state per
@@ -223,122 +209,6 @@ class EnvSlot:
     env: object  # the adapter (envs/): advance() and act(actions)
     buffers: list[UnrollBuffer]  # indexed by agent
     match: Match = field(default_factory=Match)
-
-
-class Opponents:
-    """The policies that play a learner's opponents, by id, loaded on first use and cached.
-
-    Ids: a learner id (`main`, ...) = that learner's latest published weights, re-read by `refresh`
-    into a new model (the one a running game holds is never changed under it); a snapshot id = frozen
-    weights from the league store (beyond `league.opponent_cache` of them, the least recently used
-    one is dropped from the cache); a bot spec (`random`, `tactical`, `minimax:D`) = that bot.
-    `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
-    and logs why once; the actor then plays that episode as self-play. `version` names the exact
-    weights `get` returns: the snapshot id or bot spec itself, or `<learner>@<version>`.
-    """
-
-    def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int, replica: redis.Redis | None = None,
-                 replica_name: str = "replica"):
-        self.r = client
-        self.replica, self.replica_name = replica, replica_name  # other learners' weights come from there too
-        self.cfg = cfg
-        self.spec = spec
-        self.seed = seed
-        self.store = LeagueStore(client, cfg.run.name)
-        self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
-        self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
-        self.digests: dict[str, bytes | None] = {}  # per learner id: SHA-256 of the weights loaded (ParamStore.name)
-        self.bots: dict[str, object] = {}
-        self.failed: set[str] = set()
-        self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
-
-    def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
-        model = make_model(self.spec, self.cfg.agent)
-        model.load_state_dict(state_dict)
-        return model.eval()
-
-    def _fail(self, opponent_id: str, why: str) -> None:
-        if opponent_id not in self.failed:
-            log.warning("opponent %r cannot be played (%s); playing those episodes against the latest weights",
-                        opponent_id, why)
-            self.failed.add(opponent_id)
-
-    def version(self, opponent_id: str) -> str:
-        """The exact weights `get(opponent_id)` returns now: `<learner>@<version>` for a learner, the
-        id itself for a snapshot (frozen) or a bot."""
-        if opponent_id in self.learners:
-            return f"{opponent_id}@{self.learners[opponent_id][1]}"
-        return opponent_id
-
-    def get(self, opponent_id: str, in_use: set[str] = frozenset()):
-        """A network or a bot for `opponent_id`, or None (see the class doc). Snapshots in
-        `in_use` are kept in the cache (a running game holds its own reference either way)."""
-        if opponent_id in self.snapshots:
-            self.snapshots.move_to_end(opponent_id)
-            return self.snapshots[opponent_id]
-        if opponent_id in self.learners:
-            return self.learners[opponent_id][2]
-        if opponent_id in self.bots:
-            return self.bots[opponent_id]
-        if opponent_id in self.failed:
-            return None
-        try:
-            if opponent_id in BOT_NAMES or opponent_id.startswith("minimax:"):
-                self.bots[opponent_id] = make_bot(opponent_id, self.spec.name, seed=self.seed)
-                return self.bots[opponent_id]
-            if PLAYER_ID.fullmatch(opponent_id):
-                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id), replica=self.replica,
-                                   replica_name=self.replica_name)
-                try:
-                    fetched = store.fetch()
-                except WeightsCorrupt as e:
-                    self.corrupt += 1
-                    log.warning("opponent %r not loaded: %s", opponent_id, e)
-                    return None  # tried again at its next draw
-                if fetched is None:
-                    return None  # that learner has not published yet: not a failure
-                self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
-                self.digests[opponent_id] = store.fetched_digest
-                return self.learners[opponent_id][2]
-            try:
-                data = self.store.snapshot(opponent_id)
-            except WeightsCorrupt:
-                self.corrupt += 1
-                raise
-            if data is None:
-                self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
-                return None
-            self.snapshots[opponent_id] = self._model(decode_weights(data))
-        except (ValueError, RuntimeError, SafetensorError) as e:
-            self._fail(opponent_id, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            return None
-        idle = [s for s in self.snapshots if s not in in_use and s != opponent_id]
-        for dropped in idle[:max(0, len(self.snapshots) - self.cfg.league.opponent_cache)]:
-            del self.snapshots[dropped]
-        return self.snapshots[opponent_id]
-
-    def refresh(self) -> None:
-        """Load the latest weights of the learners played against, where their name changed, into
-        new models: games in progress keep the model they started with (one opponent per game).
-        Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
-        for opponent_id, (store, version, _) in list(self.learners.items()):
-            # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
-            if store.name() != (version, self.digests.get(opponent_id)):
-                try:
-                    fetched = store.fetch()
-                except WeightsCorrupt as e:
-                    self.corrupt += 1
-                    log.warning("opponent %r keeps version %d: %s", opponent_id, version, e)
-                    continue
-                if fetched is not None:
-                    try:
-                        model = self._model(fetched[1])
-                    except RuntimeError as e:
-                        self._fail(opponent_id, f"weights do not fit: {str(e).splitlines()[0]}")
-                        del self.learners[opponent_id]
-                        continue
-                    self.learners[opponent_id] = (store, fetched[0], model)
-                    self.digests[opponent_id] = store.fetched_digest
 
 
 class Actor:
@@ -354,7 +224,8 @@ class Actor:
     (`ActorSeeds`). `close()` gives it up.
     """
 
-    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN):
+    def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN,
+                 bots: BotFactory | None = None):
         self.cfg = cfg
         self.player = player
         self.stopping = False
@@ -397,7 +268,7 @@ class Actor:
         self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay, replica=replica,
                                  replica_name=self.replica_url)
         self.league = LeagueStore(self.redis, cfg.run.name)
-        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots, replica=replica,
+        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots, bots, replica=replica,
                                    replica_name=self.replica_url)
         self.distribution: dict[str, float] | None = None
         self.done_key = run_done_key(cfg.run.name)
@@ -492,16 +363,8 @@ class Actor:
 
     def start_episode(self, i: int) -> None:
         """Draw env i's match for the episode that starts now (self-play when there is no league yet)."""
-        match = Match()
-        if self.distribution:
-            ids = list(self.distribution)
-            drawn = ids[self.np_rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
-            if drawn not in (SELF, self.player):
-                policy = self.opponents.get(drawn, {slot.match.opponent for slot in self.slots})
-                if policy is not None:
-                    match = Match(drawn, policy, self.opponents.version(drawn),
-                                  int(self.np_rng.integers(len(self.spec.seats))))
-        self.slots[i].match = match
+        self.slots[i].match = self.opponents.draw(self.distribution, self.np_rng, self.player,
+                                                  {slot.match.opponent for slot in self.slots})
 
     def learns(self, i: int, agent: int) -> bool:
         """Is agent `agent` of env i a learning stream (it plays the learner's seat this episode)?"""
@@ -675,14 +538,15 @@ class Actor:
 
 
 def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = MAIN,
-              actor_class: type = Actor) -> int:
+              actor_class: type = Actor, bots: BotFactory | None = None) -> int:
     """Entry point of `run.py actor` (`actor_class`: Actor, or a subclass such as A3C's worker): one
     thread for torch, stop cleanly on SIGTERM/SIGINT. actor_id None: the lowest free id of the run.
+    `bots` makes the league's baseline bots (evaluation.bots.league_bot; None: none are played).
     Returns the exit code: 0 once the run is over, 128 + N when signal N stopped it before
     (`stopped_exit_code`). Raises RedisUnavailable when Redis stays lost."""
     torch.set_num_threads(1)
     keep_freed_memory()
-    actor = actor_class(cfg, redis_url, actor_id, player)
+    actor = actor_class(cfg, redis_url, actor_id, player, bots)
     signal.signal(signal.SIGTERM, actor.stop)
     signal.signal(signal.SIGINT, actor.stop)
     try:

@@ -544,6 +544,12 @@ def is_bot_spec(spec: str) -> bool:
     return spec in ("random", "tactical", "minimax") or spec.startswith("minimax:")
 
 
+def league_bot(spec: str, env_name: str, seed: int) -> Bot | None:
+    """The bot a league member id names, or None when it names no bot kind (a learner, a snapshot): the
+    bot factory an actor is handed (league.opponents.BotFactory). Raises ValueError as `make_bot`."""
+    return make_bot(spec, env_name, seed) if is_bot_spec(spec) else None
+
+
 def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot:
     """Builds a baseline bot.
 

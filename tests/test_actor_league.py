@@ -11,10 +11,12 @@ import torch
 
 from agents.network import ActorCritic
 from config import load_config
-from distributed.actor import Actor, Match
+from distributed.actor import Actor
 from distributed.codec import decode_unrolls
 from distributed.params import ParamStore
 from envs.registry import env_spec
+from evaluation.bots import league_bot
+from league.opponents import Match
 from league.store import LeagueStore
 
 
@@ -24,7 +26,7 @@ def _actor(tmp_path, run_name, redis_client, redis_url, *extra) -> Actor:
                              "actor.param_sync_every=1", "league.enabled=true", *extra])
     spec = env_spec("tictactoe")
     ParamStore(redis_client, run_name).publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), 1)
-    return Actor(cfg, redis_url, actor_id=0)
+    return Actor(cfg, redis_url, actor_id=0, bots=league_bot)
 
 
 def _play(actor: Actor, unrolls_wanted: int) -> tuple[list[dict], list[dict]]:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from distributed.actor import Actor, Match
+from distributed.actor import Actor
 from envs.base import leader
 from envs.registry import make_env
 from experiment import load_config
+from league.opponents import Match
 
 DUEL = "pettingzoo:tests.duel_env"
 

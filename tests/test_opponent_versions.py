@@ -17,6 +17,7 @@ from distributed.actor import Actor
 from distributed.codec import WeightsCorrupt, encode_weights
 from distributed.params import ParamStore
 from envs.registry import env_spec
+from evaluation.bots import league_bot
 from league.manager import LeagueManager, single_opponent
 from league.players import namespace
 from league.store import LeagueStore
@@ -43,7 +44,7 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
     main.publish(_weights(cfg, 0), 1)
     ParamStore(redis_client, namespace(run_name, EXPLOITER)).publish(_weights(cfg, 1), 1)
     LeagueStore(redis_client, run_name).publish_opponents(EXPLOITER, {"main": 0.7, "random": 0.3})
-    actor = Actor(cfg, redis_url, actor_id=0, player=EXPLOITER)
+    actor = Actor(cfg, redis_url, actor_id=0, player=EXPLOITER, bots=league_bot)
     actor.sync_params()
     actor.refresh_opponents()
 
