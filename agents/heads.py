@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from agents.network import explore
-from envs.registry import EnvSpec
 from losses.vtrace import action_log_probs
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import socket
 import time
 import uuid
@@ -20,17 +19,17 @@ from typing import Callable
 import numpy as np
 import redis
 import torch
+from safetensors import SafetensorError
 
 from agents.core import CoreStates
 from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
 from distributed.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
-from distributed.ownership import stopped_exit_code
+from distributed.ownership import run_role
 from distributed.params import ParamStore, params_replica
-from distributed.transport import (LearnerLease, LeaseHeld, RedisUnavailable, ResultsStream, TrajectoryStream,
-                                   actor_id_key, actor_shard, connect, connect_shard, run_done_key,
-                                   run_is_over, shard_urls)
+from distributed.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_id_key,
+                                   actor_shard, connect, connect_shard, run_done_key, run_is_over, shard_urls)
 from envs.registry import env_spec, make_envs
 from league.opponents import BotFactory, Match, Opponents
 from league.players import MAIN, namespace
@@ -547,12 +546,9 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
     torch.set_num_threads(1)
     keep_freed_memory()
     actor = actor_class(cfg, redis_url, actor_id, player, bots)
-    signal.signal(signal.SIGTERM, actor.stop)
-    signal.signal(signal.SIGINT, actor.stop)
-    try:
-        actor.run()
-    except redis.RedisError as e:  # no release: it would wait out the retries again; the lease lapses in 10 s
-        raise RedisUnavailable(f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}") from None
+    # Redis lost: no release of the id, it would wait out the retries again; its lease lapses in 10 s.
+    code = run_role(actor, lambda e: f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}",
+                    lambda: actor.over or run_is_over(actor.redis, cfg.run.name))
     actor.close()
     log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)
-    return stopped_exit_code(actor.stop_signal, lambda: actor.over or run_is_over(actor.redis, cfg.run.name))
+    return code

@@ -38,12 +38,11 @@ from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
-from distributed.ownership import owns_run_dir, stopped_exit_code
+from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import (LearnerLease, RedisUnavailable, ResultsStream, connect, redis_outages, run_done_key,
-                                   run_is_over)
+from distributed.transport import LearnerLease, ResultsStream, connect, redis_outages, run_done_key, run_is_over
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -919,34 +918,27 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.report = report
-    signal.signal(signal.SIGTERM, learner.stop)
-    signal.signal(signal.SIGINT, learner.stop)
-    try:
-        learner.run()
-    except redis.RedisError as e:
+    written = f"checkpoint at update {{}} written to {learner.checkpoint_path}"
+
+    def lost_redis(e: Exception) -> str:
         learner.checkpoint()  # keep what was learned: the checkpoint is a local file
-        raise RedisUnavailable(f"the learner lost Redis ({type(e).__name__}: {e}); checkpoint at update "
-                               f"{learner.step} written to {learner.checkpoint_path}; `--resume` continues") from None
-    except IngestWorkerError as e:
+        return f"the learner lost Redis ({type(e).__name__}: {e}); {written.format(learner.step)}; `--resume` continues"
+
+    def failed(e: Exception) -> str:
+        # An ingest worker or a peer rank is gone. The update that failed has not stepped: the weights are
+        # those of the last update (every rank) made.
         try:
             learner.checkpoint_trained()
-            if learner.lease is not None:
+            if learner.group.is_main and learner.lease is not None:
                 learner.lease.release()  # so that `--resume` needs not wait for it to lapse
         except redis.RedisError:
             learner.checkpoint()
-        raise IngestWorkerError(f"{e}; checkpoint at update {learner.step} written to {learner.checkpoint_path}; "
-                                "`--resume` continues (what the workers held is read again)") from None
-    except DataParallelError as e:
-        # The update that failed has not stepped: the weights are those of the last update every rank made.
-        try:
-            learner.checkpoint_trained()
-            if rank == 0 and learner.lease is not None:
-                learner.lease.release()  # so that `--resume` needs not wait for it to lapse
-        except redis.RedisError:
-            learner.checkpoint()
-        written = f"; checkpoint at update {learner.step} written to {learner.checkpoint_path}" if rank == 0 else ""
-        raise DataParallelError(f"{e}{written}; `run.py train --resume RUN_DIR` continues") from None
+        if isinstance(e, IngestWorkerError):
+            return f"{e}; {written.format(learner.step)}; `--resume` continues (what the workers held is read again)"
+        return f"{e}{'; ' + written.format(learner.step) if rank == 0 else ''}; `run.py train --resume RUN_DIR` continues"
+
+    try:
+        return run_role(learner, lost_redis, lambda: learner.finished or run_is_over(learner.redis, cfg.run.name),
+                        (IngestWorkerError, DataParallelError), failed)
     finally:
         learner.group.close()
-    return stopped_exit_code(learner.stop_signal,
-                             lambda: learner.finished or run_is_over(learner.redis, cfg.run.name))

@@ -22,14 +22,17 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
+import redis
+
 from config import Config, ConfigError, UserError, from_yaml_text, to_yaml, without_secrets
-from distributed.transport import LearnerLease, LeaseHeld
+from distributed.transport import LearnerLease, LeaseHeld, RedisUnavailable
 from league.players import learner_players, namespace
 
 log = logging.getLogger("ownership")
@@ -63,6 +66,26 @@ def stopped_exit_code(stop_signal: int | None, run_over: Callable[[], bool]) -> 
     if stop_signal is None or run_over():
         return 0
     return 128 + stop_signal
+
+
+def run_role(role, lost_redis: Callable[[Exception], str], run_over: Callable[[], bool],
+             failures: tuple[type[Exception], ...] = (), on_failure: Callable[[Exception], str] | None = None) -> int:
+    """How a learner, actor or league manager process runs `role.run()` and ends: SIGTERM and SIGINT call
+    `role.stop(signum)` (it finishes the current step, writes its checkpoint or state, and keeps the
+    signal in `role.stop_signal`); the exit code is then `stopped_exit_code(role.stop_signal, run_over)`.
+
+    A Redis error that outlived the retries becomes RedisUnavailable with the message `lost_redis(e)`
+    (which may save what it can first). An exception of `failures` is raised again, of its own type,
+    with the message `on_failure(e)` (the same). Raises those two."""
+    signal.signal(signal.SIGTERM, role.stop)
+    signal.signal(signal.SIGINT, role.stop)
+    try:
+        role.run()
+    except redis.RedisError as e:
+        raise RedisUnavailable(lost_redis(e)) from None
+    except failures as e:
+        raise type(e)(on_failure(e)) from None
+    return stopped_exit_code(role.stop_signal, run_over)
 
 
 class RunDirLocked(UserError, RuntimeError):

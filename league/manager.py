@@ -19,12 +19,10 @@ import math
 import os
 import re
 import random
-import signal
 import socket
 import time
 from pathlib import Path
 
-import redis
 import torch
 from safetensors import SafetensorError
 
@@ -32,9 +30,9 @@ from agents.checkpoint import CheckpointError, model_state, read_checkpoint, sav
 from agents.model import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
-from distributed.ownership import owns_run_dir, stopped_exit_code
+from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
-from distributed.transport import LearnerLease, RedisUnavailable, ResultsStream, connect, run_done_key, run_is_over
+from distributed.transport import LearnerLease, ResultsStream, connect, run_done_key, run_is_over
 from envs.registry import env_spec
 from league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from league.payoff import EloRatings, PayoffTable, episode_score
@@ -371,12 +369,9 @@ def run_league(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False)
     RedisUnavailable when Redis stays lost (the state written first)."""
     torch.set_num_threads(1)
     manager = LeagueManager(cfg, redis_url, run_dir, resume)
-    signal.signal(signal.SIGTERM, manager.stop)
-    signal.signal(signal.SIGINT, manager.stop)
-    try:
-        manager.run()
-    except redis.RedisError as e:
+
+    def lost_redis(e: Exception) -> str:
         manager.save()
-        raise RedisUnavailable(f"the league manager lost Redis ({type(e).__name__}: {e}); state written to "
-                               f"{manager.state_path}") from None
-    return stopped_exit_code(manager.stop_signal, lambda: run_is_over(manager.redis, cfg.run.name))
+        return f"the league manager lost Redis ({type(e).__name__}: {e}); state written to {manager.state_path}"
+
+    return run_role(manager, lost_redis, lambda: run_is_over(manager.redis, cfg.run.name))
