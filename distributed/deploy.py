@@ -343,7 +343,7 @@ def _words(args: list[str]) -> str:
 
 
 SLURM_HEAD = """#!/bin/bash
-# Run {run} on a SLURM allocation; rendered by `run.py deploy slurm` from its config (DIR/config.yaml).
+# Run {run} on a SLURM allocation; rendered by `run.py deploy slurm` with its config beside it.
 # Node 0 runs Redis, the learner(s) and the league manager; every other node runs `run.py actors` with
 # one actor per CPU. Submit with as many nodes as you want actor hosts plus one:
 #   sbatch --nodes=9 {script}
@@ -370,12 +370,16 @@ RESUME=()
 if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
     RESUME=(--resume)
 fi
-{dist}# A new password per start, in the environment only (srun passes it on); never in a file.
-REDIS_PASSWORD=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(24))')
+{dist}# The password: $REDIS_PASSWORD where sbatch was run (the one shard servers of transport.shard_urls have),
+# else a new one per start; in the environment only (srun passes it on), never in a file.
+REDIS_PASSWORD=${{REDIS_PASSWORD:-$("$PYTHON" -c 'import secrets; print(secrets.token_hex(24))')}}
 export IMPALA_REDIS_URL="redis://:${{REDIS_PASSWORD}}@${{HEAD}}:${{REDIS_PORT}}/0"
 
 # Redis on node 0 (the binary `run.py train` embeds): the password on stdin, not on the command line.
 REDIS_SERVER=$("$PYTHON" -c 'from distributed.launcher import redis_server_binary; print(redis_server_binary())')
+if [ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ]; then
+    rm -rf "$RUN_DIR/redis"  # a fresh start: what an earlier job of this run left must not be loaded
+fi
 mkdir -p "$RUN_DIR/redis"
 printf 'requirepass %s\\n' "$REDIS_PASSWORD" | "$REDIS_SERVER" - --port "$REDIS_PORT" --bind 0.0.0.0 \\
     --protected-mode no --appendonly yes --appendfsync everysec --dir "$RUN_DIR/redis" --save '' \\
