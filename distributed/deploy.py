@@ -181,18 +181,22 @@ def _role_container(name: str, image: str, role: str, args: list[str], gpu: bool
 
 
 def _job(run: str, name: str, component: str, player: str | None, container: dict, pods: int, runs: bool,
-         indexed: bool = False, subdomain: str | None = None) -> dict:
+         indexed: bool = False, subdomain: str | None = None, shm: bool = False) -> dict:
     """A Job of `pods` pods. Exit 0 (the run is over) completes a pod; exit 2 (a config error) fails the
     Job; any other exit is retried with a new pod, up to 10 per pod (backoffLimit); a pod evicted or
     preempted (condition DisruptionTarget) is replaced without counting. restartPolicy Never is what a
     podFailurePolicy requires; podReplacementPolicy Failed starts a replacement only once the old pod is
-    gone, so a learner's last checkpoint is written before its successor reads it."""
+    gone, so a learner's last checkpoint is written before its successor reads it. `shm`: a memory-backed
+    /dev/shm (a container's own is 64 MiB), where learner.ingest_workers hand their batches over."""
+    if shm:
+        container = {**container, "volumeMounts": [*container["volumeMounts"], {"name": "shm", "mountPath": "/dev/shm"}]}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "securityContext": {"fsGroup": APP_UID},
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": "config"}}]
-        + ([{"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}] if runs else []),
+        + ([{"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}] if runs else [])
+        + ([{"name": "shm", "emptyDir": {"medium": "Memory"}}] if shm else []),
     }
     if subdomain:
         pod_spec["subdomain"] = subdomain
@@ -307,14 +311,15 @@ def k8s_manifests(cfg: Config, image: str) -> dict[str, dict]:
         out["service-learner.yaml"] = _headless_service(run, "learner", "learner", RENDEZVOUS_PORT, "rendezvous",
                                                         player=MAIN, not_ready=True)
     container = _role_container("learner", image, "learner", args, gpu, runs=True, extra_env=rank_env)
+    shm = cfg.learner.ingest_workers > 0
     out["job-learner.yaml"] = _job(run, "learner", "learner", MAIN, container, learners, runs=True, indexed=True,
-                                   subdomain="learner" if learners > 1 else None)
+                                   subdomain="learner" if learners > 1 else None, shm=shm)
     for name, (role, args) in roles.others.items():
         player = args[args.index("--player") + 1] if "--player" in args else None
         job = "league" if role == "league" else f"learner-{dns_label(player)}"
         container = _role_container(role, image, role, args, gpu and role == "learner", runs=True)
         out[f"job-{job}.yaml"] = _job(run, job, role if role == "league" else "learner", player, container, 1,
-                                      runs=True)
+                                      runs=True, shm=shm and role == "learner")
     for player, (count, args) in roles.actors.items():
         job = f"actors-{dns_label(player)}"
         container = _role_container("actor", image, "actor", args, gpu=False, runs=False)

@@ -7,7 +7,9 @@
 - the dry run: the rendered containers' arguments and environment, the Services' names mapped to local
   ports, run as local processes against a real redis-server until the run ends: every process exits 0
   and the delivery accounting balances;
-- the sbatch script passes `bash -n` and shellcheck; bad input is refused with a reason.
+- the sbatch script passes `bash -n` and shellcheck, and runs a run to its end with stubs of `scontrol`
+  and `srun`, its actor node in a second network namespace where the test may make one (root);
+- bad input is refused with a reason.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 TICTACTOE = str(REPO / "configs" / "tictactoe.yaml")
 LEAGUE = ["league.enabled=true", "league.main_exploiters=1", "transport.shards=2",
           "transport.shard_urls=[redis://shard-0.shard:6379/0,redis://shard-1.shard:6379/0]"]
-RANKS = ["learner.num_learners=2", "actor.num_actors=3"]
+RANKS = ["learner.num_learners=2", "actor.num_actors=3", "learner.ingest_workers=1"]
 SECRET_IN_ENV = "hunter2-never-in-a-file"
 
 
@@ -151,7 +153,11 @@ def test_the_pods_run_the_local_role_table_once_each(tmp_path, overrides):
     if overrides is RANKS:  # two ranks from one pod template, meeting at rank 0's stable name
         assert {a for (role, a) in rendered if role == "learner"} == {
             ("--run-dir", "runs/tictactoe", "--resume", "--rank", str(r), "--dist-url", dist_url) for r in (0, 1)}
-        assert manifests["job-learner.yaml"]["spec"]["template"]["spec"]["subdomain"] == "learner"
+        pod = manifests["job-learner.yaml"]["spec"]["template"]["spec"]
+        assert pod["subdomain"] == "learner"
+        # The ingest workers' shared memory: a /dev/shm of the pod's memory, not the container's 64 MiB.
+        assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+        assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     else:
         assert manifests["statefulset-shard.yaml"]["spec"]["replicas"] == 2
     # The pods' config is the command's: only run.redis_url (a password) is left out.
