@@ -84,21 +84,23 @@ def shard_servers(cfg: Config) -> int:
 def check_cluster_config(cfg: Config, target: str) -> None:
     """Refuse a config that runs on one machine only. Raises DeployError saying why and what to change:
     `run.redis_url` set (the deployment runs the run's Redis, and a URL in the config would put its
-    password in a file), a trajectory shard on a loopback address or a unix socket (each pod or node would
-    reach itself), Kubernetes' shard names on SLURM, a run directory that is not on the shared volume
+    password in a file), a trajectory shard or weights replica (`transport.params_urls`) on a loopback
+    address or a unix socket (each pod or node would reach itself), Kubernetes' shard names on SLURM, a run directory that is not on the shared volume
     (Kubernetes: under /app/runs; SLURM: not in a node-local folder), and on Kubernetes a learner device
     that names one GPU of a machine (a pod has its own)."""
     if cfg.run.redis_url:
         raise DeployError("run.redis_url is set: the deployment runs the run's Redis and gives every process its URL "
                           f"from the environment ({REDIS_URL_ENV}, with the password from the Secret); drop "
                           "run.redis_url from the config")
-    for url in cfg.transport.shard_urls:
+    for key, url in [("shard_urls", u) for u in cfg.transport.shard_urls] + [
+            ("params_urls", u) for u in cfg.transport.params_urls]:
         host = _host(url)
         if not host or LOOPBACK.fullmatch(host):
-            raise DeployError(f"transport.shard_urls has {url}: a unix socket or loopback address is on one machine "
-                              "only (an embedded setup); on a cluster list servers by a name every host resolves"
+            raise DeployError(f"transport.{key} has {url}: a unix socket or loopback address is on one machine "
+                              "only (the deployment starts no server beside each process); on a cluster list "
+                              "servers by a name every host resolves"
                               + (", e.g. redis://shard-0.shard:6379/0 for the shard servers the manifests start"
-                                 if target == "k8s" else ""))
+                                 if target == "k8s" and key == "shard_urls" else ""))
         if target == "slurm" and SHARD_HOST.fullmatch(host):
             raise DeployError(f"transport.shard_urls has {url}: shard-<i>.shard are the Kubernetes shard servers' "
                               "names; on SLURM use transport.shards on the run's Redis, or list servers you run")

@@ -31,7 +31,8 @@ import pytest
 import yaml
 
 import run
-from config import from_yaml_text
+from config import UserError, from_yaml_text
+from experiment import load_config
 from distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
 from distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
 from distributed.transport import TrajectoryStream, connect, run_done_key
@@ -161,9 +162,7 @@ def test_the_pods_run_the_local_role_table_once_each(tmp_path, overrides):
     else:
         assert manifests["statefulset-shard.yaml"]["spec"]["replicas"] == 2
     # The pods' config is the command's: only run.redis_url (a password) is left out.
-    wanted = run._load(run.build_parser().parse_args(
-        ["config", "--config", TICTACTOE, *[a for o in overrides for a in ("--set", o)]]))
-    assert cfg == wanted
+    assert cfg == load_config(TICTACTOE, overrides)
 
 
 def test_no_password_is_written_and_redis_takes_it_from_the_secret(tmp_path, monkeypatch):
@@ -335,7 +334,6 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
     head node named 127.0.0.1. The run ends; the script exits 0, its Redis stopped; the accounting balances."""
     from bench.netns import linked_namespaces, namespaces_refused
     from distributed.deploy import check_cluster_config, render_slurm
-    from experiment import load_config
 
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.12",
@@ -343,7 +341,7 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
                 "actor.unroll_length=10", "actor.high_water_mark=16", "learner.batch_size=4",
                 "learner.read_block_ms=200", "agent.hidden=32"]
     cfg = load_config(TICTACTOE, settings)
-    with pytest.raises(run.UserError, match="node-local"):  # a pytest folder is in /tmp: rendered directly
+    with pytest.raises(UserError, match="node-local"):  # a pytest folder is in /tmp: rendered directly
         check_cluster_config(cfg, "slurm")
     out = tmp_path / "slurm"
     out.mkdir()
@@ -421,6 +419,7 @@ def test_a_run_name_that_is_not_a_dns_label_is_normalised_aloud(tmp_path, capsys
     ("k8s", ["transport.shards=2", "transport.shard_urls=[unix:///tmp/redis.sock]"],
      "a unix socket or loopback address is on one machine only"),
     ("slurm", ["transport.shards=2", "transport.shard_urls=[redis://localhost:6380/0]"], "loopback address"),
+    ("k8s", ["transport.params_urls=[redis://127.0.0.1:6380/0]"], "transport.params_urls has redis://127.0.0.1:6380/0"),
     ("slurm", ["transport.shards=2", "transport.shard_urls=[redis://shard-0.shard:6379/0]"],
      "are the Kubernetes shard servers' names"),
     ("k8s", ["run.dir=/data/runs"], "run.dir=/data/runs is not on the run's shared volume"),
@@ -440,3 +439,12 @@ def test_an_out_folder_that_is_not_empty_is_refused(tmp_path, capsys):
     assert _deploy("slurm", tmp_path / "out", [], image=None) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def test_deploy_imports_no_torch(tmp_path):
+    """`run.py deploy` is a light command: rendering needs no torch (nor a Redis)."""
+    code = ("import sys, run; code = run.main(['deploy', 'slurm', '--out', sys.argv[1]]); "
+            "assert code == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
