@@ -399,6 +399,8 @@ def test_a_missing_image_is_an_error(tmp_path, capsys):
     assert _deploy("k8s", tmp_path / "k8s", [], image=None) == 2
     assert "deploy k8s needs --image REGISTRY/impala-league:TAG" in capsys.readouterr().err
     assert not (tmp_path / "k8s").exists()
+    assert _deploy("slurm", tmp_path / "slurm", []) == 2  # SLURM runs the checkout's .venv: no image to take
+    assert "--image is for k8s" in capsys.readouterr().err
 
 
 def test_a_run_name_that_is_not_a_dns_label_is_normalised_aloud(tmp_path, capsys):
