@@ -210,12 +210,16 @@ def _localise(text: str, hosts: dict[str, str], root: Path) -> str:
 def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path, redis_server):
     """THE dry run: the pods of the manifests as local processes (the image's entry point is run.py; its
     WORKDIR /app, where the run volume is mounted at runs/, becomes a folder here), the Services' names
-    mapped to local ports, against a real redis-server, for about 15 s of training."""
+    mapped to local ports, against a real redis-server, for about 12 s of training. After its first
+    checkpoint the learner's node is lost (kill -9) and its Job's replacement pod, the same arguments,
+    continues the run (`--resume` on every pod); every process then ends with exit code 0 and the
+    delivery accounting balances."""
     name = f"Dry_Run_{uuid.uuid4().hex[:6]}"  # not a DNS label: deployed as dry-run-<hex>
-    settings = [f"run.name={name}", "run.max_minutes=0.25", "run.total_frames=1000000000", "run.wandb_mode=disabled",
-                "run.log_every_s=2", "actor.num_envs=4", "actor.unroll_length=10", "actor.high_water_mark=16",
-                "learner.batch_size=4", "learner.checkpoint_every_s=5", "learner.read_block_ms=200", "agent.hidden=32",
-                "league.enabled=true", "league.snapshot_every=20", "league.manager_every_s=1"]
+    settings = [f"run.name={name}", "run.max_minutes=0.2", "run.total_frames=1000000000", "run.wandb_mode=disabled",
+                "run.log_every_s=2", "run.lease_ttl_s=2", "actor.num_envs=4", "actor.unroll_length=10",
+                "actor.high_water_mark=16", "learner.batch_size=4", "learner.checkpoint_every_s=3",
+                "learner.read_block_ms=200", "agent.hidden=32", "league.enabled=true", "league.snapshot_every=20",
+                "league.manager_every_s=1"]
     out = tmp_path / "k8s"
     assert _deploy("k8s", out, settings) == 0
     manifests = _manifests(out)
@@ -228,23 +232,35 @@ def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path,
     (workdir / "runs").mkdir(parents=True)
     mounts = {m["mountPath"] for _, c, _ in _pods(manifests) for m in c["volumeMounts"]}
     assert mounts == {CONFIG_DIR, RUNS_MOUNT} and RUNS_MOUNT == "/app/runs"
+    run_dir = workdir / "runs" / cfg.run.name  # on the "volume"
 
     hosts = _local_hosts(manifests, redis_server.port)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("IMPALA_")}
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for k, (job, container, fields) in enumerate(_pods(manifests)):
+        env = {k2: _localise(v, hosts, root) for k2, v in _env(container, fields, redis_server.password).items()}
+        args = [_localise(_expand(a, env), hosts, root) for a in container["args"]]
+        commands[f"{job}-{k}"] = ([sys.executable, str(REPO / "run.py"), *args],
+                                  {**base_env, **env, "PYTHONUNBUFFERED": "1"})
+    assert collections.Counter(key.rsplit("-", 1)[0] for key in commands) == {"actors-main": 2, "league": 1, "learner": 1}
     procs: dict[str, subprocess.Popen] = {}
-    logs: dict[str, Path] = {}
+
+    def start(key: str) -> None:
+        with (tmp_path / f"{key}.log").open("a") as log:
+            procs[key] = subprocess.Popen(commands[key][0], cwd=workdir, env=commands[key][1], stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+
+    learner = next(key for key in commands if key.startswith("learner"))
     try:
-        for k, (job, container, fields) in enumerate(_pods(manifests)):
-            env = {k2: _localise(v, hosts, root) for k2, v in _env(container, fields, redis_server.password).items()}
-            args = [_localise(_expand(a, env), hosts, root) for a in container["args"]]
-            key = f"{job}-{k}"
-            logs[key] = tmp_path / f"{key}.log"
-            with logs[key].open("w") as log:
-                procs[key] = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=workdir,
-                                              env={**base_env, **env, "PYTHONUNBUFFERED": "1"}, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
-        assert collections.Counter(key.rsplit("-", 1)[0] for key in procs) == {"actors-main": 2, "league": 1,
-                                                                                 "learner": 1}
+        for key in commands:
+            start(key)
+        deadline = time.monotonic() + 90
+        while not (run_dir / "checkpoints" / "latest.safetensors").exists():
+            assert time.monotonic() < deadline and procs[learner].poll() is None, "no first checkpoint"
+            time.sleep(0.2)
+        procs[learner].kill()  # its node is lost
+        procs[learner].wait()
+        start(learner)  # the Job's replacement pod
         deadline = time.monotonic() + 150
         while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -253,16 +269,16 @@ def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    output = {k: path.read_text()[-3000:] for k, path in logs.items()}
+    output = {k: (tmp_path / f"{k}.log").read_text()[-3000:] for k in procs}
     codes = {k: p.returncode for k, p in procs.items()}
     assert codes == dict.fromkeys(procs, 0), (codes, output)
+    assert "resumed from runs/" in (tmp_path / f"{learner}.log").read_text()
     client = connect(redis_server.url)
     counts = TrajectoryStream(client, cfg.run.name).accounting()
     print(f"\ndry run accounting: {counts}")
     assert client.exists(run_done_key(cfg.run.name))  # the learner ended the run
     assert counts["trained"] >= 20 * cfg.learner.batch_size
     assert counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["backlog"]
-    run_dir = workdir / "runs" / cfg.run.name  # on the "volume"
     assert (run_dir / "checkpoints" / "latest.safetensors").exists() and (run_dir / "league" / "state.json").exists()
 
 
@@ -336,7 +352,7 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
     from distributed.deploy import check_cluster_config, render_slurm
 
     name = f"slurm-{uuid.uuid4().hex[:6]}"
-    settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.12",
+    settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.08",
                 "run.total_frames=1000000000", "run.wandb_mode=disabled", "run.log_every_s=2", "actor.num_envs=4",
                 "actor.unroll_length=10", "actor.high_water_mark=16", "learner.batch_size=4",
                 "learner.read_block_ms=200", "agent.hidden=32"]
