@@ -15,6 +15,7 @@
   runs      list runs (local run directories; with --redis-url the runs in a shared Redis), and delete
             the Redis keys of a run that is over
   config    print the resolved config of --config and --set
+  deploy    render a run's cluster files: Kubernetes manifests (k8s) or a SLURM batch script (slurm)
 
 Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
 """
@@ -43,6 +44,7 @@ COMMANDS = {
     "report": ("cli.report", "one self-contained HTML page about run directories and compare outputs"),
     "runs": ("cli.runs", "list runs, or delete the Redis keys of a run that is over"),
     "config": ("cli.show_config", "print the resolved config of --config and --set (YAML, no secrets)"),
+    "deploy": ("cli.deploy", "render Kubernetes manifests or a SLURM batch script of a run"),
 }
 REDIS_UNREACHABLE_HINT = ("Start it (or fix the URL or the network) and start this again, or wait for it with "
                           "--wait-redis SECONDS")

@@ -336,15 +336,16 @@ def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple
     return commands
 
 
-def learner_rank_args(cfg: Config, run_dir: Path, resume: bool) -> list[list[str]]:
+def learner_rank_args(cfg: Config, run_dir: Path, resume: bool, dist_url: str | None = None) -> list[list[str]]:
     """`run.py learner` arguments of the main agent's learners, rank 0 first: one learner, or with
-    `learner.num_learners` = K, K ranks that meet at a free loopback port that rank 0 will listen on
-    (distributed/data_parallel.py; on several machines: rank 0's address and an open port)."""
+    `learner.num_learners` = K, K ranks that meet at `dist_url`, by default a free loopback port that
+    rank 0 will listen on (distributed/data_parallel.py; on several machines: rank 0's address and an
+    open port, as distributed/deploy.py gives them)."""
     args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     size = cfg.learner.num_learners
     if size == 1:
         return [args]
-    url = f"tcp://127.0.0.1:{_free_port()}"
+    url = dist_url or f"tcp://127.0.0.1:{_free_port()}"
     return [args + ["--rank", str(rank), "--dist-url", url] for rank in range(size)]
 
 
