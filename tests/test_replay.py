@@ -228,13 +228,13 @@ def test_max_unroll_nbytes_bounds_a_decoded_unroll_with_every_step_truncated():
 # -- configuration ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
-    (["learner.replay_fraction=1.0"], r"learner.replay_fraction=1.0 must be in \[0, 1\)"),
-    (["learner.replay_fraction=-0.25"], r"learner.replay_fraction=-0.25 must be in \[0, 1\)"),
+    (["learner.replay_fraction=1.0"], r"learner.replay_fraction must be in \[0, 1\) \(got 1.0\)"),
+    (["learner.replay_fraction=-0.25"], r"learner.replay_fraction must be in \[0, 1\) \(got -0.25\)"),
     (["learner.replay_fraction=0.01"], r"replays no unroll of a batch of learner.batch_size=32"),
     (["learner.replay_fraction=0.5", "learner.batch_size=1"], r"replays no unroll .* learner.batch_size=1"),
-    (["learner.replay_memory_mb=0"], r"learner.replay_memory_mb=0.0 must be > 0"),
-    (["learner.replay_memory_mb=-1"], r"learner.replay_memory_mb=-1.0 must be > 0"),
-    (["learner.replay_memory_mb=.inf"], r"learner.replay_memory_mb=inf must be > 0 and finite"),
+    (["learner.replay_memory_mb=0"], r"learner.replay_memory_mb must be > 0 and finite \(got 0.0\)"),
+    (["learner.replay_memory_mb=-1"], r"learner.replay_memory_mb must be > 0 and finite \(got -1.0\)"),
+    (["learner.replay_memory_mb=.inf"], r"learner.replay_memory_mb must be > 0 and finite \(got inf\)"),
     (["learner.replay_fraction=0.5", "learner.algo=a3c"], r"learner.replay_fraction > 0 needs learner.algo=impala"),
 ])
 def test_bad_replay_settings_are_refused_by_name(overrides, message):
