@@ -640,8 +640,18 @@ def validate(cfg: Config) -> None:
          f"transport.shard_urls lists {len(cfg.transport.shard_urls)} servers for transport.shards="
          f"{cfg.transport.shards}: the extra servers would get no shard; raise transport.shards or list fewer"),
     ]
+    for ok, message in checks + _league_rules(cfg):
+        if not ok:
+            raise ConfigError(message)
+    if cfg.env.name.startswith("sc2:") and cfg.league.enabled and cfg.league.bots:
+        raise ConfigError("league.bots: the baseline bots play Discrete actions, not StarCraft II; set league.bots: [] "
+                          "(env.kwargs.bot plays against the game's built-in bot)")
+
+
+def _league_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """(ok, message) of the rules that tie the league's settings to each other and to the learners."""
     league = cfg.league
-    checks += [
+    return [
         # Decayed counts level off at 1 / (1 - decay): a pair could never reach more games than that.
         (league.payoff_decay == 1.0 or league.min_games < 0.9 / (1.0 - league.payoff_decay),
          f"league.min_games={league.min_games} can never be reached with league.payoff_decay="
@@ -654,12 +664,6 @@ def validate(cfg: Config) -> None:
          "learner.num_learners > 1 is not supported with league exploiters (league.main_exploiters, "
          "league.league_exploiters): set them to 0 or learner.num_learners=1"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    if cfg.env.name.startswith("sc2:") and league.enabled and league.bots:
-        raise ConfigError("league.bots: the baseline bots play Discrete actions, not StarCraft II; set league.bots: [] "
-                          "(env.kwargs.bot plays against the game's built-in bot)")
 
 
 def to_yaml(cfg: Config) -> str:
