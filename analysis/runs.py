@@ -16,6 +16,7 @@ from pathlib import Path
 
 from config import Config, ConfigError
 from experiment import from_yaml_text
+from distributed import keys as run_keys
 from distributed.ownership import lock_holder
 
 EVALUATION_FILE = "evaluation.json"
@@ -156,7 +157,7 @@ def list_redis_runs(client) -> list[dict]:
                 size += client.memory_usage(key) or 0
             except Exception:  # noqa: BLE001 (an ACL user may not run MEMORY; the size is only shown)
                 break
-        state = f"live ({holder})" if live else "finished" if f"{name}:done".encode() in keys else "stopped"
+        state = f"live ({holder})" if live else "finished" if run_keys.done(name).encode() in keys else "stopped"
         rows.append({"name": name, "state": state, "keys": len(keys), "bytes": size})
     return rows
 

@@ -25,11 +25,12 @@ from agents.core import CoreStates
 from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
+from distributed import keys
 from distributed.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
 from distributed.ownership import run_role
 from distributed.params import ParamStore, params_replica
-from distributed.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_id_key,
-                                   actor_shard, connect, connect_shard, run_done_key, run_is_over, shard_urls)
+from distributed.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_shard, connect,
+                                   connect_shard, run_is_over, shard_urls)
 from envs.registry import env_spec, make_envs
 from league.opponents import BotFactory, Match, Opponents
 from league.players import MAIN, namespace
@@ -76,7 +77,7 @@ def claim_actor_id(client: redis.Redis, run: str, actor_id: int | None,
             raise LeaseHeld(f"actor id {actor_id} of run '{run}' is taken by {lease.holder_now()}: two actors "
                             "with one id would play identical games; give another --actor-id, or leave "
                             "--actor-id out to take the lowest free id") from None
-    start = int(client.incr(f"{actor_id_key(run, actor_id)}:starts")) - 1
+    start = int(client.incr(keys.actor_starts(run, actor_id))) - 1
     return lease, actor_id, start
 
 
@@ -270,7 +271,7 @@ class Actor:
         self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots, bots, replica=replica,
                                    replica_name=self.replica_url)
         self.distribution: dict[str, float] | None = None
-        self.done_key = run_done_key(cfg.run.name)
+        self.done_key = keys.done(cfg.run.name)
         self.version = -1
         self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import redis
 
 from config import Config
+from distributed import keys
 from distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT, stopped_exit_code
 from distributed.params import ParamStore
-from distributed.transport import (LearnerLease, RedisUnavailable, actor_id_key, connect, run_done_key,
-                                   run_is_over)
+from distributed.transport import LearnerLease, RedisUnavailable, connect, run_is_over
 from league.players import MAIN, learner_players, namespace
 from league.store import LeagueStore
 
@@ -368,12 +368,12 @@ def _release_dead_actor_id(client: redis.Redis, run: str, role: str, args: list[
     if role != "actor":
         return
     if "--actor-id" in args:
-        keys = [actor_id_key(run, int(args[args.index("--actor-id") + 1])).encode()]
+        leases = [keys.actor_id(run, int(args[args.index("--actor-id") + 1])).encode()]
     else:  # `{run}:actor:{id}`, not the `{run}:actor:{id}:starts` counters
-        keys = [key for key in client.scan_iter(match=actor_id_key(run, "*"), count=1000)
-                if key.rsplit(b":", 1)[1].isdigit()]
+        leases = [key for key in client.scan_iter(match=keys.actor_id(run, "*"), count=1000)
+                  if key.rsplit(b":", 1)[1].isdigit()]
     mine = f"{socket.gethostname()} pid {pid} ".encode()
-    for key in keys:
+    for key in leases:
         holder = client.get(key)
         if holder is not None and holder.startswith(mine):  # released only if still that holder's
             LearnerLease(client, run, holder.decode(), role=key.decode()[len(run) + 1:]).release()
@@ -437,7 +437,7 @@ class Workers:
             if code is None or name in self.ended:
                 continue
             try:
-                finished = bool(self.client.exists(run_done_key(self.run)))
+                finished = bool(self.client.exists(keys.done(self.run)))
             except redis.RedisError as e:
                 return Stop(1, f"lost the connection to Redis: {e}")
             if finished:
@@ -473,12 +473,12 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     workers kept crashing.
     """
     client = connect(redis_url, retry_s=cfg.run.redis_retry_s)
-    client.delete(run_done_key(cfg.run.name))
+    client.delete(keys.done(cfg.run.name))
     if not resume:  # weights, opponents and results another run of this name left must not reach this one
         for player in learner_players(cfg):
             ParamStore(client, namespace(cfg.run.name, player)).clear()
         LeagueStore(client, cfg.run.name).clear_opponents()
-        client.delete(f"{cfg.run.name}:results")
+        client.delete(keys.results(cfg.run.name))
     received: list[int] = []  # the stop signals, in order
     failure = ""
 
@@ -533,7 +533,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         return 1, False
     if received:
         try:
-            finished = bool(client.exists(run_done_key(cfg.run.name)))  # ended while the learner was closing
+            finished = bool(client.exists(keys.done(cfg.run.name)))  # ended while the learner was closing
         except redis.RedisError:
             finished = False
         return 128 + received[0], finished
@@ -546,7 +546,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
                   "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
         return (code if code > 0 else 1), False
     try:
-        return 0, bool(client.exists(run_done_key(cfg.run.name)))
+        return 0, bool(client.exists(keys.done(cfg.run.name)))
     except redis.RedisError:
         return 0, False
 

@@ -30,6 +30,7 @@ from agents.core import forward_batch
 from agents.heads import DiscreteHead, FunctionCallHead
 from agents.model import make_model, policy_head
 from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
+from distributed import keys
 from distributed.allocator import keep_freed_memory
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
@@ -42,7 +43,7 @@ from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import LearnerLease, ResultsStream, connect, redis_outages, run_done_key, run_is_over
+from distributed.transport import LearnerLease, ResultsStream, connect, redis_outages, run_is_over
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -471,7 +472,7 @@ class Learner:
 
     def run_is_over(self) -> bool:
         """An exploiter's reads end with the main agent's run (its actors are gone then)."""
-        return self.player != MAIN and bool(self.redis.exists(run_done_key(self.cfg.run.name)))
+        return self.player != MAIN and bool(self.redis.exists(keys.done(self.cfg.run.name)))
 
     @staticmethod
     def unrolls_in(header: dict) -> int:
@@ -522,7 +523,7 @@ class Learner:
                 unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
                 shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
                 retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=self.batch_size,
-                done_key=None if self.player == MAIN else run_done_key(cfg.run.name))
+                done_key=None if self.player == MAIN else keys.done(cfg.run.name))
             frames_per_unroll = cfg.actor.unroll_length * self.group.size
             self.workers = IngestWorkers(
                 settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches, self.batch_size,
@@ -583,7 +584,7 @@ class Learner:
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
         if self.player == MAIN and main:
-            self.redis.delete(run_done_key(cfg.run.name))
+            self.redis.delete(keys.done(cfg.run.name))
         self.trajectories.ensure_group()
         if main:
             self.count_rolled_back()
@@ -738,7 +739,7 @@ class Learner:
         self.checkpoint()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
-            self.redis.set(run_done_key(self.cfg.run.name), 1)
+            self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
         self.metrics_file.close()

@@ -32,6 +32,7 @@ from typing import Callable
 import redis
 
 from config import Config, ConfigError, UserError, from_yaml_text, to_yaml, without_secrets
+from distributed import keys
 from distributed.transport import LearnerLease, LeaseHeld, RedisUnavailable
 from league.players import learner_players, namespace
 
@@ -266,9 +267,10 @@ def run_lease(client, cfg: Config):
     lease = LearnerLease(client, cfg.run.name, holder(), role="launcher", ttl_s=cfg.run.lease_ttl_s)
     lease.acquire()
     try:
-        keys = [f"{namespace(cfg.run.name, p)}:learner" for p in learner_players(cfg)] + [f"{cfg.run.name}:league"]
+        held_by_others = [keys.lease(namespace(cfg.run.name, p), "learner") for p in learner_players(cfg)]
+        held_by_others.append(keys.lease(cfg.run.name, "league"))
         deadline = time.monotonic() + lease.TTL_MS / 1000 + 1
-        while (held := [k for k in keys if client.exists(k)]) and time.monotonic() < deadline:
+        while (held := [k for k in held_by_others if client.exists(k)]) and time.monotonic() < deadline:
             time.sleep(0.2)
         if held:
             other = (client.get(held[0]) or b"?").decode(errors="replace")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from distributed import keys
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights, verify_weights, weights_digest
 from distributed.transport import _safe, replica_client, with_credentials
 
@@ -81,15 +82,15 @@ class ParamStore:
         self.from_replica = False  # whether the last `fetch_bytes` returned the replica's copy
         self._replica_down_until = -math.inf  # monotonic time before which the replica is not tried
         self._causes_logged: set[str] = set()
-        self.key = f"{run}:params"
-        self.version_key = f"{run}:params:version"
-        self.frames_key = f"{run}:params:frames"
-        self.history_key = f"{run}:params:history"
-        self.history_versions_key = f"{run}:params:history:versions"
-        self.sha_key = f"{run}:params:sha256"
-        self.history_sha_key = f"{run}:params:history:sha256"
-        self.corrupt_key = f"{run}:params:corrupt"
-        self.fallbacks_key = f"{run}:params:replica_fallbacks"
+        self.key = keys.params(run)
+        self.version_key = keys.params(run, "version")
+        self.frames_key = keys.params(run, "frames")
+        self.history_key = keys.params(run, "history")
+        self.history_versions_key = keys.params(run, "history:versions")
+        self.sha_key = keys.params(run, "sha256")
+        self.history_sha_key = keys.params(run, "history:sha256")
+        self.corrupt_key = keys.params(run, "corrupt")
+        self.fallbacks_key = keys.params(run, "replica_fallbacks")
         self.fetched_digest: bytes | None = None  # SHA-256 of the blob the last `fetch` returned
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:

@@ -56,6 +56,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from config import UserError
+from distributed import keys
 
 log = logging.getLogger("transport")
 
@@ -308,13 +309,13 @@ class TrajectoryStream:
         self.r = client
         self.shard = shard
         prefix = shard_namespace(run, shard, cluster=isinstance(client, RedisCluster))
-        self.key = f"{prefix}:{name}"
-        self.deadletter_key = f"{prefix}:deadletter"
-        self.deadletter_count_key = f"{prefix}:deadletter:count"
-        self.produced_key = f"{self.key}:produced"
-        self.throttled_key = f"{self.key}:throttled"
-        self.env_steps_key = f"{self.key}:env_steps"
-        self.trained_key = f"{self.key}:trained"
+        self.key = keys.stream(prefix, name)
+        self.deadletter_key = keys.deadletter(prefix)
+        self.deadletter_count_key = keys.deadletter(prefix, count=True)
+        self.produced_key = keys.stream_counter(self.key, "produced")
+        self.throttled_key = keys.stream_counter(self.key, "throttled")
+        self.env_steps_key = keys.stream_counter(self.key, "env_steps")
+        self.trained_key = keys.stream_counter(self.key, "trained")
         self.group_losses = 0  # times the stream and its group were found gone (see `read`)
         self.last_backlog: tuple[int, float] | None = None  # (backlog, monotonic time) of the last count
 
@@ -617,7 +618,7 @@ class ResultsStream:
 
     def __init__(self, client: redis.Redis, run: str):
         self.r = client
-        self.key = f"{run}:results"
+        self.key = keys.results(run)
         self.last_id = "0-0"
 
     def add_many(self, results: list[dict]) -> None:
@@ -699,7 +700,7 @@ class LearnerLease:
         self.r = client
         self.run = run
         self.role = role
-        self.key = f"{run}:{role}"
+        self.key = keys.lease(run, role)
         self.holder = holder
         self._stop = threading.Event()
 
@@ -773,19 +774,10 @@ class LeaseHeld(UserError, RuntimeError):
     """Another learner holds the run; the message names it."""
 
 
-def actor_id_key(run: str, actor_id: int) -> str:
-    """`{run}:actor:{id}`: the lease that makes actor id `actor_id` one process's in run `run`."""
-    return f"{run}:actor:{actor_id}"
-
-
-def run_done_key(run: str) -> str:
-    return f"{run}:done"
-
-
 def run_is_over(client: redis.Redis, run: str) -> bool:
     """Whether run `run` has ended (its done key is set); False when Redis does not answer, so that a
     role that cannot tell counts as stopped before the end."""
     try:
-        return bool(client.exists(run_done_key(run)))
+        return bool(client.exists(keys.done(run)))
     except redis.RedisError:
         return False

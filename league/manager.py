@@ -29,10 +29,11 @@ from safetensors import SafetensorError
 from agents.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
 from agents.model import make_model
 from config import Config, ConfigError, to_yaml, without_secrets
+from distributed import keys
 from distributed.codec import WeightsCorrupt, decode_weights, encode_weights
 from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
-from distributed.transport import LearnerLease, ResultsStream, connect, run_done_key, run_is_over
+from distributed.transport import LearnerLease, ResultsStream, connect, run_is_over
 from envs.registry import env_spec
 from league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from league.payoff import EloRatings, PayoffTable, episode_score
@@ -334,7 +335,7 @@ class LeagueManager:
 
     # -- loop --------------------------------------------------------------------------------------
     def run(self) -> None:
-        done_key = run_done_key(self.cfg.run.name)
+        done_key = keys.done(self.cfg.run.name)
         self.lease = LearnerLease(self.redis, self.cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}",
                                   role="league", ttl_s=self.cfg.run.lease_ttl_s)
         if not self.lease.acquire(should_stop=lambda: self.stopping):

@@ -15,6 +15,7 @@ import json
 
 import redis
 
+from distributed import keys
 from distributed.codec import WeightsCorrupt, verify_weights, weights_digest
 
 MAX_OPPONENTS = 10_000
@@ -26,13 +27,13 @@ class LeagueStore:
         self.run = run
 
     def _opponents_key(self, player: str) -> str:
-        return f"{self.run}:league:opponents:{player}"
+        return keys.league(self.run, "opponents", player)
 
     def snapshot_key(self, snapshot_id: str) -> str:
-        return f"{self.run}:league:snap:{snapshot_id}"
+        return keys.league(self.run, "snap", snapshot_id)
 
     def _reset_key(self, player: str) -> str:
-        return f"{self.run}:league:reset:{player}"
+        return keys.league(self.run, "reset", player)
 
     def publish_opponents(self, player: str, opponents: dict[str, float]) -> None:
         self.r.set(self._opponents_key(player), json.dumps({"opponents": opponents}))
@@ -60,10 +61,10 @@ class LeagueStore:
 
     def clear_opponents(self) -> None:
         """Delete every published distribution and reset counter (a new run starts without a league)."""
-        keys = list(self.r.scan_iter(match=f"{self.run}:league:opponents:*", count=1000))
-        keys += list(self.r.scan_iter(match=f"{self.run}:league:reset:*", count=1000))
-        if keys:
-            self.r.delete(*keys)
+        found = list(self.r.scan_iter(match=keys.league(self.run, "opponents", "*"), count=1000))
+        found += list(self.r.scan_iter(match=keys.league(self.run, "reset", "*"), count=1000))
+        if found:
+            self.r.delete(*found)
 
     def put_snapshot(self, snapshot_id: str, weights: bytes) -> None:
         pipe = self.r.pipeline(transaction=True)
@@ -86,11 +87,11 @@ class LeagueStore:
         try:
             return verify_weights(data, digest, f"snapshot {snapshot_id!r}")
         except WeightsCorrupt:
-            self.r.incr(f"{self.run}:league:corrupt")
+            self.r.incr(keys.league(self.run, "corrupt"))
             raise
 
     def corrupt_count(self) -> int:
-        return int(self.r.get(f"{self.run}:league:corrupt") or 0)
+        return int(self.r.get(keys.league(self.run, "corrupt")) or 0)
 
     def request_reset(self, player: str) -> int:
         return int(self.r.incr(self._reset_key(player)))

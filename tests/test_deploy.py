@@ -33,9 +33,10 @@ import yaml
 import run
 from config import UserError, from_yaml_text
 from experiment import load_config
+from distributed import keys
 from distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
 from distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
-from distributed.transport import TrajectoryStream, connect, run_done_key
+from distributed.transport import TrajectoryStream, connect
 
 REPO = Path(__file__).resolve().parent.parent
 TICTACTOE = str(REPO / "configs" / "tictactoe.yaml")
@@ -276,7 +277,7 @@ def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path,
     client = connect(redis_server.url)
     counts = TrajectoryStream(client, cfg.run.name).accounting()
     print(f"\ndry run accounting: {counts}")
-    assert client.exists(run_done_key(cfg.run.name))  # the learner ended the run
+    assert client.exists(keys.done(cfg.run.name))  # the learner ended the run
     assert counts["trained"] >= 20 * cfg.learner.batch_size
     assert counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["backlog"]
     assert (run_dir / "checkpoints" / "latest.safetensors").exists() and (run_dir / "league" / "state.json").exists()
@@ -402,7 +403,7 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
         client = connect(f"redis://127.0.0.1:{port}/0", wait_s=10)
         counts = TrajectoryStream(client, name).accounting()
         print(f"sbatch run accounting: {counts}")
-        assert client.exists(run_done_key(name)) and counts["trained"] >= 10 * cfg.learner.batch_size
+        assert client.exists(keys.done(name)) and counts["trained"] >= 10 * cfg.learner.batch_size
         assert counts["produced"] == counts["trained"] + counts["dead_lettered"] + counts["backlog"]
     finally:
         server.terminate()

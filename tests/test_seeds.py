@@ -13,8 +13,9 @@ import gymnasium
 import numpy as np
 
 from config import load_config
+from distributed import keys
 from distributed.actor import Actor, ActorSeeds
-from distributed.transport import actor_id_key
+
 from envs.base import EpisodeSeeds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def test_an_actor_id_is_one_process_s_and_a_taken_one_is_refused(tmp_path, redis
     try:
         assert (first.actor_id, first.start) == (0, 0)
         assert (auto.actor_id, auto.start) == (1, 0)
-        holder = redis_client.get(actor_id_key(run_name, 0)).decode()
+        holder = redis_client.get(keys.actor_id(run_name, 0)).decode()
         assert f"pid {os.getpid()} ({first.token})" in holder
         # A second actor asking for id 0 waits one lease TTL for it, then is refused, naming the holder
         # (its TTL set to 1 s: the wait is 2 s, not 11; the first's lease, refreshed, never lapses).
@@ -94,7 +95,7 @@ def test_an_actor_id_is_one_process_s_and_a_taken_one_is_refused(tmp_path, redis
             env=dict(os.environ, IMPALA_REDIS_URL=redis_url), cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert f"actor id 0 of run '{run_name}' is taken by {holder}" in proc.stderr
-        assert redis_client.get(actor_id_key(run_name, 0)).decode() == holder  # the first keeps it
+        assert redis_client.get(keys.actor_id(run_name, 0)).decode() == holder  # the first keeps it
     finally:
         first.close()
     # Released: the id is free at once, and the next holder is another start with other seeds.

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from distributed import keys
 from distributed.launcher import _describe_exit, redis_server_binary
 from distributed.ownership import PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
-from distributed.transport import RedisUnavailable, RedisUnreachable, actor_id_key, connect, run_done_key
+from distributed.transport import RedisUnavailable, RedisUnreachable, connect
 
 REPO = Path(__file__).resolve().parent.parent
 TICTACTOE = str(REPO / "configs/tictactoe.yaml")
@@ -174,11 +175,11 @@ def test_actor_waits_for_a_redis_that_starts_later_and_runs_on(tmp_path, run_nam
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = connect(url, wait_s=5.0)
         deadline = time.monotonic() + 60
-        while not client.exists(actor_id_key(run_name, 0)) and proc.poll() is None and time.monotonic() < deadline:
+        while not client.exists(keys.actor_id(run_name, 0)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert proc.poll() is None, out.text()  # it connected, took its id and waits for the learner's weights
-        assert client.exists(actor_id_key(run_name, 0)), out.text()
-        client.set(run_done_key(run_name), 1)  # the run is over: the actor stops as at a learner's end
+        assert client.exists(keys.actor_id(run_name, 0)), out.text()
+        client.set(keys.done(run_name), 1)  # the run is over: the actor stops as at a learner's end
         code = proc.wait(timeout=30)
         client.close()
     finally:
