@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -244,12 +245,15 @@ def _wandb_init(cfg: Config, run_dir: Path, name: str) -> Any:
                      config=json.loads(json.dumps(_plain(without_secrets(cfg)))))
     if cfg.run.wandb_mode == "offline":
         segments = offline_segments(run_dir, name)
+        # The wandb command beside this Python (the project's .venv), runnable as printed without activating it.
+        beside = Path(sys.executable).with_name("wandb")
+        wandb_cmd = str(beside) if beside.exists() else "wandb"
         if len(segments) > 1:
-            log.info("wandb: offline run %s continues in %s (segment %d; `wandb sync --id %s %s` uploads the "
-                     "segments in order as one run)", name, Path(run.dir).parent, len(segments), name,
+            log.info("wandb: offline run %s continues in %s (segment %d; `%s sync --id %s %s` uploads the "
+                     "segments in order as one run)", name, Path(run.dir).parent, len(segments), wandb_cmd, name,
                      " ".join(str(s) for s in segments))
         else:
-            log.info("wandb: offline run %s in %s (`wandb sync %s` uploads it)", name, Path(run.dir).parent,
+            log.info("wandb: offline run %s in %s (`%s sync %s` uploads it)", name, Path(run.dir).parent, wandb_cmd,
                      Path(run.dir).parent)
     else:
         log.info("wandb: %s run %s%s", cfg.run.wandb_mode, name, f" {run.url}" if getattr(run, "url", None) else "")

@@ -597,8 +597,9 @@ class Learner:
             self.results.skip_to_end()
             self.params.publish(self.model.state_dict(), self.step, self.frames)
             self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
-        log.info("%s on %s, %s, %d params; training to %d frames", self.label, self.device, self.spec.name,
-                 sum(p.numel() for p in self.model.parameters()), cfg.run.total_frames)
+        log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
+                 sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_frames:,}",
+                 f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")
         self.started = last_ckpt = time.monotonic()
         self.started_at = time.time()
         window = MetricsWindow(self.started)
