@@ -136,7 +136,8 @@ def tactics_line(tactics: dict | None) -> str:
         return ""
 
     def part(done: int, chances: int, what: str) -> str:
-        return f"{done}/{chances} {what}" + (f" ({done / chances:.0%})" if chances else "")
+        # Rounded down: 200 of 201 reads 99%, never the 100% that means every one.
+        return f"{done}/{chances} {what}" + (f" ({100 * done // chances}%)" if chances else "")
 
     return (f"; took {part(tactics['wins_taken'], tactics['win_chances'], 'immediate wins')}, "
             f"made {part(tactics['blocks_made'], tactics['block_chances'], 'forced blocks')}")

@@ -129,6 +129,8 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
 @pytest.mark.parametrize("tactics, line", [
     ({"win_chances": 40, "wins_taken": 30, "block_chances": 0, "blocks_made": 0},
      "; took 30/40 immediate wins (75%), made 0/0 forced blocks"),
+    ({"win_chances": 201, "wins_taken": 200, "block_chances": 3, "blocks_made": 2},
+     "; took 200/201 immediate wins (99%), made 2/3 forced blocks (66%)"),
     (None, ""),
 ])
 def test_the_tactics_line_shows_counts_and_rates(tactics, line):
