@@ -416,8 +416,9 @@ def _all_valid(rows: dict[str, np.ndarray], floats: list[str], spec: UnrollSpec,
     truncated, done, mask = rows["truncated"], rows["done"], rows["action_mask"]
     if done.max(initial=0) > 1 or mask.max(initial=0) > 1 or (truncated > done).any():  # (truncated <= done <= 1)
         return False
-    if not all(np.isfinite(rows[name].sum()) for name in floats):
-        return False
+    with np.errstate(over="ignore"):  # an overflowing sum of finite values is checked unroll by unroll after
+        if not all(np.isfinite(rows[name].sum()) for name in floats):
+            return False
     if "last_action" in rows and (rows["last_action"].min(initial=0) < -1
                                   or rows["last_action"].max(initial=0) >= A):
         return False
