@@ -34,7 +34,6 @@ from distributed.transport import (LearnerLease, LeaseHeld, ResultsStream, Traje
 from envs.registry import env_spec, make_envs
 from league.opponents import BotFactory, Match, Opponents
 from league.players import MAIN, namespace
-from league.store import LeagueStore
 
 log = logging.getLogger("actor")
 
@@ -240,7 +239,6 @@ class Actor:
             ttl_s=cfg.run.lease_ttl_s)
         self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
         self.rng = torch.Generator().manual_seed(self.seeds.actions)
-        self.np_rng = np.random.default_rng(self.seeds.opponents)
         # One adapter per env (with env.kwargs.emulator=ale_vector, the slots of one Atari vector env).
         envs = make_envs(cfg.env.name, self.seeds.envs, cfg.env.kwargs, seats=cfg.env.seats,
                          empty_mask=cfg.env.empty_mask)
@@ -267,10 +265,8 @@ class Actor:
         replica, self.replica_url = params_replica(redis_url, cfg.transport.params_urls, self.actor_id)
         self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay, replica=replica,
                                  replica_name=self.replica_url)
-        self.league = LeagueStore(self.redis, cfg.run.name)
-        self.opponents = Opponents(self.redis, cfg, self.spec, self.seeds.bots, bots, replica=replica,
-                                   replica_name=self.replica_url)
-        self.distribution: dict[str, float] | None = None
+        self.opponents = Opponents(self.redis, cfg, self.spec, player, self.seeds.bots, self.seeds.opponents, bots,
+                                   replica=replica, replica_name=self.replica_url)
         self.done_key = keys.done(cfg.run.name)
         self.version = -1
         self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
@@ -356,15 +352,14 @@ class Actor:
         if not self.cfg.league.enabled:
             return
         try:
-            self.distribution = self.league.opponents(self.player)
+            self.opponents.read_distribution()
         except ValueError as e:
             log.warning("actor %d: %s; keeping the previous distribution", self.actor_id, e)
         self.opponents.refresh()
 
     def start_episode(self, i: int) -> None:
         """Draw env i's match for the episode that starts now (self-play when there is no league yet)."""
-        self.slots[i].match = self.opponents.draw(self.distribution, self.np_rng, self.player,
-                                                  {slot.match.opponent for slot in self.slots})
+        self.slots[i].match = self.opponents.draw({slot.match.opponent for slot in self.slots})
 
     def learns(self, i: int, agent: int) -> bool:
         """Is agent `agent` of env i a learning stream (it plays the learner's seat this episode)?"""

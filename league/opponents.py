@@ -1,6 +1,6 @@
 """The league's opponents as an actor plays them: the policies by league id, loaded on first use and
 cached (`Opponents`), and the match of each episode drawn from the distribution the league manager
-publishes (`Opponents.draw` -> `Match`)."""
+publishes for the actor's learner (`Opponents.draw` -> `Match`)."""
 
 from __future__ import annotations
 
@@ -50,15 +50,23 @@ class Opponents:
     `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
     and logs why once; the actor then plays that episode as self-play. `version` names the exact
     weights `get` returns: the snapshot id or bot spec itself, or `<learner>@<version>`.
+
+    The draws: `distribution` is the league's opponent distribution for learner `player` as last read
+    (`read_distribution`; None before the first, or while none is published), and `rng` draws every
+    episode's opponent and seat from it (seeded by `draw_seed`, the actor's `ActorSeeds.opponents`).
     """
 
-    def __init__(self, client: redis.Redis, cfg: Config, spec, seed: int, bots: BotFactory | None = None,
+    def __init__(self, client: redis.Redis, cfg: Config, spec, player: str, seed: int,
+                 draw_seed: np.random.SeedSequence, bots: BotFactory | None = None,
                  replica: redis.Redis | None = None, replica_name: str = "replica"):
         self.r = client
         self.replica, self.replica_name = replica, replica_name  # other learners' weights come from there too
         self.cfg = cfg
         self.spec = spec
+        self.player = player
         self.seed = seed  # of the bots
+        self.rng = np.random.default_rng(draw_seed)
+        self.distribution: dict[str, float] | None = None
         self.make_bot = bots
         self.store = LeagueStore(client, cfg.run.name)
         self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
@@ -157,19 +165,23 @@ class Opponents:
                     self.learners[opponent_id] = (store, fetched[0], model)
                     self.digests[opponent_id] = store.fetched_digest
 
-    def draw(self, distribution: dict[str, float] | None, rng: np.random.Generator, player: str,
-             in_use: set[str]) -> Match:
-        """The match of an episode that starts now: an opponent id drawn from the league's `distribution`
-        (None or empty: self-play) and a seat for the learner drawn uniformly. Self-play when the draw is
-        `self` or the learner itself, or when the drawn member cannot be played (`get` returns None).
+    def read_distribution(self) -> None:
+        """Re-read the league's opponent distribution for `player`. Raises ValueError when the stored one
+        is malformed (LeagueStore.opponents); the previous one is then kept."""
+        self.distribution = self.store.opponents(self.player)
+
+    def draw(self, in_use: set[str]) -> Match:
+        """The match of an episode that starts now: an opponent id drawn from `distribution` (None or
+        empty: self-play) and a seat for the learner drawn uniformly. Self-play when the draw is `self`
+        or the learner itself, or when the drawn member cannot be played (`get` returns None).
         `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
-        if not distribution:
+        if not self.distribution:
             return Match()
-        ids = list(distribution)
-        drawn = ids[rng.choice(len(ids), p=np.array(list(distribution.values())))]
-        if drawn in (SELF, player):
+        ids = list(self.distribution)
+        drawn = ids[self.rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
+        if drawn in (SELF, self.player):
             return Match()
         policy = self.get(drawn, in_use)
         if policy is None:
             return Match()
-        return Match(drawn, policy, self.version(drawn), int(rng.integers(len(self.spec.seats))))
+        return Match(drawn, policy, self.version(drawn), int(self.rng.integers(len(self.spec.seats))))
