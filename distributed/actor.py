@@ -210,6 +210,49 @@ class EnvSlot:
     match: Match = field(default_factory=Match)
 
 
+class ActorLink:
+    """What an actor sends to and reads from Redis, its id lease aside: unrolls out on its trajectory
+    shard, its learner's weights in, episode results out, and the run's done key.
+
+    trajectories: the stream of this actor's shard (transport.shards: its own stream, backlog and
+      high-water mark). params: its learner's weights, read from a read-only replica of the run's Redis
+      where transport.params_urls names some (`params.replica`, named without its password by
+      `params.replica_name`, "" without one). results: the run's results stream; finished episodes
+      wait in `pending_results` and go in one round trip at most every RESULTS_EVERY_S (`report`).
+      The done key is looked up at most every RUN_OVER_CHECK_S (`run_done`); `over` stays True once seen.
+      Times (`results_sent_at`, `over_checked_at`) are time.monotonic() seconds.
+    """
+
+    def __init__(self, cfg: Config, client: redis.Redis, redis_url: str, actor_id: int, player: str):
+        own = namespace(cfg.run.name, player)
+        shard = actor_shard(actor_id, cfg.transport.shards)
+        shard_url = shard_urls(redis_url, cfg.transport.shards, cfg.transport.shard_urls)[shard]
+        shard_client = client if shard_url == redis_url else connect_shard(shard_url, retry_s=cfg.run.redis_retry_s)
+        self.trajectories = TrajectoryStream(shard_client, own, shard=shard)
+        self.results = ResultsStream(client, cfg.run.name)
+        replica, replica_url = params_replica(redis_url, cfg.transport.params_urls, actor_id)
+        self.params = ParamStore(client, own, delay=cfg.actor.weight_delay, replica=replica, replica_name=replica_url)
+        self.redis, self.done_key = client, keys.done(cfg.run.name)
+        self.pending_results: list[dict] = []
+        self.results_sent_at = time.monotonic()
+        self.over, self.over_checked_at = False, -math.inf
+
+    def run_done(self) -> bool:
+        """Is the run's done key set?"""
+        now = time.monotonic()
+        if not self.over and now - self.over_checked_at >= RUN_OVER_CHECK_S:
+            self.over, self.over_checked_at = bool(self.redis.exists(self.done_key)), now
+        return self.over
+
+    def report(self, episodes: list[dict], flush: bool = False) -> None:
+        """Queue episode results; send them when RESULTS_EVERY_S has passed since the last send, or now
+        with `flush`."""
+        self.pending_results += episodes
+        if self.pending_results and (flush or time.monotonic() - self.results_sent_at >= RESULTS_EVERY_S):
+            self.results.add_many(self.pending_results)
+            self.pending_results, self.results_sent_at = [], time.monotonic()
+
+
 class Actor:
     """Runs `cfg.actor.num_envs` envs of `cfg.env.name` for learner `player`; see `run` for the loop.
 
@@ -253,21 +296,10 @@ class Actor:
         # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
         # policy as it is, others see the positions that off-policy moves lead to.
         self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
-        own = namespace(cfg.run.name, player)
-        # This actor's trajectory shard (transport.shards): its own stream, backlog and high-water mark.
-        self.shard = actor_shard(self.actor_id, cfg.transport.shards)
-        shard_url = shard_urls(redis_url, cfg.transport.shards, cfg.transport.shard_urls)[self.shard]
-        shard_client = (self.redis if shard_url == redis_url
-                        else connect_shard(shard_url, retry_s=cfg.run.redis_retry_s))
-        self.trajectories = TrajectoryStream(shard_client, own, shard=self.shard)
-        self.results = ResultsStream(self.redis, cfg.run.name)
-        # Weights from a read-only replica of the run's Redis where transport.params_urls names some.
-        replica, self.replica_url = params_replica(redis_url, cfg.transport.params_urls, self.actor_id)
-        self.params = ParamStore(self.redis, own, delay=cfg.actor.weight_delay, replica=replica,
-                                 replica_name=self.replica_url)
+        self.link = ActorLink(cfg, self.redis, redis_url, self.actor_id, player)
+        params = self.link.params  # a learner opponent's weights come from the same replica
         self.opponents = Opponents(self.redis, cfg, self.spec, player, self.seeds.bots, self.seeds.opponents, bots,
-                                   replica=replica, replica_name=self.replica_url)
-        self.done_key = keys.done(cfg.run.name)
+                                   replica=params.replica, replica_name=params.replica_name)
         self.version = -1
         self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
@@ -278,9 +310,6 @@ class Actor:
         self.env_steps = 0
         self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
         self.backlog: int | None = None  # the trajectory stream's backlog after our last add
-        self.pending_results: list[dict] = []
-        self.results_sent_at = time.monotonic()
-        self.over, self.over_checked_at = False, -math.inf
 
     @property
     def envs(self) -> list:
@@ -298,17 +327,12 @@ class Actor:
 
     def run_over(self) -> bool:
         """Told to stop, or the run's done key is set (looked up at most every RUN_OVER_CHECK_S)."""
-        now = time.monotonic()
-        if not self.over and now - self.over_checked_at >= RUN_OVER_CHECK_S:
-            self.over, self.over_checked_at = bool(self.redis.exists(self.done_key)), now
-        return self.stopping or self.over
+        done = self.link.run_done()
+        return self.stopping or done
 
     def report(self, episodes: list[dict], flush: bool = False) -> None:
-        """Queue episode results; send them at most every RESULTS_EVERY_S (one round trip for many)."""
-        self.pending_results += episodes
-        if self.pending_results and (flush or time.monotonic() - self.results_sent_at >= RESULTS_EVERY_S):
-            self.results.add_many(self.pending_results)
-            self.pending_results, self.results_sent_at = [], time.monotonic()
+        """Queue episode results; they are sent at most every RESULTS_EVERY_S (`ActorLink.report`)."""
+        self.link.report(episodes, flush)
 
     def sync_params(self, wait: bool = False) -> None:
         """Load the latest published weights if their name changed, the version or the SHA-256 of the
@@ -317,9 +341,9 @@ class Actor:
         (`self.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
-            if self.params.name() != (self.version, self.weights_digest):
+            if self.link.params.name() != (self.version, self.weights_digest):
                 try:
-                    fetched = self.params.fetch()
+                    fetched = self.link.params.fetch()
                     if fetched is not None:
                         self.model.load_state_dict(fetched[1])
                 except WeightsCorrupt as e:
@@ -329,7 +353,7 @@ class Actor:
                 except (RuntimeError, ValueError, SafetensorError) as e:
                     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
                     detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
-                    raise ConfigError(f"the weights published under '{self.params.key}' do not fit this actor's "
+                    raise ConfigError(f"the weights published under '{self.link.params.key}' do not fit this actor's "
                                       f"network: does its config (env.name, agent.*) match the learner's? ({detail})"
                                       ) from None
                 if fetched is not None:
@@ -337,13 +361,13 @@ class Actor:
                         log.warning("actor %d: the weights published as policy version %d replace version %d "
                                     "(the learner resumed from an older checkpoint, or the league reset it)",
                                     self.actor_id, fetched[0], self.version)
-                    self.version, self.weights_digest = fetched[0], self.params.fetched_digest
+                    self.version, self.weights_digest = fetched[0], self.link.params.fetched_digest
                     return
             if not wait or self.run_over():
                 return
             if not waited and time.monotonic() - start > 5:
                 log.info("actor %d: waiting for the learner to publish weights under '%s'", self.actor_id,
-                         self.params.key)
+                         self.link.params.key)
                 waited = True
             time.sleep(0.2)
 
@@ -371,7 +395,7 @@ class Actor:
         self.refresh_opponents()
         log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s%s", self.actor_id, os.getpid(),
                  len(self.slots), self.spec.name, self.version, self.player,
-                 f", weights from replica {self.replica_url}" if self.replica_url else "")
+                 f", weights from replica {self.link.params.replica_name}" if self.link.params.replica else "")
         steps = [slot.env.advance() for slot in self.slots]
         for i in range(len(self.slots)):
             self.start_episode(i)
@@ -493,9 +517,9 @@ class Actor:
         oldest of its unrolls', so that its policy lag is that of the oldest weights that acted in it,
         not of those held when it is sent."""
         versions = [self.version] * len(unrolls) if versions is None else versions
-        per_entry = self.cfg.actor.send_batch
-        self.throttled_s += self.trajectories.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry),
-                                                            self.run_over, backlog=self.backlog)
+        per_entry, stream = self.cfg.actor.send_batch, self.link.trajectories
+        self.throttled_s += stream.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry), self.run_over,
+                                                 backlog=self.backlog)
         if self.run_over():
             return True
         payloads = []
@@ -507,8 +531,8 @@ class Actor:
                                            compression=self.cfg.transport.compression,
                                            level=self.cfg.transport.compression_level))
         self.sent += len(unrolls)
-        self.backlog = self.trajectories.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
-                                             throttled_s=self.throttled_s, env_steps=self.env_steps)
+        self.backlog = stream.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
+                                  throttled_s=self.throttled_s, env_steps=self.env_steps)
         if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
             self.sync_params()
             self.refresh_opponents()
@@ -544,7 +568,7 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
     actor = actor_class(cfg, redis_url, actor_id, player, bots)
     # Redis lost: no release of the id, it would wait out the retries again; its lease lapses in 10 s.
     code = run_role(actor, lambda e: f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}",
-                    lambda: actor.over or run_is_over(actor.redis, cfg.run.name))
+                    lambda: actor.link.over or run_is_over(actor.redis, cfg.run.name))
     actor.close()
     log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)
     return code

@@ -33,7 +33,7 @@ def _play(actor: Actor, unrolls_wanted: int) -> tuple[list[dict], list[dict]]:
     """Run the real actor loop, capturing what it sends and reports, until enough unrolls are out."""
     unrolls, results = [], []
     actor.send = lambda batch, *_: unrolls.extend(batch) or len(unrolls) >= unrolls_wanted
-    actor.results.add_many = results.extend
+    actor.link.results.add_many = results.extend
     actor.run()
     actor.close()  # its id is free again for the next actor of the test
     return unrolls, results
@@ -134,17 +134,17 @@ def test_each_stream_entry_holds_send_batch_unrolls_with_consecutive_ids(tmp_pat
     """The real send: entries of exactly 4 unrolls, the first unroll's id naming each (its sequence
     number steps by 4), and the producer's count the unrolls in them."""
     actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=4")
-    add = actor.trajectories.add
-    actor.trajectories.add = lambda payloads, **kw: (add(payloads, **kw), setattr(actor, "stopping", actor.sent >= 24))[0]
+    add = actor.link.trajectories.add
+    actor.link.trajectories.add = lambda payloads, **kw: (add(payloads, **kw), setattr(actor, "stopping", actor.sent >= 24))[0]
     actor.run()
     actor.close()
-    entries = redis_client.xrange(actor.trajectories.key)
+    entries = redis_client.xrange(actor.link.trajectories.key)
     decoded = decode_unrolls([fields[b"data"] for _, fields in entries], actor.unroll_spec)
     assert len(decoded) == actor.sent // 4 >= 6
     assert [h["unrolls"] for h, _ in decoded] == [4] * len(decoded)
     assert [h["unroll_id"] for h, _ in decoded] == [f"0-{actor.token}-{4 * k}" for k in range(len(decoded))]
     assert all(arrays["obs"].shape == (4, 5, 3, 3, 2) for _, arrays in decoded)
-    assert actor.trajectories.accounting()["produced"] == actor.sent
+    assert actor.link.trajectories.accounting()["produced"] == actor.sent
 
 
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,
@@ -153,7 +153,7 @@ def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run
 
     actor = _actor(tmp_path, run_name, redis_client, redis_url)
     calls = []
-    actor.results.add_many = lambda results: calls.append(list(results))
+    actor.link.results.add_many = lambda results: calls.append(list(results))
     monkeypatch.setattr(actor_module, "RESULTS_EVERY_S", 3600.0)
     actor.report([{"winner": 0}])
     actor.report([])

@@ -81,7 +81,7 @@ def test_env_seats_in_the_config_is_checked_and_reaches_the_actor(tmp_path, redi
     actor = Actor(cfg, redis_url, 0)
     results = []
     actor.send = lambda batch, *_: len(results) >= 20
-    actor.results.add_many = results.extend
+    actor.link.results.add_many = results.extend
     try:
         actor.run()
     finally:
