@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError
 
 from agents.core import CoreStates
+from agents.heads import DiscreteHead, FunctionCallHead
 from agents.model import make_model, policy_head
 from config import Config, ConfigError, core_size
 from distributed.allocator import keep_freed_memory
@@ -210,6 +211,33 @@ class EnvSlot:
     match: Match = field(default_factory=Match)
 
 
+@dataclass
+class LocalPolicy:
+    """An actor's CPU copy of its learner's policy, and how it draws actions from it.
+
+    `version` and `digest` name the weights loaded into `model` (as ParamStore.name does): the
+    learner's policy version (-1 before the first weights) and the SHA-256 of their blob; after a
+    learner's rollback one version number can name two sets of weights. Env i explores with
+    `epsilons[i]`, spread evenly over [0, actor.epsilon]: some envs play the policy as it is, others see
+    the positions that off-policy moves lead to.
+    """
+
+    model: torch.nn.Module  # in eval mode
+    head: DiscreteHead | FunctionCallHead  # samples the learner's actions, plays a network opponent's
+    epsilons: torch.Tensor  # [num_envs] float32
+    rng: torch.Generator  # every action drawn, the learner's and the network opponents'
+    version: int = -1
+    digest: bytes | None = None
+
+    @classmethod
+    def build(cls, spec, cfg: Config, seed: int) -> "LocalPolicy":
+        """The network of `cfg.agent` for env `spec`, before any weights are loaded; `seed` seeds `rng`."""
+        model = make_model(spec, cfg.agent)
+        model.eval()
+        return cls(model, policy_head(spec), torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs),
+                   torch.Generator().manual_seed(seed))
+
+
 class ActorLink:
     """What an actor sends to and reads from Redis, its id lease aside: unrolls out on its trajectory
     shard, its learner's weights in, episode results out, and the run's done key.
@@ -281,27 +309,19 @@ class Actor:
             self.redis, cfg.run.name, actor_id, f"{socket.gethostname()} pid {os.getpid()} ({self.token})",
             ttl_s=cfg.run.lease_ttl_s)
         self.seeds = ActorSeeds.spawn(cfg.run.seed, self.actor_id, self.start, cfg.actor.num_envs)
-        self.rng = torch.Generator().manual_seed(self.seeds.actions)
         # One adapter per env (with env.kwargs.emulator=ale_vector, the slots of one Atari vector env).
         envs = make_envs(cfg.env.name, self.seeds.envs, cfg.env.kwargs, seats=cfg.env.seats,
                          empty_mask=cfg.env.empty_mask)
-        self.slots = [EnvSlot(env, [UnrollBuffer(self.unroll_spec, lambda: self.version)
+        self.slots = [EnvSlot(env, [UnrollBuffer(self.unroll_spec, lambda: self.policy.version)
                                     for _ in self.spec.agents]) for env in envs]
-        self.model = make_model(self.spec, cfg.agent)
-        self.model.eval()
-        self.head = policy_head(self.spec)
+        self.policy = LocalPolicy.build(self.spec, cfg, self.seeds.actions)
         # A recurrent core's input per (env, agent) slot, whoever plays it this episode: carried from
         # step to step and across unrolls, zeroed when the slot's episode ends.
         self.cores = CoreStates(core_size(cfg.agent)) if core_size(cfg.agent) else None
-        # Env i explores with epsilon_i spread evenly over [0, actor.epsilon]: some envs play the
-        # policy as it is, others see the positions that off-policy moves lead to.
-        self.epsilons = torch.linspace(0, cfg.actor.epsilon, cfg.actor.num_envs)
         self.link = ActorLink(cfg, self.redis, redis_url, self.actor_id, player)
         params = self.link.params  # a learner opponent's weights come from the same replica
         self.opponents = Opponents(self.redis, cfg, self.spec, player, self.seeds.bots, self.seeds.opponents, bots,
                                    replica=params.replica, replica_name=params.replica_name)
-        self.version = -1
-        self.weights_digest: bytes | None = None  # with the version, names the weights held (ParamStore.name)
         self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
         self.sent = 0
         # Env steps played: each env.step once (an adapter's `act`), whoever acted in it, learner or
@@ -315,6 +335,16 @@ class Actor:
     def envs(self) -> list:
         """The env adapters, in slot order."""
         return [slot.env for slot in self.slots]
+
+    # The names A3CWorker (distributed/a3c.py) reads the policy by: the network it trains, the version
+    # it stamps its gradients with.
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policy.model
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
 
     def stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Stop after the current step; a signal handler (`signum`: the signal, kept for the exit code)."""
@@ -341,14 +371,14 @@ class Actor:
         (`self.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
-            if self.link.params.name() != (self.version, self.weights_digest):
+            if self.link.params.name() != (self.policy.version, self.policy.digest):
                 try:
                     fetched = self.link.params.fetch()
                     if fetched is not None:
-                        self.model.load_state_dict(fetched[1])
+                        self.policy.model.load_state_dict(fetched[1])
                 except WeightsCorrupt as e:
                     self.corrupt_weights += 1
-                    log.warning("actor %d keeps policy version %d: %s", self.actor_id, self.version, e)
+                    log.warning("actor %d keeps policy version %d: %s", self.actor_id, self.policy.version, e)
                     fetched = None
                 except (RuntimeError, ValueError, SafetensorError) as e:
                     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
@@ -357,11 +387,11 @@ class Actor:
                                       f"network: does its config (env.name, agent.*) match the learner's? ({detail})"
                                       ) from None
                 if fetched is not None:
-                    if fetched[0] <= self.version:
+                    if fetched[0] <= self.policy.version:
                         log.warning("actor %d: the weights published as policy version %d replace version %d "
                                     "(the learner resumed from an older checkpoint, or the league reset it)",
-                                    self.actor_id, fetched[0], self.version)
-                    self.version, self.weights_digest = fetched[0], self.link.params.fetched_digest
+                                    self.actor_id, fetched[0], self.policy.version)
+                    self.policy.version, self.policy.digest = fetched[0], self.link.params.fetched_digest
                     return
             if not wait or self.run_over():
                 return
@@ -394,7 +424,7 @@ class Actor:
         self.sync_params(wait=True)
         self.refresh_opponents()
         log.info("actor %d (pid %d): %d x %s, policy version %d, playing for %s%s", self.actor_id, os.getpid(),
-                 len(self.slots), self.spec.name, self.version, self.player,
+                 len(self.slots), self.spec.name, self.policy.version, self.player,
                  f", weights from replica {self.link.params.replica_name}" if self.link.params.replica else "")
         steps = [slot.env.advance() for slot in self.slots]
         for i in range(len(self.slots)):
@@ -446,6 +476,7 @@ class Actor:
     def choose_actions(self, steps: list) -> list[list[int]]:
         """Per env, one action per acting agent: the learner's (recorded in its unroll buffer) or its
         opponent's. Each policy moves all its agents of all envs in one forward pass."""
+        head, rng = self.policy.head, self.policy.rng
         actions = [[0] * len(step.agents) for step in steps]
         learning: list[tuple[int, int]] = []  # (env, index into the env's acting agents)
         by_opponent: dict[int, list[tuple[int, int]]] = {}  # by the policy object: one forward pass each
@@ -458,8 +489,8 @@ class Actor:
         if learning:
             obs, masks = self.stack(steps, learning)
             keys = self.core_keys(steps, learning)
-            logits, state = self.forward(self.model, obs, masks, keys)
-            drawn, behaviour = self.head.sample(logits, masks, self.epsilons[[i for i, _ in learning]], self.rng)
+            logits, state = self.forward(self.policy.model, obs, masks, keys)
+            drawn, behaviour = head.sample(logits, masks, self.policy.epsilons[[i for i, _ in learning]], rng)
             self.advance_cores(keys, state, drawn)
             chosen, behaviour_np = drawn.numpy(), behaviour.numpy()
             for n, (i, k) in enumerate(learning):
@@ -471,7 +502,7 @@ class Actor:
                 obs, masks = self.stack(steps, pairs)
                 keys = self.core_keys(steps, pairs)
                 logits, state = self.forward(policy, obs, masks, keys)
-                drawn = self.head.play(logits, self.rng, self.cfg.league.opponent_temperature)
+                drawn = head.play(logits, rng, self.cfg.league.opponent_temperature)
                 self.advance_cores(keys, state, drawn)
                 chosen = drawn.numpy()
             else:  # a bot, for all its envs at once
@@ -516,7 +547,7 @@ class Actor:
         its step 0's action (UnrollBuffer; None: the version held now); an entry is stamped with the
         oldest of its unrolls', so that its policy lag is that of the oldest weights that acted in it,
         not of those held when it is sent."""
-        versions = [self.version] * len(unrolls) if versions is None else versions
+        versions = [self.policy.version] * len(unrolls) if versions is None else versions
         per_entry, stream = self.cfg.actor.send_batch, self.link.trajectories
         self.throttled_s += stream.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry), self.run_over,
                                                  backlog=self.backlog)
@@ -546,7 +577,7 @@ class Actor:
         returns = [float(r) for r in episode.returns]
         finite = all(math.isfinite(r) for r in returns)
         match = self.slots[i].match
-        report = {"actor_id": self.actor_id, "player": self.player, "policy_version": self.version,
+        report = {"actor_id": self.actor_id, "player": self.player, "policy_version": self.policy.version,
                   "opponent_id": match.opponent, "opponent_version": match.version,
                   "learner_seat": match.learner_seat,
                   "winner": -1 if episode.winner is None or not finite else episode.winner, "length": episode.length,

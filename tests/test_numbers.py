@@ -170,13 +170,13 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
     actor = Actor(cfg, redis_url, 0)
     try:
         actor.sync_params(wait=True)
-        assert actor.version == 5
+        assert actor.policy.version == 5
         # Resumed from its checkpoint at update 3, the learner publishes 3, then 4, 5 again with new weights.
         store.publish(checkpoint.state_dict(), 3)
         store.publish(after.state_dict(), 5)
         actor.sync_params()
-        assert actor.version == 5
-        for held, published in zip(weights_of(actor.model), weights_of(after)):
+        assert actor.policy.version == 5
+        for held, published in zip(weights_of(actor.policy.model), weights_of(after)):
             assert torch.equal(held, published)  # not the pre-crash weights of version 5
     finally:
         actor.close()
@@ -228,7 +228,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
         sync(wait)
 
     def logging_choose(steps):
-        moves.append((steps[0].agents[0], actor.version))
+        moves.append((steps[0].agents[0], actor.policy.version))
         return choose(steps)
 
     actor.sync_params, actor.choose_actions = publishing_sync, logging_choose

@@ -56,7 +56,7 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
     played: list[set[str]] = [set() for _ in actor.envs]  # per env: versions moving for the opponent this game
 
     def spy(model, obs, masks, keys):
-        if model is not actor.model:
+        if model is not actor.policy.model:
             for i, _ in last_pairs:
                 played[i].add(f"main@{version_of[id(model)]}")
         return forward(model, obs, masks, keys)
@@ -136,18 +136,18 @@ def test_corrupt_published_weights_are_logged_counted_and_the_previous_ones_kept
     store.publish(good, 1)
     actor = Actor(cfg, redis_url, actor_id=0)
     actor.sync_params()
-    assert actor.version == 1
+    assert actor.policy.version == 1
     store.publish(_weights(cfg, 2), 2)
     _corrupt(redis_client, store.key)
     with caplog.at_level(logging.WARNING):
         actor.sync_params()
-    assert actor.version == 1 and actor.corrupt_weights == 1 and store.corrupt_count() == 1
+    assert actor.policy.version == 1 and actor.corrupt_weights == 1 and store.corrupt_count() == 1
     assert "keeps policy version 1" in caplog.text and "does not match the published" in caplog.text
     for name, tensor in good.items():
-        assert torch.equal(actor.model.state_dict()[name], tensor)
+        assert torch.equal(actor.policy.model.state_dict()[name], tensor)
     store.publish(_weights(cfg, 3), 3)  # the next good publish is loaded
     actor.sync_params()
-    assert actor.version == 3
+    assert actor.policy.version == 3
     actor.close()
 
 

@@ -169,9 +169,9 @@ def test_an_actor_reads_its_weights_from_the_replica_its_id_picks(tmp_path, redi
     actor = Actor(cfg, redis_url, 1)  # id 1 of two URLs: the replica
     try:
         actor.sync_params(wait=True)
-        assert actor.version == 9 and actor.link.params.from_replica
+        assert actor.policy.version == 9 and actor.link.params.from_replica
         assert actor.link.params.replica_name == _plain(replica).replace("redis://", "redis://***@")
-        assert _same(actor.model.state_dict(), model.state_dict())
+        assert _same(actor.policy.model.state_dict(), model.state_dict())
     finally:
         actor.close()
 

@@ -46,10 +46,10 @@ def test_actor_acts_with_weights_k_versions_behind(tmp_path, redis_client, redis
         learner_side.publish(_weights(cfg, v), v)
     actor = Actor(cfg, redis_url, actor_id=0)
     actor.sync_params(wait=True)
-    assert actor.version == 2  # latest 5, K = 3
-    assert all(bool((p == 2).all()) for p in actor.model.state_dict().values())
+    assert actor.policy.version == 2  # latest 5, K = 3
+    assert all(bool((p == 2).all()) for p in actor.policy.model.state_dict().values())
     learner_side.publish(_weights(cfg, 6), 6)
     actor.sync_params()
-    assert actor.version == 3
-    assert all(bool((p == 3).all()) for p in actor.model.state_dict().values())
+    assert actor.policy.version == 3
+    assert all(bool((p == 3).all()) for p in actor.policy.model.state_dict().values())
     actor.close()

@@ -102,7 +102,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
     cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_frames=100000")
     actor = Actor(cfg, redis_url, actor_id=4)  # the real actor: id 4 writes to shard 1 and counts there
     assert actor.link.trajectories.key == f"{{{run_name}:s1}}:traj"
-    actor.version = 0  # as if it had loaded the learner's first weights (-1 is dead-lettered)
+    actor.policy.version = 0  # as if it had loaded the learner's first weights (-1 is dead-lettered)
     assert actor.send([valid_unroll(0.5), valid_unroll(-0.5)]) is False
     actor.close()
     streams = [TrajectoryStream(redis_client, run_name, shard=s) for s in range(3)]
@@ -297,7 +297,7 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
                        f"transport.shard_urls=[{cluster_node}]")
     actor = Actor(cfg, redis_server.url, actor_id=1)
     assert isinstance(actor.link.trajectories.r, RedisCluster) and actor.link.trajectories.key == f"{{{run_name}:s1}}:traj"
-    actor.version = 0
+    actor.policy.version = 0
     assert actor.send([valid_unroll(0.5), valid_unroll(-0.5)]) is False
     actor.close()
     cluster = connect_shard(shard_urls(redis_server.url, 3, [cluster_node])[0])

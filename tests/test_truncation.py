@@ -290,23 +290,23 @@ def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_
     cfg = load_config(repo / config, [*overrides, f"run.name={run_name}", f"run.dir={tmp_path}"])
     actor = Actor(cfg, redis_url, 0)
     actor.sync_params()
-    assert actor.version > 0
+    assert actor.policy.version > 0
     unrolls = collect(actor, 8)
     spec, T, gamma = actor.spec, cfg.actor.unroll_length, cfg.learner.discount
-    decoded = [decode_unroll(encode_unroll(u, unroll_id=str(k), policy_version=actor.version, actor_id=0,
+    decoded = [decode_unroll(encode_unroll(u, unroll_id=str(k), policy_version=actor.policy.version, actor_id=0,
                                            env=spec.name), UnrollSpec(spec, T))[1] for k, u in enumerate(unrolls)]
     inside = [(b, t) for b, u in enumerate(decoded) for t in np.flatnonzero(u["truncated"]) if t < T - 1]
     assert inside, "no unroll carries a truncation inside it"
     batch = Batch.stack(decoded, torch.device("cpu"))
     with torch.no_grad():
-        logits, values, final_values = forward_batch(actor.model, batch)
+        logits, values, final_values = forward_batch(actor.policy.model, batch)
         out = off_policy_targets(logits, values, batch, cfg.learner, DiscreteHead(), final_values)
     # By hand, in float64: the network on each unroll alone (the network computes in float32), rho
     # from the softmaxes, V-trace by its definition.
     for b, u in enumerate(decoded):
         with torch.no_grad():
-            lg, v = actor.model(torch.tensor(u["obs"]), torch.tensor(u["action_mask"]))
-            _, v_final = actor.model(torch.tensor(u["final_obs"]), torch.ones(len(u["final_obs"]), spec.num_actions))
+            lg, v = actor.policy.model(torch.tensor(u["obs"]), torch.tensor(u["action_mask"]))
+            _, v_final = actor.policy.model(torch.tensor(u["final_obs"]), torch.ones(len(u["final_obs"]), spec.num_actions))
         lg, v, v_final = lg.double(), v.double(), v_final.double()
         log_pi = torch.log_softmax(lg[:-1], -1).numpy()[np.arange(T), u["action"]]
         log_mu = torch.log_softmax(torch.tensor(u["behaviour_logits"]).double(), -1).numpy()[
