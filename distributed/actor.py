@@ -238,6 +238,23 @@ class LocalPolicy:
                    torch.Generator().manual_seed(seed))
 
 
+@dataclass
+class ActorCounters:
+    """What an actor has done so far; the stream's counters are set from it with every add
+    (`TrajectoryStream.add`).
+
+    env_steps counts each env.step once (an adapter's `act`), whoever acted in it, learner or opponent;
+    an env that repeats each action k times (a frame skip) would also count emulator frames, k per env
+    step, here; no env of ours repeats actions.
+    """
+
+    sent: int = 0  # unrolls sent (A3C's workers: unrolls turned into gradients)
+    env_steps: int = 0
+    throttled_s: float = 0.0  # seconds waited for room in the stream (backpressure)
+    backlog: int | None = None  # the stream's backlog in entries after our last add; None before it
+    corrupt_weights: int = 0  # published weights refused for a SHA-256 mismatch
+
+
 class ActorLink:
     """What an actor sends to and reads from Redis, its id lease aside: unrolls out on its trajectory
     shard, its learner's weights in, episode results out, and the run's done key.
@@ -322,14 +339,7 @@ class Actor:
         params = self.link.params  # a learner opponent's weights come from the same replica
         self.opponents = Opponents(self.redis, cfg, self.spec, player, self.seeds.bots, self.seeds.opponents, bots,
                                    replica=params.replica, replica_name=params.replica_name)
-        self.corrupt_weights = 0  # published weights refused for a SHA-256 mismatch
-        self.sent = 0
-        # Env steps played: each env.step once (an adapter's `act`), whoever acted in it, learner or
-        # opponent; reported with every send. An env that repeats each action k times (a frame skip)
-        # would also count emulator frames, k per env step, here; no env of ours repeats actions.
-        self.env_steps = 0
-        self.throttled_s = 0.0  # seconds waited for room in the stream (backpressure)
-        self.backlog: int | None = None  # the trajectory stream's backlog after our last add
+        self.counters = ActorCounters()
 
     @property
     def envs(self) -> list:
@@ -337,7 +347,7 @@ class Actor:
         return [slot.env for slot in self.slots]
 
     # The names A3CWorker (distributed/a3c.py) reads the policy by: the network it trains, the version
-    # it stamps its gradients with.
+    # it stamps its gradients with; then the counters it reads, and the two its `send` sets.
     @property
     def model(self) -> torch.nn.Module:
         return self.policy.model
@@ -345,6 +355,26 @@ class Actor:
     @property
     def version(self) -> int:
         return self.policy.version
+
+    @property
+    def env_steps(self) -> int:
+        return self.counters.env_steps
+
+    @property
+    def sent(self) -> int:
+        return self.counters.sent
+
+    @sent.setter
+    def sent(self, sent: int) -> None:
+        self.counters.sent = sent
+
+    @property
+    def backlog(self) -> int | None:
+        return self.counters.backlog
+
+    @backlog.setter
+    def backlog(self, backlog: int | None) -> None:
+        self.counters.backlog = backlog
 
     def stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Stop after the current step; a signal handler (`signum`: the signal, kept for the exit code)."""
@@ -368,7 +398,7 @@ class Actor:
         """Load the latest published weights if their name changed, the version or the SHA-256 of the
         blob (waiting for the first ones): after a learner's rollback one version number can name two
         sets of weights (see distributed/params.py). Weights that fail their SHA-256 are logged, counted
-        (`self.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
+        (`counters.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:
             if self.link.params.name() != (self.policy.version, self.policy.digest):
@@ -377,7 +407,7 @@ class Actor:
                     if fetched is not None:
                         self.policy.model.load_state_dict(fetched[1])
                 except WeightsCorrupt as e:
-                    self.corrupt_weights += 1
+                    self.counters.corrupt_weights += 1
                     log.warning("actor %d keeps policy version %d: %s", self.actor_id, self.policy.version, e)
                     fetched = None
                 except (RuntimeError, ValueError, SafetensorError) as e:
@@ -464,7 +494,7 @@ class Actor:
             for slot, action in zip(self.slots, actions):
                 slot.env.act(action)
             steps = [slot.env.advance() for slot in self.slots]
-            self.env_steps += len(self.slots)
+            self.counters.env_steps += len(self.slots)
 
     def core_record(self, i: int, agent: int) -> tuple[np.ndarray, int, float] | None:
         """What an unroll of env i's agent keeps of its core input before this step (None: no core)."""
@@ -548,23 +578,24 @@ class Actor:
         oldest of its unrolls', so that its policy lag is that of the oldest weights that acted in it,
         not of those held when it is sent."""
         versions = [self.policy.version] * len(unrolls) if versions is None else versions
-        per_entry, stream = self.cfg.actor.send_batch, self.link.trajectories
-        self.throttled_s += stream.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry), self.run_over,
-                                                 backlog=self.backlog)
+        per_entry, stream, counters = self.cfg.actor.send_batch, self.link.trajectories, self.counters
+        counters.throttled_s += stream.wait_for_room(-(-self.cfg.actor.high_water_mark // per_entry), self.run_over,
+                                                     backlog=counters.backlog)
         if self.run_over():
             return True
         payloads = []
         for first in range(0, len(unrolls), per_entry):
             payloads.append(encode_unrolls(unrolls[first:first + per_entry],
-                                           unroll_id=f"{self.actor_id}-{self.token}-{self.sent + first}",
+                                           unroll_id=f"{self.actor_id}-{self.token}-{counters.sent + first}",
                                            policy_version=min(versions[first:first + per_entry]),
                                            actor_id=self.actor_id, env=self.spec.name,
                                            compression=self.cfg.transport.compression,
                                            level=self.cfg.transport.compression_level))
-        self.sent += len(unrolls)
-        self.backlog = stream.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=self.sent,
-                                  throttled_s=self.throttled_s, env_steps=self.env_steps)
-        if self.sent // self.cfg.actor.param_sync_every != (self.sent - len(unrolls)) // self.cfg.actor.param_sync_every:
+        counters.sent += len(unrolls)
+        counters.backlog = stream.add(payloads, producer=f"{self.actor_id}-{self.token}", produced=counters.sent,
+                                      throttled_s=counters.throttled_s, env_steps=counters.env_steps)
+        every = self.cfg.actor.param_sync_every
+        if counters.sent // every != (counters.sent - len(unrolls)) // every:
             self.sync_params()
             self.refresh_opponents()
         return False
@@ -601,5 +632,5 @@ def run_actor(cfg: Config, redis_url: str, actor_id: int | None, player: str = M
     code = run_role(actor, lambda e: f"actor {actor.actor_id} lost Redis: {type(e).__name__}: {e}",
                     lambda: actor.link.over or run_is_over(actor.redis, cfg.run.name))
     actor.close()
-    log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.sent)
+    log.info("actor %d (pid %d): sent %d unrolls, stopping", actor.actor_id, os.getpid(), actor.counters.sent)
     return code

@@ -58,7 +58,7 @@ def main() -> None:
         thread.join(30)
     for actor in actors:
         actor.close()
-    print(json.dumps({"sent": [actor.sent for actor in actors], "errors": errors, "alive_at_stop": alive}), flush=True)
+    print(json.dumps({"sent": [actor.counters.sent for actor in actors], "errors": errors, "alive_at_stop": alive}), flush=True)
 
 
 if __name__ == "__main__":

@@ -135,16 +135,16 @@ def test_each_stream_entry_holds_send_batch_unrolls_with_consecutive_ids(tmp_pat
     number steps by 4), and the producer's count the unrolls in them."""
     actor = _actor(tmp_path, run_name, redis_client, redis_url, "actor.send_batch=4")
     add = actor.link.trajectories.add
-    actor.link.trajectories.add = lambda payloads, **kw: (add(payloads, **kw), setattr(actor, "stopping", actor.sent >= 24))[0]
+    actor.link.trajectories.add = lambda payloads, **kw: (add(payloads, **kw), setattr(actor, "stopping", actor.counters.sent >= 24))[0]
     actor.run()
     actor.close()
     entries = redis_client.xrange(actor.link.trajectories.key)
     decoded = decode_unrolls([fields[b"data"] for _, fields in entries], actor.unroll_spec)
-    assert len(decoded) == actor.sent // 4 >= 6
+    assert len(decoded) == actor.counters.sent // 4 >= 6
     assert [h["unrolls"] for h, _ in decoded] == [4] * len(decoded)
     assert [h["unroll_id"] for h, _ in decoded] == [f"0-{actor.token}-{4 * k}" for k in range(len(decoded))]
     assert all(arrays["obs"].shape == (4, 5, 3, 3, 2) for _, arrays in decoded)
-    assert actor.link.trajectories.accounting()["produced"] == actor.sent
+    assert actor.link.trajectories.accounting()["produced"] == actor.counters.sent
 
 
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,

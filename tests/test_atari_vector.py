@@ -199,7 +199,7 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     actor.report = lambda found, flush=False: episodes.extend(found) or report(found, flush)
     actor.run()
     actor.close()
-    assert actor.envs[0].group.steps == 120 and actor.env_steps == 240
+    assert actor.envs[0].group.steps == 120 and actor.counters.env_steps == 240
     assert all(u["obs"].shape == (21, 4, 84, 84) and u["obs"].dtype == np.uint8 for u in unrolls)
     truncated = [u for u in unrolls if u["truncated"].any()]
     assert len(truncated) == 2  # one cut per game, at its 100th step: step 19 of its 5th unroll

@@ -232,7 +232,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
         return choose(steps)
 
     actor.sync_params, actor.choose_actions = publishing_sync, logging_choose
-    actor.send = lambda unrolls, versions=None: send(unrolls, versions) or actor.sent >= 12
+    actor.send = lambda unrolls, versions=None: send(unrolls, versions) or actor.counters.sent >= 12
     try:
         actor.run()
     finally:
@@ -264,6 +264,6 @@ def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, 
     counts = TrajectoryStream(redis_client, run_name).accounting()
     played, T, buffers = counts["env_steps"], cfg.actor.unroll_length, 2 * cfg.actor.num_envs
     # What the actor reported with its last send: each env step once, both players' steps in its unrolls.
-    assert 0 < played <= actor.env_steps
+    assert 0 < played <= actor.counters.env_steps
     assert counts["produced"] * T <= 2 * played <= (counts["produced"] + buffers) * T
     assert 12 <= records[-1]["env_steps_played"] <= played  # 24 agent steps trained took >= 12 env steps

@@ -141,7 +141,7 @@ def test_corrupt_published_weights_are_logged_counted_and_the_previous_ones_kept
     _corrupt(redis_client, store.key)
     with caplog.at_level(logging.WARNING):
         actor.sync_params()
-    assert actor.policy.version == 1 and actor.corrupt_weights == 1 and store.corrupt_count() == 1
+    assert actor.policy.version == 1 and actor.counters.corrupt_weights == 1 and store.corrupt_count() == 1
     assert "keeps policy version 1" in caplog.text and "does not match the published" in caplog.text
     for name, tensor in good.items():
         assert torch.equal(actor.policy.model.state_dict()[name], tensor)
