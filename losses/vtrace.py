@@ -129,6 +129,16 @@ def _check_threshold(name: str, value: Optional[float]) -> None:
         raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
 
 
+def _check_clipping(clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold, lambda_) -> None:
+    """The clipping arguments of `from_importance_weights`: each threshold a positive finite number or
+    None, lambda_ a number in [0, 1]."""
+    _check_threshold("clip_rho_threshold", clip_rho_threshold)
+    _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
+    _check_threshold("clip_c_threshold", clip_c_threshold)
+    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)) or not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be a number in [0, 1], got {lambda_!r}")
+
+
 def _clipped_ratio(log_rhos: torch.Tensor, threshold: Optional[float]) -> torch.Tensor:
     # Clip in log space: exp(99) overflows float32 to inf before min() could cap it.
     if threshold is None:
@@ -227,12 +237,7 @@ def from_importance_weights(
         positive (or None), or lambda_ is outside [0, 1].
     """
     _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value, pg_discounts)
-    _check_threshold("clip_rho_threshold", clip_rho_threshold)
-    _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
-    _check_threshold("clip_c_threshold", clip_c_threshold)
-    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)) or not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"lambda_ must be a number in [0, 1], got {lambda_!r}")
-
+    _check_clipping(clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold, lambda_)
     with torch.no_grad():
         clipped_rhos = _clipped_ratio(log_rhos, clip_rho_threshold)
         cs = lambda_ * _clipped_ratio(log_rhos, clip_c_threshold)
@@ -254,8 +259,7 @@ def from_importance_weights(
         clipped_pg_rhos = _clipped_ratio(log_rhos, clip_pg_rho_threshold)
         pg_discounts = discounts if pg_discounts is None else pg_discounts
         pg_advantages = clipped_pg_rhos * (rewards + pg_discounts * vs_t_plus_1 - values)
-
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+        return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 
 
 def from_logits(
