@@ -532,11 +532,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         log.error("%s%s", failure, hint)
         return 1, False
     if received:
-        try:
-            finished = bool(client.exists(keys.done(cfg.run.name)))  # ended while the learner was closing
-        except redis.RedisError:
-            finished = False
-        return 128 + received[0], finished
+        return 128 + received[0], run_is_over(client, cfg.run.name)  # ended while the learner was closing
     code = learner.returncode
     if code != 0:
         has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
@@ -545,10 +541,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         log.error("the learner (%spid %d) %s (see its output above); the actors are stopped. %s",
                   "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
         return (code if code > 0 else 1), False
-    try:
-        return 0, bool(client.exists(keys.done(cfg.run.name)))
-    except redis.RedisError:
-        return 0, False
+    return 0, run_is_over(client, cfg.run.name)
 
 
 def supervise_actors(cfg: Config, config_path: Path | None, overrides: list[str], redis_url: str, count: int,
