@@ -461,6 +461,31 @@ class Workers:
         return None
 
 
+def _ending(cfg: Config, run_dir: Path, client: redis.Redis, learner: subprocess.Popen | None,
+            ranks: list[subprocess.Popen], received: list[int], failure: str) -> tuple[int, bool]:
+    """What `supervise` returns once every child is stopped, (exit code, finished), after logging why a
+    failed run failed and how to go on. `received`: the stop signals, in order; `failure`: why the
+    supervisor stopped the run ("" when it did not)."""
+    if not failure and not received and learner is not None and learner.returncode == PEER_LOST_EXIT:
+        failure = _failed_rank(ranks) or ""  # rank 0 failed because this rank died first
+    if failure:
+        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        hint = f"; `run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint and ranks else ""
+        log.error("%s%s", failure, hint)
+        return 1, False
+    if received:
+        return 128 + received[0], run_is_over(client, cfg.run.name)  # ended while the learner was closing
+    code = learner.returncode
+    if code != 0:
+        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
+        hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
+                else "It wrote no checkpoint: start the run again")
+        log.error("the learner (%spid %d) %s (see its output above); the actors are stopped. %s",
+                  "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
+        return (code if code > 0 else 1), False
+    return 0, run_is_over(client, cfg.run.name)
+
+
 def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, resume: bool,
               view: "LiveView | None" = None) -> tuple[int, bool]:
     """Start the learners, the league manager and the actors; restart crashed ones; stop all when the
@@ -524,24 +549,7 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
         _stop_all(everyone, forced=lambda: len(received) > 1)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
-    if not failure and not received and learner is not None and learner.returncode == PEER_LOST_EXIT:
-        failure = _failed_rank(ranks) or ""  # rank 0 failed because this rank died first
-    if failure:
-        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
-        hint = f"; `run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint and ranks else ""
-        log.error("%s%s", failure, hint)
-        return 1, False
-    if received:
-        return 128 + received[0], run_is_over(client, cfg.run.name)  # ended while the learner was closing
-    code = learner.returncode
-    if code != 0:
-        has_checkpoint = (run_dir / "checkpoints" / "latest.safetensors").exists()
-        hint = (f"`run.py train --resume {run_dir}` continues from its last checkpoint" if has_checkpoint
-                else "It wrote no checkpoint: start the run again")
-        log.error("the learner (%spid %d) %s (see its output above); the actors are stopped. %s",
-                  "rank 0, " if ranks else "", learner.pid, _describe_exit(code), hint)
-        return (code if code > 0 else 1), False
-    return 0, run_is_over(client, cfg.run.name)
+    return _ending(cfg, run_dir, client, learner, ranks, received, failure)
 
 
 def supervise_actors(cfg: Config, config_path: Path | None, overrides: list[str], redis_url: str, count: int,
