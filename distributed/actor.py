@@ -283,7 +283,7 @@ class ActorLink:
         self.over, self.over_checked_at = False, -math.inf
 
     def run_done(self) -> bool:
-        """Is the run's done key set?"""
+        """Is the run's done key set (looked up at most every RUN_OVER_CHECK_S)?"""
         now = time.monotonic()
         if not self.over and now - self.over_checked_at >= RUN_OVER_CHECK_S:
             self.over, self.over_checked_at = bool(self.redis.exists(self.done_key)), now
@@ -309,6 +309,10 @@ class Actor:
     actor_id: the id asked for, or None for the lowest free one; either way it is registered in Redis
     for as long as the actor lives (`claim_actor_id`), and every random stream derives from it
     (`ActorSeeds`). `close()` gives it up.
+
+    Its state: `slots` (one EnvSlot per env), `policy` (LocalPolicy: the network and how it acts),
+    `cores` (recurrent states), `opponents` (the league's, and each episode's draw), `link` (ActorLink:
+    streams, weights, results, the done key) and `counters` (ActorCounters).
     """
 
     def __init__(self, cfg: Config, redis_url: str, actor_id: int | None = None, player: str = MAIN,
@@ -346,8 +350,8 @@ class Actor:
         """The env adapters, in slot order."""
         return [slot.env for slot in self.slots]
 
-    # The names A3CWorker (distributed/a3c.py) reads the policy by: the network it trains, the version
-    # it stamps its gradients with; then the counters it reads, and the two its `send` sets.
+    # A3CWorker (distributed/a3c.py) reaches these by the names they had before `policy` and `counters`:
+    # the network it trains, the version it stamps its gradients with, and the counters its `send` keeps.
     @property
     def model(self) -> torch.nn.Module:
         return self.policy.model
