@@ -43,7 +43,7 @@ from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import LearnerLease, ResultsStream, connect, redis_outages, run_is_over
+from distributed.transport import LearnerLease, ResultsStream, TrajectoryStream, connect, redis_outages, run_is_over
 from league.matchmaking import SELF
 from league.payoff import episode_score
 from league.players import MAIN, checkpoint_dir, metrics_path, namespace
@@ -288,6 +288,198 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def make_replay(cfg: Config, unroll_spec: UnrollSpec, replayed: int, rank: int, player: str) -> ReplayBuffer:
+    """The replay of learner `rank` of `player`, seeded by run.seed, its rank and its player (crc32:
+    Python's str hash differs between processes). Raises ConfigError when learner.replay_memory_mb cannot
+    hold the `replayed` unrolls a batch replays."""
+    capacity = int(cfg.learner.replay_memory_mb * 2**20)
+    largest = unroll_spec.max_unroll_nbytes
+    if capacity < replayed * largest:
+        raise ConfigError(f"learner.replay_memory_mb={cfg.learner.replay_memory_mb} holds fewer than the "
+                          f"{replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
+                          f"{unroll_spec.env.name} with T={cfg.actor.unroll_length}): raise it")
+    return ReplayBuffer(capacity, seed=(cfg.run.seed, rank, zlib.crc32(player.encode())))
+
+
+class Ingest:
+    """The learner's reads: batches of B unrolls from the trajectory stream, decoded, validated and
+    stacked (`Prepared`) for `Learner.train_on`, acked once trained on.
+
+    Owns the stream (`trajectories`: every shard, read and acked as one; ids carry their shard), this
+    learner's consumer name in its group and its reader (`reader`: own pending entries first, malformed
+    entries dead-lettered), the unrolls in flight (read and not yet acked: `run.total_frames` counts
+    them before more are read), what reads ahead of the update (`start`: the ingest thread,
+    `learner.prefetch_batches` deep, or `learner.ingest_workers` processes; without either, `get`
+    reads in the update's thread), and the replay, whose k unrolls join the F = `batch_size` fresh ones
+    of every batch (`replay`, None without one).
+
+    `decode`, `unrolls_in` and `prepare` say what an entry holds and what a batch of them becomes; A3C's
+    parameter server reads gradients through them (distributed/a3c.py). What it reads of the learner:
+    unrolls_left(), unrolls the run may still take (run.total_frames); stopping(); finished(), whether
+    no more entries will come (an exploiter's run ends with the main agent's).
+    """
+
+    def __init__(self, cfg: Config, trajectories: ShardedTrajectories | TrajectoryStream, consumer: str, *,
+                 fresh: int, unrolls_per_entry: int, unrolls_left: Callable[[], float], stopping: Callable[[], bool],
+                 finished: Callable[[], bool], unroll_spec: UnrollSpec | None = None,
+                 replay: ReplayBuffer | None = None, pin: bool = False, worker_settings: dict | None = None):
+        """fresh: F, stream unrolls per batch; unrolls_per_entry: what one entry is expected to hold
+        (`actor.send_batch`); unroll_spec: what `decode` checks unrolls against; pin: stack batches in
+        pinned memory (the update runs on a GPU); worker_settings: what ingest workers read with
+        (`ingest_workers.worker_settings`), None without workers."""
+        self.cfg = cfg
+        self.trajectories = trajectories
+        self.consumer = consumer
+        self.batch_size = fresh
+        self.unrolls_per_entry = unrolls_per_entry
+        self.unrolls_left = unrolls_left
+        self.stopping = stopping
+        self.unroll_spec = unroll_spec
+        self.finished = finished
+        self.replay = replay
+        self.replayed = replayed_per_batch(cfg.learner)  # k, of the replay's unrolls in every batch
+        self.pin = pin
+        self.worker_settings = worker_settings
+        self.reader = BatchReader(trajectories, consumer, self.decode, self.unrolls_in, unrolls_per_entry,
+                                  cfg.learner.read_block_ms)
+        self.in_flight_unrolls = 0  # of the batches read and not yet acked (with the thread, or none)
+        self.in_flight_lock = threading.Lock()
+        self.workers: IngestWorkers | None = None  # learner.ingest_workers, started by `start`
+        self.ahead: Prefetcher | IngestWorkers | None = None  # what `start` started
+        self.held = threading.Event()  # set by `close`: the entries in flight are no longer renewed
+        self.reading = True  # cleared by `close`, which ends the ingest thread's reads
+
+    # -- what an entry holds, what a batch becomes -------------------------------------------------
+    def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
+        """(header, payload) of each stream entry, or the DecodeError that rejects it."""
+        return decode_unrolls(entries, self.unroll_spec)
+
+    @staticmethod
+    def unrolls_in(header: dict) -> int:
+        """The unrolls a stream entry with this header holds (counted as trained or duplicate with it)."""
+        return header["unrolls"]
+
+    def unroll_versions(self, headers: list[dict]) -> list[int]:
+        """The policy version of each unroll of the entries with these headers, in batch order."""
+        return [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
+
+    def prepare(self, payloads: list) -> object:
+        """What `train_on` takes, made in the ingest thread from the decoded entries read (F fresh
+        unrolls in all): a `Prepared` batch of them and k unrolls sampled from the replay (fewer while
+        it holds fewer), in pinned memory when the update runs on a GPU."""
+        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
+        return self.prepared(stack_entries(payloads + [as_entry(r.unroll) for r in replayed]), replayed)
+
+    def prepare_stacked(self, arrays: dict[str, np.ndarray]) -> Prepared:
+        """`prepare` for a batch an ingest worker stacked (time-major arrays in its shared-memory slot,
+        valid until the batch is acked): the batch shares that memory (pinned copies for a GPU); the
+        replayed unrolls, stacked here, are appended to a copy."""
+        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
+        if replayed:
+            more = stack_entries([as_entry(r.unroll) for r in replayed])
+            arrays = {name: np.concatenate([a, more[name]], axis=0 if name.startswith("final_obs") else 1)
+                      for name, a in arrays.items()}
+        return self.prepared(arrays, replayed)
+
+    def prepared(self, arrays: dict[str, np.ndarray], replayed: list) -> Prepared:
+        """The `Prepared` batch of time-major arrays whose last len(replayed) unrolls are `replayed`; the
+        fresh ones before them (views) go to the replay after the update."""
+        batch = Batch.from_arrays(arrays, torch.device("cpu"), pin=self.pin)
+        fresh = unstack(arrays, batch.reward.shape[1] - len(replayed)) if self.replay is not None else []
+        return Prepared(batch, fresh, [r.policy_version for r in replayed])
+
+    def remember(self, prepared: Prepared, headers: list[dict], stats: dict[str, float], step: int) -> list[int]:
+        """Add the fresh unrolls of the update just made (the learner's `step`-th) to the replay; returns
+        the policy lag of each unroll it replayed ([] without a replay). A batch whose update was skipped
+        (non-finite loss) is not kept: replaying its extreme values would skip later updates too."""
+        if self.replay is None:
+            return []
+        if not stats["skipped_update"]:
+            for unroll, version in zip(prepared.fresh, self.unroll_versions(headers), strict=True):
+                self.replay.add(unroll, version)
+        return [step - 1 - version for version in prepared.replayed_versions]
+
+    # -- reading -----------------------------------------------------------------------------------
+    def keep_reading(self) -> bool:
+        """False once the learner stops, or once `close` ends the reads."""
+        return not self.stopping() and self.reading
+
+    def read(self) -> tuple[list, list[dict], list] | None:
+        """Block until entries holding F valid unrolls are read (`BatchReader.read`): their ids, headers
+        and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when
+        `finished()`."""
+        return self.reader.read(self.batch_size, self.keep_reading, self.finished)
+
+    def next_batch(self) -> tuple[list[bytes], list[dict], object] | None:
+        """Read, de-duplicate, decode, validate and prepare the next batch (`read`, `prepare`), marking
+        it in flight until `acknowledge`. None when stopping.
+
+        It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
+        ends there leaves no unroll delivered and unacked."""
+        while self.in_flight_unrolls >= self.unrolls_left():
+            if not self.keep_reading():
+                return None
+            time.sleep(0.005)
+        got = self.read()
+        if got is None:
+            return None
+        ids, headers, payloads = got
+        with self.in_flight_lock:
+            self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
+        return ids, headers, self.prepare(payloads)
+
+    def claim_stale(self) -> None:
+        """Take over the entries a stopped learner of this name left pending (idle a minute), into the
+        consumer that reads first: this learner's, or its first ingest worker's."""
+        claimed = self.trajectories.claim_stale(worker_consumer(self.consumer, 0) if self.worker_settings
+                                                else self.consumer, min_idle_ms=60_000)
+        if claimed:
+            log.info("claimed %d unrolls left pending by a stopped learner", claimed)
+
+    def start(self) -> Prefetcher | IngestWorkers | None:
+        """Start reading ahead of the update: the ingest workers (with worker settings), the ingest
+        thread (`learner.prefetch_batches` ahead), or nothing (0: `get` reads in the update's thread).
+        Without workers, a thread renews the entries in flight until `close` (workers renew their own)."""
+        cfg = self.cfg
+        if self.worker_settings is not None:
+            self.workers = IngestWorkers(
+                self.worker_settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches,
+                self.batch_size, slot_nbytes(self.unroll_spec, self.batch_size), self.unrolls_left,
+                self.prepare_stacked, self.keep_reading)
+            self.ahead = self.workers
+        elif cfg.learner.prefetch_batches:
+            self.ahead = Prefetcher(self.next_batch, cfg.learner.prefetch_batches)
+        if self.workers is None:
+            self.held = threading.Event()
+            threading.Thread(target=self.reader.keep_alive, args=(self.held,), name="keep-alive", daemon=True).start()
+        return self.ahead
+
+    def get(self) -> tuple[list, list[dict], object] | None:
+        """The next batch (ids, headers, prepared): from what `start` started, or read here; None at the end."""
+        return self.ahead.get() if self.ahead else self.next_batch()
+
+    def acknowledge(self, ids: list[bytes], headers: list[dict]) -> int | None:
+        """Ack a batch the update has trained on, counting its unrolls as trained; returns the stream's
+        trained count after it. With ingest workers the worker that read it acks it
+        (`IngestWorkers.release`): the learner sends no command, and None is returned."""
+        if self.workers is not None:
+            self.workers.release(ids)
+            return None
+        counts = [self.unrolls_in(h) for h in headers]
+        trained = self.trajectories.ack(ids, counts)
+        self.reader.release(ids)
+        with self.in_flight_lock:
+            self.in_flight_unrolls -= sum(counts)
+        return trained
+
+    def close(self) -> None:
+        """Stop reading ahead: what was read and not trained on stays pending, for the next learner."""
+        self.held.set()
+        self.reading = False  # the ingest thread's read ends
+        if self.ahead:
+            self.ahead.close()
+
+
 class Learner:
     """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
 
@@ -302,7 +494,6 @@ class Learner:
         self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
         self.device = pick_device(cfg.learner.device)
         # Several learners (data parallel): rank 0 is the learner of one; the others only train.
         if cfg.learner.num_learners > 1 and dist_url is None:
@@ -346,53 +537,25 @@ class Learner:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         self.namespace = namespace(cfg.run.name, player)
-        # Every trajectory shard (transport.shards), read and acked as one stream; ids carry their shard.
-        self.trajectories = ShardedTrajectories(self.redis, redis_url, self.namespace, cfg.transport.shards,
-                                                cfg.transport.shard_urls, cfg.learner.read_block_ms)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         # A reset asked for while this learner was down is applied at once (see follow_league).
         self.resets_seen = (self.restored_resets if self.restored_resets is not None
                             else self.league.reset_count(player))
-        self.consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
-        # Reads, decodes and dead-letters (own pending entries first) for the ingest thread.
-        self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in,
-                                  cfg.actor.send_batch, cfg.learner.read_block_ms)
-        # Unrolls of the batches read but not yet acked (run.total_frames counts them before reading more).
-        self.in_flight_unrolls = 0
-        self.in_flight_lock = threading.Lock()
-        self.workers: IngestWorkers | None = None  # learner.ingest_workers, started by start_ingest
-        self.redis_url = redis_url
-        self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
         self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
         # Which unrolls `random` reflects: its own stream, one per rank, reproducible from run.seed.
         self.mirror_generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + rank)
-        # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
-        self.replayed = replayed_per_batch(cfg.learner)
-        self.replay = self.make_replay(rank) if self.replayed else None
-        self.batch_size = cfg.learner.batch_size - self.replayed  # fresh unrolls per update
-        self.unrolls_per_entry = cfg.actor.send_batch  # what the actors put in one stream entry
+        consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
+        self.ingest = self.make_ingest(redis_url, consumer, rank)
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
         # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
         self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
         # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
         self.report: Callable[[Path, Tracker], None] | None = None
-
-    def make_replay(self, rank: int) -> ReplayBuffer:
-        """This learner's replay, seeded by run.seed, its rank and its player (crc32: Python's str hash
-        differs between processes). Raises ConfigError when learner.replay_memory_mb cannot hold the k
-        unrolls a batch replays."""
-        capacity = int(self.cfg.learner.replay_memory_mb * 2**20)
-        largest = self.unroll_spec.max_unroll_nbytes
-        if capacity < self.replayed * largest:
-            raise ConfigError(f"learner.replay_memory_mb={self.cfg.learner.replay_memory_mb} holds fewer than the "
-                              f"{self.replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
-                              f"{self.spec.name} with T={self.cfg.actor.unroll_length}): raise it")
-        return ReplayBuffer(capacity, seed=(self.cfg.run.seed, rank, zlib.crc32(self.player.encode())))
 
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
@@ -458,111 +621,49 @@ class Learner:
         torch.manual_seed(self.cfg.run.seed + 7919 * count)
         self.model = make_model(self.spec, self.cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
-        if self.replay is not None:  # the new weights learn from their own games, not the old ones'
-            self.replay.clear()
+        if self.ingest.replay is not None:  # the new weights learn from their own games, not the old ones'
+            self.ingest.replay.clear()
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
 
     # -- reading -----------------------------------------------------------------------------------
-    def next_batch(self) -> tuple[list, list[dict], list] | None:
-        """Block until entries holding B valid unrolls are read (`BatchReader.read`): their ids, headers
-        and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when an
-        exploiter's run is over."""
-        return self.reader.read(self.batch_size, lambda: not self.stopping and self.reading, self.run_is_over)
+    def make_ingest(self, redis_url: str, consumer: str, rank: int) -> Ingest:
+        """This learner's reads (`consumer`: its name in the stream's group): unrolls from every trajectory
+        shard (transport.shards), with its replay when learner.replay_fraction > 0 and its ingest workers
+        when learner.ingest_workers > 0."""
+        cfg = self.cfg
+        unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
+        replayed = replayed_per_batch(cfg.learner)
+        fresh = cfg.learner.batch_size - replayed  # F: unrolls per update from the stream
+        settings = None if not cfg.learner.ingest_workers else worker_settings(
+            redis_url=redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
+            env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
+            unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
+            shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
+            retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=fresh,
+            done_key=None if self.player == MAIN else keys.done(cfg.run.name))
+        return Ingest(
+            cfg, ShardedTrajectories(self.redis, redis_url, self.namespace, cfg.transport.shards,
+                                     cfg.transport.shard_urls, cfg.learner.read_block_ms),
+            consumer, fresh=fresh, unrolls_per_entry=cfg.actor.send_batch, unrolls_left=self.unrolls_left,
+            stopping=lambda: self.stopping, finished=self.run_is_over, unroll_spec=unroll_spec,
+            replay=make_replay(cfg, unroll_spec, replayed, rank, self.player) if replayed else None,
+            pin=self.device.type == "cuda", worker_settings=settings)
+
+    def unrolls_left(self) -> float:
+        """Unrolls the run may still read before run.total_frames (every rank reads as many: frames count
+        every rank's unrolls)."""
+        return (self.cfg.run.total_frames - self.frames) / (self.cfg.actor.unroll_length * self.group.size)
 
     def run_is_over(self) -> bool:
         """An exploiter's reads end with the main agent's run (its actors are gone then)."""
         return self.player != MAIN and bool(self.redis.exists(keys.done(self.cfg.run.name)))
 
-    @staticmethod
-    def unrolls_in(header: dict) -> int:
-        """The unrolls a stream entry with this header holds (counted as trained or duplicate with it)."""
-        return header["unrolls"]
-
-    def unroll_versions(self, headers: list[dict]) -> list[int]:
-        """The policy version of each unroll of the entries with these headers, in batch order."""
-        return [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
-
-    def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
-        """(header, payload) of each stream entry, or the DecodeError that rejects it."""
-        return decode_unrolls(entries, self.unroll_spec)
-
-    def prepare(self, payloads: list) -> object:
-        """What `train_on` takes, made in the ingest thread from the decoded entries read (F fresh
-        unrolls in all): a `Prepared` batch of them and k unrolls sampled from the replay (fewer while
-        it holds fewer), in pinned memory when the update runs on a GPU."""
-        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
-        return self.prepared(stack_entries(payloads + [as_entry(r.unroll) for r in replayed]), replayed)
-
-    def prepare_stacked(self, arrays: dict[str, np.ndarray]) -> Prepared:
-        """`prepare` for a batch an ingest worker stacked (time-major arrays in its shared-memory slot,
-        valid until the batch is acked): the batch shares that memory (pinned copies for a GPU); the
-        replayed unrolls, stacked here, are appended to a copy."""
-        replayed = self.replay.sample(self.replayed) if self.replay is not None else []
-        if replayed:
-            more = stack_entries([as_entry(r.unroll) for r in replayed])
-            arrays = {name: np.concatenate([a, more[name]], axis=0 if name.startswith("final_obs") else 1)
-                      for name, a in arrays.items()}
-        return self.prepared(arrays, replayed)
-
-    def prepared(self, arrays: dict[str, np.ndarray], replayed: list) -> Prepared:
-        """The `Prepared` batch of time-major arrays whose last len(replayed) unrolls are `replayed`; the
-        fresh ones before them (views) go to the replay after the update."""
-        batch = Batch.from_arrays(arrays, torch.device("cpu"), pin=self.device.type == "cuda")
-        fresh = unstack(arrays, batch.reward.shape[1] - len(replayed)) if self.replay is not None else []
-        return Prepared(batch, fresh, [r.policy_version for r in replayed])
-
-    def start_ingest(self) -> Prefetcher | IngestWorkers | None:
-        """What reads the batches ahead of the update: `learner.ingest_workers` processes, the ingest
-        thread (`learner.prefetch_batches` ahead), or nothing (0: `ingest` in the update's thread)."""
-        cfg = self.cfg
-        if cfg.learner.ingest_workers:
-            settings = worker_settings(
-                redis_url=self.redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
-                env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
-                unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
-                shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
-                retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=self.batch_size,
-                done_key=None if self.player == MAIN else keys.done(cfg.run.name))
-            frames_per_unroll = cfg.actor.unroll_length * self.group.size
-            self.workers = IngestWorkers(
-                settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches, self.batch_size,
-                slot_nbytes(self.unroll_spec, self.batch_size),
-                lambda: (cfg.run.total_frames - self.frames) / frames_per_unroll, self.prepare_stacked,
-                lambda: not self.stopping and self.reading)
-            return self.workers
-        return Prefetcher(self.ingest, cfg.learner.prefetch_batches) if cfg.learner.prefetch_batches else None
-
-    def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
-        """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
-        marking it in flight until `acknowledge`. None when stopping.
-
-        It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
-        ends there leaves no unroll delivered and unacked."""
-        frames_per_unroll = self.cfg.actor.unroll_length * self.group.size  # each rank reads as many
-        while self.frames + frames_per_unroll * self.in_flight_unrolls >= self.cfg.run.total_frames:
-            if self.stopping or not self.reading:
-                return None
-            time.sleep(0.005)
-        got = self.next_batch()
-        if got is None:
-            return None
-        ids, headers, payloads = got
-        with self.in_flight_lock:
-            self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
-        return ids, headers, self.prepare(payloads)
-
     def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
-        """Ack a batch the update has trained on (counting its unrolls as trained). With ingest workers
-        the worker that read it acks it (`IngestWorkers.release`): the learner sends no command."""
-        if self.workers is not None:
-            self.workers.release(ids)
-            return
-        counts = [self.unrolls_in(h) for h in headers]
-        self.unrolls_trained = self.trajectories.ack(ids, counts)
-        self.reader.release(ids)
-        with self.in_flight_lock:
-            self.in_flight_unrolls -= sum(counts)
+        """Ack a batch the update has trained on, counting its unrolls as trained (`Ingest.acknowledge`)."""
+        trained = self.ingest.acknowledge(ids, headers)
+        if trained is not None:  # (ingest workers ack for the learner: `checkpoint_trained` reads their count)
+            self.unrolls_trained = trained
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -585,14 +686,10 @@ class Learner:
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
         if self.player == MAIN and main:
             self.redis.delete(keys.done(cfg.run.name))
-        self.trajectories.ensure_group()
+        self.ingest.trajectories.ensure_group()
         if main:
             self.count_rolled_back()
-        # Into the consumer that reads first: this learner's, or its first ingest worker's.
-        claimed = self.trajectories.claim_stale(worker_consumer(self.consumer, 0) if cfg.learner.ingest_workers
-                                                else self.consumer, min_idle_ms=60_000)
-        if claimed:
-            log.info("claimed %d unrolls left pending by a stopped learner", claimed)
+        self.ingest.claim_stale()
         if main:
             self.results.skip_to_end()
             self.params.publish(self.model.state_dict(), self.step, self.frames)
@@ -603,14 +700,11 @@ class Learner:
         self.started = last_ckpt = time.monotonic()
         self.started_at = time.time()
         window = MetricsWindow(self.started)
-        batches = self.start_ingest()
-        held = threading.Event()  # set when the loop ends: the entries in flight are no longer renewed
-        if self.workers is None:  # (workers renew their own)
-            threading.Thread(target=self.reader.keep_alive, args=(held,), name="keep-alive", daemon=True).start()
+        self.ingest.start()
         try:
             while True:
                 waited = time.monotonic()
-                got = None if self.reached_end() else batches.get() if batches else self.ingest()
+                got = None if self.reached_end() else self.ingest.get()
                 window.waited_s += time.monotonic() - waited
                 # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
                 lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
@@ -627,10 +721,7 @@ class Learner:
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
         finally:
-            held.set()
-            self.reading = False  # the ingest thread's read ends; what it prefetched stays pending
-            if batches:
-                batches.close()
+            self.ingest.close()
         if window.stats and main:  # the last, partial window: a run shorter than run.log_every_s still gets a record
             self.log_metrics(window, time.monotonic())
         self.finish()
@@ -659,8 +750,8 @@ class Learner:
         once they agreed to go on, so rank 0 records the run's trained count from Redis, not its own acks'
         (so does a learner whose ingest workers ack for it: up to learner.prefetch_batches acks may be
         on their way, which a crash's `rolled_back` would count too)."""
-        if (self.group.distributed or self.workers is not None) and self.group.is_main:
-            self.unrolls_trained = self.trajectories.accounting()["trained"]
+        if (self.group.distributed or self.ingest.workers is not None) and self.group.is_main:
+            self.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         self.checkpoint()
 
     def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
@@ -675,9 +766,9 @@ class Learner:
         stats = self.train_on(batch)
         window.update_s += time.monotonic() - started
         # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
-        replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
+        replay_lags = self.ingest.remember(batch, headers, stats, self.step)
         self.acknowledge(ids, headers)
-        lags = [self.step - 1 - version for version in self.unroll_versions(headers)]
+        lags = [self.step - 1 - version for version in self.ingest.unroll_versions(headers)]
         window.add(self.frames - frames, lags, stats, replay_lags)
         now = time.monotonic()
         if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
@@ -685,19 +776,10 @@ class Learner:
         self.log_metrics(window, now)
         return MetricsWindow(now)
 
-    def remember(self, prepared: Prepared, headers: list[dict], stats: dict[str, float]) -> list[int]:
-        """Add the fresh unrolls of the update just made to the replay; returns the policy lag of each
-        unroll it replayed. A batch whose update was skipped (non-finite loss) is not kept: replaying its
-        extreme values would skip later updates too."""
-        if not stats["skipped_update"]:
-            for unroll, version in zip(prepared.fresh, self.unroll_versions(headers), strict=True):
-                self.replay.add(unroll, version)
-        return [self.step - 1 - version for version in prepared.replayed_versions]
-
     def count_rolled_back(self) -> None:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
         died with the old process. They stay counted as trained; this counts and logs them."""
-        self.unrolls_trained = self.trajectories.accounting()["trained"]
+        self.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
             self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
         if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
@@ -735,9 +817,7 @@ class Learner:
             log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
             self.metrics_file.close()
             return
-        if self.group.distributed or self.workers is not None:  # the run's trained count: every rank (worker) has acked
-            self.unrolls_trained = self.trajectories.accounting()["trained"]
-        self.checkpoint()  # first: it needs no Redis
+        self.checkpoint_trained()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(keys.done(self.cfg.run.name), 1)
@@ -770,7 +850,7 @@ class Learner:
         self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
         league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
         record = window.summary(now)
-        counts = self.trajectories.accounting()
+        counts = self.ingest.trajectories.accounting()
         counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
         self.last_counters = {k: counts[k] for k in COUNTERS}
         record.update({
@@ -780,23 +860,23 @@ class Learner:
             "env_steps_played": counts["env_steps"], "time": time.time(),
             "elapsed_s": self.elapsed(), "learner_started": self.started_at,
             # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
-            "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
+            "queue_depth": counts["backlog"] * self.ingest.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
             "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
             "unrolls_rolled_back": self.rolled_back,
             "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
-            "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
+            "stream_losses": self.ingest.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
             "corrupt_weight_loads": self.params.corrupt_count(),
             "weight_replica_fallbacks": self.params.replica_fallback_count(),
             "actors_throttled_s": counts["throttled_s"],
         })
         if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames
             record["emulator_frames"] = counts["env_steps"] * self.spec.frames_per_step
-        if self.replay is not None:
-            record.update(window.replay_summary(), replay_unrolls=len(self.replay),
-                          replay_mb=self.replay.nbytes / 2**20)
-        if getattr(self.trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
-            record["queue_depth_shards"] = [n * self.unrolls_per_entry for n in self.trajectories.backlogs]
-            record["shard_servers_down"] = self.trajectories.servers_down()
+        replay, trajectories = self.ingest.replay, self.ingest.trajectories
+        if replay is not None:
+            record.update(window.replay_summary(), replay_unrolls=len(replay), replay_mb=replay.nbytes / 2**20)
+        if getattr(trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
+            record["queue_depth_shards"] = [n * self.ingest.unrolls_per_entry for n in trajectories.backlogs]
+            record["shard_servers_down"] = trajectories.servers_down()
         if episodes:
             record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
             record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))
