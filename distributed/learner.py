@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -39,25 +38,23 @@ from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
+from distributed.metrics import LearnerMetrics
 from distributed.ownership import owns_run_dir, run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import LearnerLease, ResultsStream, TrajectoryStream, connect, redis_outages, run_is_over
-from league.matchmaking import SELF
-from league.payoff import episode_score
-from league.players import MAIN, checkpoint_dir, metrics_path, namespace
+from distributed.transport import LearnerLease, TrajectoryStream, connect, run_is_over
+from league.players import MAIN, checkpoint_dir, namespace
 from league.store import LeagueStore
 from losses.actor_critic import actor_critic_loss
 from envs.registry import EnvSpec, env_spec
 from evaluation.bots import GAMES
-from tracking import Tracker, start_tracking, strict_json
+from tracking import Tracker
 
 log = logging.getLogger("learner")
 
 CHECKPOINT_NAME = "latest.safetensors"
 COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
-LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
 @dataclass
@@ -517,7 +514,6 @@ class Learner:
         self.rolled_back = 0
         self.elapsed_before = 0.0  # training seconds of earlier processes of this run (from the checkpoint)
         self.started: float | None = None  # monotonic start of this process's training
-        self.started_at = time.time()
         self.finished = False
         # Delivery counters of metrics.jsonl continue across a resume: on a new Redis (an embedded one is
         # new every run) they start again from 0, so the checkpoint's values are added (`count_rolled_back`).
@@ -537,7 +533,6 @@ class Learner:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         self.namespace = namespace(cfg.run.name, player)
-        self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
         # A reset asked for while this learner was down is applied at once (see follow_league).
@@ -551,11 +546,8 @@ class Learner:
         consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.ingest = self.make_ingest(redis_url, consumer, rank)
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
-        # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
-        self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
-        self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
-        # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
-        self.report: Callable[[Path, Tracker], None] | None = None
+        self.metrics = LearnerMetrics(cfg, self.run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
+                                      self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay)
 
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
@@ -679,7 +671,7 @@ class Learner:
         acquired = self.lease.acquire(should_stop=lambda: self.stopping) if main else True
         (refused,), _ = self.group.agree((not acquired,), 0.0, self.device)
         if refused:
-            self.metrics_file.close()
+            self.metrics.close()
             return
         self.sync_start()
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
@@ -691,21 +683,20 @@ class Learner:
             self.count_rolled_back()
         self.ingest.claim_stale()
         if main:
-            self.results.skip_to_end()
+            self.metrics.results.skip_to_end()
             self.params.publish(self.model.state_dict(), self.step, self.frames)
-            self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
+            self.metrics.start_tracking(self.step)
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_frames:,}",
                  f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")
         self.started = last_ckpt = time.monotonic()
-        self.started_at = time.time()
-        window = MetricsWindow(self.started)
+        self.metrics.start(self.started)
         self.ingest.start()
         try:
             while True:
                 waited = time.monotonic()
                 got = None if self.reached_end() else self.ingest.get()
-                window.waited_s += time.monotonic() - waited
+                self.metrics.window.waited_s += time.monotonic() - waited
                 # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
                 lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
                 (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
@@ -717,13 +708,14 @@ class Learner:
                 if now - last_ckpt >= cfg.learner.checkpoint_every_s:
                     self.checkpoint_trained()
                     last_ckpt = now
-                window = self.update(got, window, lr)
+                self.update(got, lr)
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
         finally:
             self.ingest.close()
-        if window.stats and main:  # the last, partial window: a run shorter than run.log_every_s still gets a record
-            self.log_metrics(window, time.monotonic())
+        # The last, partial window: a run shorter than run.log_every_s still gets a record.
+        if self.metrics.window.stats and main:
+            self.log_metrics(time.monotonic())
         self.finish()
 
     def reached_end(self) -> bool:
@@ -754,14 +746,14 @@ class Learner:
             self.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         self.checkpoint()
 
-    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
-               lr: float) -> "MetricsWindow":
-        """Train on one ingested batch at learning rate `lr`, ack it, and log the metrics window when it
-        is due; returns the window to add the next update to."""
+    def update(self, got: tuple[list[bytes], list[dict], object], lr: float) -> None:
+        """Train on one ingested batch at learning rate `lr`, ack it, add it to the metrics window, and
+        log the window when it is due (rank 0)."""
         ids, headers, batch = got
         frames = self.frames
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        window = self.metrics.window
         started = time.monotonic()
         stats = self.train_on(batch)
         window.update_s += time.monotonic() - started
@@ -771,10 +763,8 @@ class Learner:
         lags = [self.step - 1 - version for version in self.ingest.unroll_versions(headers)]
         window.add(self.frames - frames, lags, stats, replay_lags)
         now = time.monotonic()
-        if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
-            return window
-        self.log_metrics(window, now)
-        return MetricsWindow(now)
+        if now - window.start >= self.cfg.run.log_every_s and self.group.is_main:
+            self.log_metrics(now)
 
     def count_rolled_back(self) -> None:
         """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
@@ -815,7 +805,7 @@ class Learner:
         self.finished = not self.stopping
         if not self.group.is_main:
             log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
-            self.metrics_file.close()
+            self.metrics.close()
             return
         self.checkpoint_trained()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
@@ -823,167 +813,16 @@ class Learner:
             self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
         log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
-        self.metrics_file.close()
-        if self.tracker:
-            if self.player == MAIN and self.report is not None and not self.stopping:  # interrupted: stop now
-                self.log_report_figures()
-            self.tracker.finish()
+        self.metrics.close(report=self.player == MAIN and not self.stopping)  # interrupted: no figures, stop now
 
-    def log_report_figures(self) -> None:
-        """The figures of `run.py report` for this run, logged to the trackers at the end (a plotting
-        error is logged and does not fail a run whose checkpoint is written)."""
-        try:
-            self.report(self.run_dir, self.tracker)
-        except (ValueError, OSError, KeyError, TypeError) as e:
-            log.warning("could not log the report figures: %s: %s", type(e).__name__, e)
-
-    # -- metrics -----------------------------------------------------------------------------------
-    @property
-    def tracking_name(self) -> str:
-        """This learner's wandb id and TensorBoard folder: the run name, with the player for exploiters."""
-        return self.cfg.run.name if self.player == MAIN else f"{self.cfg.run.name}-{self.player}"
-
-    def log_metrics(self, window: "MetricsWindow", now: float) -> None:
-        episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
-        nonfinite = sum(bool(e.get("nonfinite")) for e in episodes)  # counted, and left out of every statistic
-        episodes = [e for e in episodes if not e.get("nonfinite")]
-        self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
-        league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
-        record = window.summary(now)
+    def log_metrics(self, now: float) -> None:
+        """Write the metrics window ending `now` (`LearnerMetrics.log`) with this learner's progress and the
+        stream's delivery counts, those of earlier Redis servers of the run added (`counter_base`)."""
         counts = self.ingest.trajectories.accounting()
         counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
         self.last_counters = {k: counts[k] for k in COUNTERS}
-        record.update({
-            # Agent steps trained (`frames`, its older name; the unit of run.total_frames and SPS) and
-            # env steps played by the actors (each env.step once, whoever acted).
-            "step": self.step, "frames": self.frames, "agent_steps_trained": self.frames,
-            "env_steps_played": counts["env_steps"], "time": time.time(),
-            "elapsed_s": self.elapsed(), "learner_started": self.started_at,
-            # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
-            "queue_depth": counts["backlog"] * self.ingest.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
-            "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
-            "unrolls_rolled_back": self.rolled_back,
-            "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
-            "stream_losses": self.ingest.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
-            "corrupt_weight_loads": self.params.corrupt_count(),
-            "weight_replica_fallbacks": self.params.replica_fallback_count(),
-            "actors_throttled_s": counts["throttled_s"],
-        })
-        if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames
-            record["emulator_frames"] = counts["env_steps"] * self.spec.frames_per_step
-        replay, trajectories = self.ingest.replay, self.ingest.trajectories
-        if replay is not None:
-            record.update(window.replay_summary(), replay_unrolls=len(replay), replay_mb=replay.nbytes / 2**20)
-        if getattr(trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
-            record["queue_depth_shards"] = [n * self.ingest.unrolls_per_entry for n in trajectories.backlogs]
-            record["shard_servers_down"] = trajectories.servers_down()
-        if episodes:
-            record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
-            record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))
-        if self_play and len(self.spec.seats) > 1:
-            winners = np.array([e.get("winner", -1) for e in self_play])
-            record["first_seat_win_rate"] = float(np.mean(winners == 0))
-            record["draw_rate"] = float(np.mean(winners == -1))
-        if league:
-            record["league_score"] = float(np.mean([episode_score(e) for e in league]))
-            record.update(seat_scores(league, len(self.spec.seats)))
-        self.metrics_file.write(strict_json(record) + "\n")
-        self.metrics_file.flush()
-        self.tracker.log(record, self.step)
-        games = []
-        if episodes and self.spec.kind != "aec":
-            games.append(f"return {record['episode_return']:.1f}")
-        if "first_seat_win_rate" in record:
-            games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
-        if league:
-            seats = [f"{record[k]:.2f}" if k in record else "-" for k in map(seat_score_key, range(len(self.spec.seats)))]
-            games.append(f"league score {record['league_score']:.2f}"
-                         + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
-        if episodes:
-            games.append(f"len {record['episode_length']:.1f}")
-        if "emulator_frames" in record:
-            games.append(f"emulator frames {record['emulator_frames']:,}")
-        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
-                 "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
-                 f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}", record["sps"],
-                 record["policy_lag"], record["queue_depth"],
-                 record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
-
-
-@dataclass
-class MetricsWindow:
-    """What the updates since `start` (monotonic seconds) trained on and measured."""
-
-    start: float
-    frames: int = 0
-    lags: list = field(default_factory=list)  # policy lag of each fresh unroll
-    stats: list = field(default_factory=list)
-    replay_lags: list = field(default_factory=list)  # policy lag of each replayed unroll, when it was trained on
-    update_s: float = 0.0  # seconds in the updates themselves (`train_on`)
-    waited_s: float = 0.0  # seconds the update's thread waited for its next batch
-
-    def add(self, frames: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
-        self.frames += frames
-        self.lags += lags
-        self.stats.append(stats)
-        self.replay_lags += replay_lags
-
-    def replay_summary(self) -> dict[str, float]:
-        """Experience replay: `replayed_fraction`, the share of the unrolls trained on that were
-        replayed, and `replay_policy_lag`, their mean policy lag (learner step - policy_version) when
-        trained on, left out of a window that replayed none."""
-        trained = len(self.lags) + len(self.replay_lags)
-        record = {"replayed_fraction": len(self.replay_lags) / max(trained, 1)}
-        if self.replay_lags:
-            record["replay_policy_lag"] = float(np.mean(self.replay_lags))
-        return record
-
-    def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (agent steps trained per second), policy lag
-        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
-        the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
-        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck.
-        A negative lag (the unroll's version ahead of the learner: acted by weights from before the learner
-        resumed from an older checkpoint) is counted in `policy_lag_negative` and left out of the lag
-        statistics, which are null when the window has no other unroll."""
-        record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
-        record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
-        lags = [lag for lag in self.lags if lag >= 0]
-        record.update({"sps": self.frames / max(now - self.start, 1e-9),
-                       "policy_lag": float(np.mean(lags)) if lags else math.nan,
-                       "policy_lag_max": int(max(lags)) if lags else None,
-                       "policy_lag_counts": np.bincount(np.clip(lags, 0, LAG_BINS - 1)).tolist() if lags else [],
-                       "policy_lag_negative": len(self.lags) - len(lags)})
-        seconds = max(now - self.start, 1e-9)
-        record.update(update_share=self.update_s / seconds, wait_share=self.waited_s / seconds)
-        return record
-
-
-def seat_score_key(seat: int) -> str:
-    """The metrics key of the learner's league score when it held seat `seat` (0 moves first)."""
-    return f"league_score_seat_{seat}"
-
-
-def seat_scores(episodes: list[dict], num_seats: int) -> dict[str, float]:
-    """The learner's mean score (1 win, 0.5 draw, 0 loss) per seat it held, over league games: in a
-    game with a first-move advantage the pooled `league_score` hides a weak seat (0.553 as first
-    player and 0.282 as second pooled to 0.49 in one tic-tac-toe league). Seats without games are
-    left out. Only games of two or more seats have per-seat scores."""
-    if num_seats < 2:
-        return {}
-    out = {}
-    for seat in range(num_seats):
-        scores = [episode_score(e) for e in episodes if e.get("learner_seat", -1) == seat]
-        if scores:
-            out[seat_score_key(seat)] = float(np.mean(scores))
-    return out
-
-
-def _learner_return(episode: dict) -> float:
-    """The learner's return in a reported episode: its seat's, or the mean over seats in self-play."""
-    returns = episode.get("returns") or [0.0]
-    seat = episode.get("learner_seat", -1)
-    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
+        self.metrics.log(now, step=self.step, frames=self.frames, elapsed_s=self.elapsed(),
+                         learning_rate=self.optimizer.param_groups[0]["lr"], counts=counts, rolled_back=self.rolled_back)
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
@@ -999,7 +838,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     torch.set_num_threads(1)
     keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
-    learner.report = report
+    learner.metrics.report = report
     written = f"checkpoint at update {{}} written to {learner.checkpoint_path}"
 
     def lost_redis(e: Exception) -> str:

@@ -113,7 +113,7 @@ def test_the_learner_client_can_block_for_its_configured_read(tmp_path, redis_ur
 
     learner = Learner(small_config(run_name, tmp_path, "learner.read_block_ms=30000"), redis_url, tmp_path / run_name)
     assert learner.redis.connection_pool.connection_kwargs["socket_timeout"] > 30
-    learner.metrics_file.close()
+    learner.metrics.file.close()
 
 
 # -- reconnect with backoff -------------------------------------------------------------------------
