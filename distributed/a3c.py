@@ -173,9 +173,7 @@ class ParameterServer(Learner):
     parts are the workers' own.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.label = "parameter server" if self.player == MAIN else f"parameter server {self.player}"
+    role = "parameter server"
 
     def make_ingest(self, redis_url: str, consumer: str, rank: int) -> Ingest:
         """The gradient stream `{run}:grads`, every gradient applied as soon as it arrives (no replay,

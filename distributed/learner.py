@@ -480,6 +480,8 @@ class Ingest:
 class Learner:
     """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
 
+    role = "learner"  # in log lines (A3C's parameter server is named as such)
+
     def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
                  rank: int = 0, dist_url: str | None = None):
         """`rank` and `dist_url` (tcp://host:port): this process's place among `learner.num_learners`
@@ -488,7 +490,6 @@ class Learner:
         DataParallelError."""
         self.cfg = cfg
         self.player = player
-        self.label = "learner" if player == MAIN else f"learner {player}"
         self.run_dir = Path(run_dir)
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.device = pick_device(cfg.learner.device)
@@ -498,8 +499,6 @@ class Learner:
                               "the rendezvous --dist-url tcp://<rank 0 host>:<port> (run.py train passes both)")
         self.device = cuda_device_for(rank, self.device)
         self.group = join(rank, cfg.learner.num_learners, dist_url, self.device) if dist_url else Group.single()
-        if self.group.distributed:
-            self.label += f" rank {rank}"
         self.reduce_gradients = (lambda model: average_gradients(model, self.group)) if self.group.distributed else None
         torch.manual_seed(cfg.run.seed)
         self.model = make_model(self.spec, cfg.agent).to(self.device)
@@ -548,6 +547,12 @@ class Learner:
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
         self.metrics = LearnerMetrics(cfg, self.run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
                                       self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay)
+
+    @property
+    def label(self) -> str:
+        """This learner in log lines: its role, its player unless it is the main agent, its rank among several."""
+        label = self.role if self.player == MAIN else f"{self.role} {self.player}"
+        return label + (f" rank {self.group.rank}" if self.group.distributed else "")
 
     def restore(self) -> None:
         """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
