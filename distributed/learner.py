@@ -7,7 +7,6 @@ it: reading and decoding the stream, acking, publishing, checkpointing, logging.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -23,38 +22,33 @@ import numpy as np
 import redis
 import torch
 
-from agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
-                               save_checkpoint)
 from agents.core import forward_batch
 from agents.heads import DiscreteHead, FunctionCallHead
 from agents.model import make_model, policy_head
-from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
+from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch
 from distributed import keys
 from distributed.allocator import keep_freed_memory
+from distributed.checkpoints import Checkpoints
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
-from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
 from distributed.metrics import LearnerMetrics
-from distributed.ownership import owns_run_dir, run_role
+from distributed.ownership import run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
 from distributed.transport import LearnerLease, TrajectoryStream, connect, run_is_over
-from league.players import MAIN, checkpoint_dir, namespace
+from league.players import MAIN, namespace
 from league.store import LeagueStore
 from losses.actor_critic import actor_critic_loss
 from envs.registry import EnvSpec, env_spec
-from evaluation.bots import GAMES
 from tracking import Tracker
 
 log = logging.getLogger("learner")
 
-CHECKPOINT_NAME = "latest.safetensors"
-COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
 
 
 @dataclass
@@ -505,38 +499,19 @@ class Learner:
         self.head = policy_head(self.spec)
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
-        self.restored_resets: int | None = None  # league resets this learner's checkpoint had applied
-        # `{ns}:traj:trained` as of the last ack; its value in the checkpoint tells, after a crash, how
-        # many acked unrolls' updates the resumed model lacks (`rolled_back`, see docs/architecture.md).
-        self.unrolls_trained = 0
-        self.restored_trained: int | None = None
-        self.rolled_back = 0
-        self.elapsed_before = 0.0  # training seconds of earlier processes of this run (from the checkpoint)
-        self.started: float | None = None  # monotonic start of this process's training
-        self.finished = False
-        # Delivery counters of metrics.jsonl continue across a resume: on a new Redis (an embedded one is
-        # new every run) they start again from 0, so the checkpoint's values are added (`count_rolled_back`).
-        self.restored_counters: dict[str, int] = {}
-        self.counter_base: dict[str, int] = {}
-        self.last_counters: dict[str, int] = {}
-        self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
-        # Without a league, evenly spaced copies of the checkpoint for the end-of-run evaluation to play
-        # (distributed/history.py); a league's snapshots serve instead.
-        self.history = (CheckpointHistory(self.checkpoint_path)
-                        if player == MAIN and not cfg.league.enabled and cfg.env.name in GAMES else None)
+        self.checkpoints = Checkpoints(cfg, self.run_dir, player, self.spec.name, self.group.is_main, self.label)
         if resume and not self.group.is_main:
             pass  # rank 0's state reaches this rank in sync_start
-        elif resume and self.checkpoint_path.exists():
-            self.restore()
+        elif resume and self.checkpoints.path.exists():
+            self.step, self.frames = self.checkpoints.restore(self.model, self.optimizer)
         elif resume:
-            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
+            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoints.path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         self.namespace = namespace(cfg.run.name, player)
         self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
         self.league = LeagueStore(self.redis, cfg.run.name)
-        # A reset asked for while this learner was down is applied at once (see follow_league).
-        self.resets_seen = (self.restored_resets if self.restored_resets is not None
-                            else self.league.reset_count(player))
+        if self.checkpoints.league_resets is None:  # else one asked for while it was down is applied at once
+            self.checkpoints.league_resets = self.league.reset_count(player)
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
@@ -554,54 +529,10 @@ class Learner:
         label = self.role if self.player == MAIN else f"{self.role} {self.player}"
         return label + (f" rank {self.group.rank}" if self.group.distributed else "")
 
-    def restore(self) -> None:
-        """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
-        tensors, metadata = read_checkpoint(self.checkpoint_path)
-        check_network(metadata, self.cfg, self.checkpoint_path)
-        fresh_groups = self.optimizer.state_dict()["param_groups"]
-        try:
-            self.model.load_state_dict(model_state(tensors))
-            saved_groups = json.loads(metadata.get("optim_groups", "[]"))
-            marker = "betas" if self.cfg.learner.optimizer == "adam" else "alpha"  # Adam's vs RMSprop's own key
-            if len(saved_groups) != len(fresh_groups) or not all(marker in g for g in saved_groups):
-                raise ValueError(f"its optimizer state is not that of learner.optimizer={self.cfg.learner.optimizer}")
-            load_optimizer_state(self.optimizer, tensors, metadata)
-            meta = json.loads(metadata["meta"])
-            step, frames = int(meta["step"]), int(meta["frames"])
-            self.restored_resets = int(meta.get("league_resets", 0))
-            self.restored_trained = int(meta.get("unrolls_trained", 0))
-            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
-            self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
-                                  f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
-        # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
-        for group, fresh in zip(self.optimizer.param_groups, fresh_groups):
-            group.update({k: v for k, v in fresh.items() if k != "params"})
-        self.step, self.frames = step, frames
-        log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
-
-    def elapsed(self) -> float:
-        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
-        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
-
     def checkpoint(self) -> None:
-        """Save model, optimizer and counters, unless the run directory is no longer ours (the launcher
-        that owns it died: a new owner may have resumed the run meanwhile). Rank 0 alone writes it."""
-        if not self.group.is_main:
-            return
-        if not owns_run_dir():
-            log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label,
-                        self.checkpoint_path)
-            return
-        save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
-                        {"step": self.step, "frames": self.frames, "params_version": self.step,
-                         "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
-                         "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
-                         "counters": self.last_counters or self.counter_base,
-                         "finished": self.finished})
-        if self.history is not None:
-            self.history.update()
+        """Save model, optimizer, step, frames and the run's carried state (`Checkpoints.save`: rank 0
+        alone, while the run directory is ours)."""
+        self.checkpoints.save(self.model, self.optimizer, self.step, self.frames)
 
     def stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Stop before the next update; a signal handler (`signum`: the signal, kept for the exit code)."""
@@ -612,9 +543,9 @@ class Learner:
         """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
         resets exploiters so that they keep finding new weaknesses rather than polishing one)."""
         count = self.league.reset_count(self.player)
-        if count == self.resets_seen:
+        if count == self.checkpoints.league_resets:
             return
-        self.resets_seen = count
+        self.checkpoints.league_resets = count
         torch.manual_seed(self.cfg.run.seed + 7919 * count)
         self.model = make_model(self.spec, self.cfg.agent).to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
@@ -660,7 +591,7 @@ class Learner:
         """Ack a batch the update has trained on, counting its unrolls as trained (`Ingest.acknowledge`)."""
         trained = self.ingest.acknowledge(ids, headers)
         if trained is not None:  # (ingest workers ack for the learner: `checkpoint_trained` reads their count)
-            self.unrolls_trained = trained
+            self.checkpoints.unrolls_trained = trained
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -685,7 +616,7 @@ class Learner:
             self.redis.delete(keys.done(cfg.run.name))
         self.ingest.trajectories.ensure_group()
         if main:
-            self.count_rolled_back()
+            self.checkpoints.count_rolled_back(self.ingest.trajectories.accounting()["trained"])
         self.ingest.claim_stale()
         if main:
             self.metrics.results.skip_to_end()
@@ -694,8 +625,9 @@ class Learner:
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_frames:,}",
                  f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")
-        self.started = last_ckpt = time.monotonic()
-        self.metrics.start(self.started)
+        started = time.monotonic()
+        self.checkpoints.start_clock(started)
+        self.metrics.start(started)
         self.ingest.start()
         try:
             while True:
@@ -703,16 +635,14 @@ class Learner:
                 got = None if self.reached_end() else self.ingest.get()
                 self.metrics.window.waited_s += time.monotonic() - waited
                 # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
-                lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
+                lr = scheduled_learning_rate(cfg, self.frames, self.checkpoints.elapsed())
                 (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
                 if interrupted and not self.stopping:  # a signal to one rank stops them all
                     self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
                 if stop:
                     break
-                now = time.monotonic()
-                if now - last_ckpt >= cfg.learner.checkpoint_every_s:
+                if self.checkpoints.due(time.monotonic()):
                     self.checkpoint_trained()
-                    last_ckpt = now
                 self.update(got, lr)
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
@@ -728,7 +658,7 @@ class Learner:
         (the same on every rank: frames count every rank's unrolls), run.max_minutes."""
         if self.stopping or self.frames >= self.cfg.run.total_frames:
             return True
-        if self.cfg.run.max_minutes and self.elapsed() > 60 * self.cfg.run.max_minutes:
+        if self.cfg.run.max_minutes and self.checkpoints.elapsed() > 60 * self.cfg.run.max_minutes:
             log.info("reached run.max_minutes=%s", self.cfg.run.max_minutes)
             return True
         return False
@@ -738,9 +668,10 @@ class Learner:
         """Give every rank rank 0's weights, optimizer state, update step, frames and training seconds
         (fresh or resumed: identical initial weights too). Nothing with one learner."""
         meta = broadcast_state(self.model, self.optimizer, {"step": self.step, "frames": self.frames,
-                                                            "elapsed_s": self.elapsed_before},
+                                                            "elapsed_s": self.checkpoints.elapsed_before},
                                self.group, self.device)
-        self.step, self.frames, self.elapsed_before = int(meta["step"]), int(meta["frames"]), float(meta["elapsed_s"])
+        self.step, self.frames = int(meta["step"]), int(meta["frames"])
+        self.checkpoints.elapsed_before = float(meta["elapsed_s"])
 
     def checkpoint_trained(self) -> None:
         """`checkpoint` between updates. With several learners every rank has acked what it trained on
@@ -748,7 +679,7 @@ class Learner:
         (so does a learner whose ingest workers ack for it: up to learner.prefetch_batches acks may be
         on their way, which a crash's `rolled_back` would count too)."""
         if (self.group.distributed or self.ingest.workers is not None) and self.group.is_main:
-            self.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
+            self.checkpoints.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         self.checkpoint()
 
     def update(self, got: tuple[list[bytes], list[dict], object], lr: float) -> None:
@@ -770,18 +701,6 @@ class Learner:
         now = time.monotonic()
         if now - window.start >= self.cfg.run.log_every_s and self.group.is_main:
             self.log_metrics(now)
-
-    def count_rolled_back(self) -> None:
-        """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
-        died with the old process. They stay counted as trained; this counts and logs them."""
-        self.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
-        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
-            self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
-        if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
-            self.rolled_back = self.unrolls_trained - self.restored_trained
-            log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
-                        "the resumed model does not have (the previous learner died before checkpointing them)",
-                        self.rolled_back, self.restored_trained, self.unrolls_trained)
 
     def train_on(self, prepared: Prepared) -> dict[str, float]:
         """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
@@ -807,7 +726,7 @@ class Learner:
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted.
         (Ranks other than 0 of several learners only log.)"""
-        self.finished = not self.stopping
+        self.checkpoints.finished = not self.stopping
         if not self.group.is_main:
             log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
             self.metrics.close()
@@ -817,17 +736,17 @@ class Learner:
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
-        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
+        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames,
+                 self.checkpoints.path)
         self.metrics.close(report=self.player == MAIN and not self.stopping)  # interrupted: no figures, stop now
 
     def log_metrics(self, now: float) -> None:
         """Write the metrics window ending `now` (`LearnerMetrics.log`) with this learner's progress and the
-        stream's delivery counts, those of earlier Redis servers of the run added (`counter_base`)."""
-        counts = self.ingest.trajectories.accounting()
-        counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
-        self.last_counters = {k: counts[k] for k in COUNTERS}
-        self.metrics.log(now, step=self.step, frames=self.frames, elapsed_s=self.elapsed(),
-                         learning_rate=self.optimizer.param_groups[0]["lr"], counts=counts, rolled_back=self.rolled_back)
+        stream's delivery counts, those of earlier Redis servers of the run added (`Checkpoints.carry`)."""
+        counts = self.checkpoints.carry(self.ingest.trajectories.accounting())
+        self.metrics.log(now, step=self.step, frames=self.frames, elapsed_s=self.checkpoints.elapsed(),
+                         learning_rate=self.optimizer.param_groups[0]["lr"], counts=counts,
+                         rolled_back=self.checkpoints.rolled_back)
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
@@ -844,7 +763,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.metrics.report = report
-    written = f"checkpoint at update {{}} written to {learner.checkpoint_path}"
+    written = f"checkpoint at update {{}} written to {learner.checkpoints.path}"
 
     def lost_redis(e: Exception) -> str:
         learner.checkpoint()  # keep what was learned: the checkpoint is a local file
@@ -864,7 +783,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         return f"{e}{'; ' + written.format(learner.step) if rank == 0 else ''}; `run.py train --resume RUN_DIR` continues"
 
     try:
-        return run_role(learner, lost_redis, lambda: learner.finished or run_is_over(learner.redis, cfg.run.name),
+        return run_role(learner, lost_redis, lambda: learner.checkpoints.finished or run_is_over(learner.redis, cfg.run.name),
                         (IngestWorkerError, DataParallelError), failed)
     finally:
         learner.group.close()

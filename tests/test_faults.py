@@ -195,7 +195,7 @@ def test_checkpoint_holds_no_redis_password(tmp_path, redis_url, run_name):
     learner.checkpoint()
     learner.metrics.file.close()
     password = redis_url.split(":")[2].split("@")[0]
-    assert password not in read_checkpoint(learner.checkpoint_path)[1]["config"]
+    assert password not in read_checkpoint(learner.checkpoints.path)[1]["config"]
 
 
 # -- the command line -------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
         {"produced": 8, "trained": 8, "dead_lettered": 0, "backlog": 0},
         {"produced": 6, "trained": 6, "dead_lettered": 0, "backlog": 0},
         {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}]
-    assert learner.frames == 18 * T and learner.unrolls_trained == 18
+    assert learner.frames == 18 * T and learner.checkpoints.unrolls_trained == 18
     assert delivery(learner.ingest.trajectories) == {k: sum(c[k] for c in per_shard) for k in UNROLL_COUNTS}
     for s in streams:  # every ack went to the shard its entry came from
         assert redis_client.xpending(s.key, GROUP)["pending"] == 0
