@@ -192,6 +192,28 @@ def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], tensor, name
     return final("final_obs", obs)
 
 
+class Mirror:
+    """`learner.mirror_augment` on a board with a mirror symmetry (EnvSpec.mirror_actions; `none` on other
+    games), applied to a batch on the learner's `device`: `both` trains on every unroll and its reflection
+    ([.., 2B, ..], `Batch.with_mirror`); `random` reflects each unroll with probability 1/2
+    (`Batch.with_random_mirror`), drawn from a generator of its own, seeded by `seed` (one stream per
+    rank, reproducible from run.seed); `none` leaves the batch as it is."""
+
+    def __init__(self, spec: EnvSpec, mode: str, device: torch.device, seed: int):
+        self.spec = spec
+        self.mode = mode if spec.mirror_actions is not None else "none"
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, batch: Batch) -> Batch:
+        if self.mode == "both":
+            return batch.with_mirror(self.spec)
+        if self.mode == "random":
+            flip = torch.rand(batch.reward.shape[1], generator=self.generator, device=self.device) < 0.5
+            return batch.with_random_mirror(self.spec, flip)
+        return batch
+
+
 class Prepared(NamedTuple):
     """What `Learner.train_on` takes: F fresh unrolls from the stream and R from the replay, stacked.
 
@@ -514,9 +536,7 @@ class Learner:
             self.checkpoints.league_resets = self.league.reset_count(player)
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
-        self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
-        # Which unrolls `random` reflects: its own stream, one per rank, reproducible from run.seed.
-        self.mirror_generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + rank)
+        self.mirror = Mirror(self.spec, cfg.learner.mirror_augment, self.device, seed=cfg.run.seed * 1009 + rank)
         consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.ingest = self.make_ingest(redis_url, consumer, rank)
         self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
@@ -708,11 +728,7 @@ class Learner:
         K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
-        if self.mirror == "both":
-            batch = batch.with_mirror(self.spec)
-        elif self.mirror == "random":
-            flip = torch.rand(batch.reward.shape[1], generator=self.mirror_generator, device=self.device) < 0.5
-            batch = batch.with_random_mirror(self.spec, flip)
+        batch = self.mirror(batch)
         stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
