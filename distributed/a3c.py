@@ -166,7 +166,8 @@ class GradientIngest(Ingest):
 
 
 class ParameterServer(Learner):
-    """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls.
+    """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls: it reads
+    them through its own `make_ingest` (`GradientIngest`) and applies them in its own `train_on`.
 
     Metrics keep the learner's names: `sps` counts the agent steps behind the applied gradients,
     `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
@@ -175,10 +176,10 @@ class ParameterServer(Learner):
 
     role = "parameter server"
 
-    def make_ingest(self, redis_url: str, consumer: str, rank: int) -> Ingest:
+    def make_ingest(self, redis_url: str, namespace: str, consumer: str, rank: int) -> Ingest:
         """The gradient stream `{run}:grads`, every gradient applied as soon as it arrives (no replay,
         no ingest workers: config.validate refuses both with learner.algo=a3c)."""
-        return GradientIngest(self.cfg, TrajectoryStream(self.redis, self.namespace, GRADIENTS), consumer,
+        return GradientIngest(self.cfg, TrajectoryStream(self.redis, namespace, GRADIENTS), consumer,
                               {name: tuple(p.shape) for name, p in self.model.named_parameters()},
                               unrolls_left=self.unrolls_left, stopping=lambda: self.stopping,
                               finished=self.run_is_over)

@@ -15,6 +15,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -494,7 +495,17 @@ class Ingest:
 
 
 class Learner:
-    """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
+    """One learner process: the model and its optimizer, and `run`, the loop that trains them until the
+    run is done: next batch -> train on it -> acknowledge it -> record it, and a checkpoint when one is due.
+
+    step: updates made; frames: agent steps trained (K x F x T an update with K learners of F fresh unrolls
+    of T steps). The loop's helpers: `ingest` (the reads: `Ingest`), `checkpoints` (the checkpoint and the
+    run's state it carries: distributed/checkpoints.py), `metrics` (metrics.jsonl and the trackers:
+    distributed/metrics.py), `group` (the ranks of several learners: distributed/data_parallel.py),
+    `params` (the published weights), `lease` (one learner per run), `mirror` (board augmentation).
+    A subclass reads other entries through its own `make_ingest` and trains on them through its own
+    `train_on` (A3C's parameter server, distributed/a3c.py).
+    """
 
     role = "learner"  # in log lines (A3C's parameter server is named as such)
 
@@ -506,7 +517,6 @@ class Learner:
         DataParallelError."""
         self.cfg = cfg
         self.player = player
-        self.run_dir = Path(run_dir)
         self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
         self.device = pick_device(cfg.learner.device)
         # Several learners (data parallel): rank 0 is the learner of one; the others only train.
@@ -515,13 +525,12 @@ class Learner:
                               "the rendezvous --dist-url tcp://<rank 0 host>:<port> (run.py train passes both)")
         self.device = cuda_device_for(rank, self.device)
         self.group = join(rank, cfg.learner.num_learners, dist_url, self.device) if dist_url else Group.single()
-        self.reduce_gradients = (lambda model: average_gradients(model, self.group)) if self.group.distributed else None
         torch.manual_seed(cfg.run.seed)
         self.model = make_model(self.spec, cfg.agent).to(self.device)
         self.head = policy_head(self.spec)
         self.optimizer = make_optimizer(self.model, cfg.learner)
         self.step = self.frames = 0
-        self.checkpoints = Checkpoints(cfg, self.run_dir, player, self.spec.name, self.group.is_main, self.label)
+        self.checkpoints = Checkpoints(cfg, run_dir, player, self.spec.name, self.group.is_main, self.label)
         if resume and not self.group.is_main:
             pass  # rank 0's state reaches this rank in sync_start
         elif resume and self.checkpoints.path.exists():
@@ -529,18 +538,19 @@ class Learner:
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoints.path)
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
-        self.namespace = namespace(cfg.run.name, player)
-        self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
-        self.league = LeagueStore(self.redis, cfg.run.name)
+        prefix = namespace(cfg.run.name, player)  # of this learner's own keys
+        self.params = ParamStore(self.redis, prefix, delay=cfg.actor.weight_delay)
+        # The run's lease: one learner (rank 0 of several) trains it; taken in `start`.
+        self.lease = LearnerLease(self.redis, prefix, f"{socket.gethostname()} pid {os.getpid()}",
+                                  ttl_s=cfg.run.lease_ttl_s)
         if self.checkpoints.league_resets is None:  # else one asked for while it was down is applied at once
-            self.checkpoints.league_resets = self.league.reset_count(player)
+            self.checkpoints.league_resets = self.league_resets()
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.mirror = Mirror(self.spec, cfg.learner.mirror_augment, self.device, seed=cfg.run.seed * 1009 + rank)
         consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
-        self.ingest = self.make_ingest(redis_url, consumer, rank)
-        self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
-        self.metrics = LearnerMetrics(cfg, self.run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
+        self.ingest = self.make_ingest(redis_url, prefix, consumer, rank)
+        self.metrics = LearnerMetrics(cfg, run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
                                       self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay)
 
     @property
@@ -559,10 +569,14 @@ class Learner:
         self.stopping = True
         self.stop_signal = self.stop_signal or signum
 
+    def league_resets(self) -> int:
+        """How many times the league manager has asked to reset this learner's weights (league/store.py)."""
+        return LeagueStore(self.redis, self.cfg.run.name).reset_count(self.player)
+
     def follow_league(self) -> None:
         """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
         resets exploiters so that they keep finding new weaknesses rather than polishing one)."""
-        count = self.league.reset_count(self.player)
+        count = self.league_resets()
         if count == self.checkpoints.league_resets:
             return
         self.checkpoints.league_resets = count
@@ -575,8 +589,9 @@ class Learner:
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
 
     # -- reading -----------------------------------------------------------------------------------
-    def make_ingest(self, redis_url: str, consumer: str, rank: int) -> Ingest:
-        """This learner's reads (`consumer`: its name in the stream's group): unrolls from every trajectory
+    def make_ingest(self, redis_url: str, namespace: str, consumer: str, rank: int) -> Ingest:
+        """This learner's reads (`namespace`: the prefix of its keys; `consumer`: its name in the stream's
+        group; `rank`: its place among several learners, which seeds its replay): unrolls from every trajectory
         shard (transport.shards), with its replay when learner.replay_fraction > 0 and its ingest workers
         when learner.ingest_workers > 0."""
         cfg = self.cfg
@@ -584,14 +599,14 @@ class Learner:
         replayed = replayed_per_batch(cfg.learner)
         fresh = cfg.learner.batch_size - replayed  # F: unrolls per update from the stream
         settings = None if not cfg.learner.ingest_workers else worker_settings(
-            redis_url=redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
+            redis_url=redis_url, namespace=namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
             env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
             unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
             shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
             retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=fresh,
             done_key=None if self.player == MAIN else keys.done(cfg.run.name))
         return Ingest(
-            cfg, ShardedTrajectories(self.redis, redis_url, self.namespace, cfg.transport.shards,
+            cfg, ShardedTrajectories(self.redis, redis_url, namespace, cfg.transport.shards,
                                      cfg.transport.shard_urls, cfg.learner.read_block_ms),
             consumer, fresh=fresh, unrolls_per_entry=cfg.actor.send_batch, unrolls_left=self.unrolls_left,
             stopping=lambda: self.stopping, finished=self.run_is_over, unroll_spec=unroll_spec,
@@ -615,20 +630,45 @@ class Learner:
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint.
+        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint: take
+        the next batch, train on it, acknowledge it, record it; checkpoint when one is due.
 
         Several learners (`learner.num_learners`) run this loop in step: they agree before every update
-        whether to go on (`Group.agree`), so they stop at the same update, and all-reduce the gradients in it.
+        whether to go on (`next_batch`), so they stop at the same update, and all-reduce the gradients in it.
         Raises DataParallelError when a peer rank is gone."""
-        cfg = self.cfg
-        main = self.group.is_main
-        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}",
-                                  ttl_s=cfg.run.lease_ttl_s)
+        if not self.start():
+            return
+        try:
+            while (got := self.next_batch()) is not None:
+                (ids, headers, prepared), lr = got
+                if self.checkpoints.due(time.monotonic()):
+                    self.checkpoint_trained()  # here: once the ranks agreed to go on, each has acked its last batch
+                frames = self.frames
+                stats = self.train(prepared, lr)
+                # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
+                replay_lags = self.ingest.remember(prepared, headers, stats, self.step)
+                self.acknowledge(ids, headers)
+                self.record(self.frames - frames, headers, stats, replay_lags)
+                if self.player != MAIN and self.step % 10 == 0:
+                    self.follow_league()
+        finally:
+            self.ingest.close()  # what it read ahead stays pending
+        # The last, partial window: a run shorter than run.log_every_s still gets a record.
+        if self.metrics.window.stats and self.group.is_main:
+            self.log_metrics(time.monotonic())
+        self.finish()
+
+    def start(self) -> bool:
+        """Take the run's lease (rank 0), give every rank rank 0's state, ready the stream (its group, the
+        entries a stopped learner left pending, the unrolls acked after the checkpoint), publish the first
+        weights, start the trackers, the clocks and the reads ahead. False when told to stop while waiting
+        for the lease (nothing is trained then). Raises LeaseHeld when another live learner keeps it."""
+        cfg, main = self.cfg, self.group.is_main
         acquired = self.lease.acquire(should_stop=lambda: self.stopping) if main else True
         (refused,), _ = self.group.agree((not acquired,), 0.0, self.device)
         if refused:
             self.metrics.close()
-            return
+            return False
         self.sync_start()
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
@@ -649,29 +689,22 @@ class Learner:
         self.checkpoints.start_clock(started)
         self.metrics.start(started)
         self.ingest.start()
-        try:
-            while True:
-                waited = time.monotonic()
-                got = None if self.reached_end() else self.ingest.get()
-                self.metrics.window.waited_s += time.monotonic() - waited
-                # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
-                lr = scheduled_learning_rate(cfg, self.frames, self.checkpoints.elapsed())
-                (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
-                if interrupted and not self.stopping:  # a signal to one rank stops them all
-                    self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
-                if stop:
-                    break
-                if self.checkpoints.due(time.monotonic()):
-                    self.checkpoint_trained()
-                self.update(got, lr)
-                if self.player != MAIN and self.step % 10 == 0:
-                    self.follow_league()
-        finally:
-            self.ingest.close()
-        # The last, partial window: a run shorter than run.log_every_s still gets a record.
-        if self.metrics.window.stats and main:
-            self.log_metrics(time.monotonic())
-        self.finish()
+        return True
+
+    def next_batch(self) -> tuple[tuple[list, list[dict], object], float] | None:
+        """The next batch (ids, headers, prepared) and the learning rate to train on it with; None to stop.
+        Every rank stops when one has no batch (`reached_end`, or an exploiter's run is over) or was told
+        to stop, and trains at rank 0's learning rate (`Group.agree`; nothing to agree with one learner).
+        The wait for the batch is counted in the metrics window."""
+        waited = time.monotonic()
+        got = None if self.reached_end() else self.ingest.get()
+        self.metrics.window.waited_s += time.monotonic() - waited
+        # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
+        lr = scheduled_learning_rate(self.cfg, self.frames, self.checkpoints.elapsed())
+        (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
+        if interrupted and not self.stopping:  # a signal to one rank stops them all
+            self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
+        return None if stop else (got, lr)
 
     def reached_end(self) -> bool:
         """This learner's own reasons to stop before the next update: a stop signal, run.total_frames
@@ -702,24 +735,23 @@ class Learner:
             self.checkpoints.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         self.checkpoint()
 
-    def update(self, got: tuple[list[bytes], list[dict], object], lr: float) -> None:
-        """Train on one ingested batch at learning rate `lr`, ack it, add it to the metrics window, and
-        log the window when it is due (rank 0)."""
-        ids, headers, batch = got
-        frames = self.frames
+    def train(self, prepared: object, lr: float) -> dict[str, float]:
+        """`train_on` the batch at learning rate `lr`; its seconds are counted in the metrics window."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        window = self.metrics.window
         started = time.monotonic()
-        stats = self.train_on(batch)
-        window.update_s += time.monotonic() - started
-        # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
-        replay_lags = self.ingest.remember(batch, headers, stats, self.step)
-        self.acknowledge(ids, headers)
+        stats = self.train_on(prepared)
+        self.metrics.window.update_s += time.monotonic() - started
+        return stats
+
+    def record(self, frames: int, headers: list[dict], stats: dict[str, float], replay_lags: list[int]) -> None:
+        """Add the update just made to the metrics window (the `frames` it trained on, the policy lag of
+        the unrolls of the entries with `headers`, its `stats`, the lags of the replayed unrolls), and
+        log the window when it is due (rank 0)."""
         lags = [self.step - 1 - version for version in self.ingest.unroll_versions(headers)]
-        window.add(self.frames - frames, lags, stats, replay_lags)
+        self.metrics.window.add(frames, lags, stats, replay_lags)
         now = time.monotonic()
-        if now - window.start >= self.cfg.run.log_every_s and self.group.is_main:
+        if now - self.metrics.window.start >= self.cfg.run.log_every_s and self.group.is_main:
             self.log_metrics(now)
 
     def train_on(self, prepared: Prepared) -> dict[str, float]:
@@ -729,7 +761,8 @@ class Learner:
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
         batch = self.mirror(batch)
-        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
+        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head,
+                           partial(average_gradients, group=self.group))  # (nothing with one learner)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])
@@ -790,7 +823,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         # those of the last update (every rank) made.
         try:
             learner.checkpoint_trained()
-            if learner.group.is_main and learner.lease is not None:
+            if learner.group.is_main:
                 learner.lease.release()  # so that `--resume` needs not wait for it to lapse
         except redis.RedisError:
             learner.checkpoint()
@@ -799,7 +832,8 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         return f"{e}{'; ' + written.format(learner.step) if rank == 0 else ''}; `run.py train --resume RUN_DIR` continues"
 
     try:
-        return run_role(learner, lost_redis, lambda: learner.checkpoints.finished or run_is_over(learner.redis, cfg.run.name),
+        return run_role(learner, lost_redis,
+                        lambda: learner.checkpoints.finished or run_is_over(learner.redis, cfg.run.name),
                         (IngestWorkerError, DataParallelError), failed)
     finally:
         learner.group.close()

@@ -182,7 +182,8 @@ class LearnerMetrics:
         if "first_seat_win_rate" in record:
             games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
         if "league_score" in record:
-            seats = [f"{record[k]:.2f}" if k in record else "-" for k in map(seat_score_key, range(len(self.spec.seats)))]
+            seats = [f"{record[k]:.2f}" if k in record else "-"
+                     for k in map(seat_score_key, range(len(self.spec.seats)))]
             games.append(f"league score {record['league_score']:.2f}"
                          + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
         if "episode_length" in record:
