@@ -142,9 +142,9 @@ class GradientIngest(Ingest):
     `Ingest` of a learner otherwise: in flight until acked, read ahead by the ingest thread."""
 
     def __init__(self, cfg: Config, gradients: TrajectoryStream, consumer: str, shapes: dict[str, tuple[int, ...]],
-                 *, unrolls_left: Callable[[], float], stopping: Callable[[], bool], finished: Callable[[], bool]):
+                 *, unrolls_left: Callable[[], float], stopping: Callable[[], bool], run_over: Callable[[], bool]):
         super().__init__(cfg, gradients, consumer, fresh=1, unrolls_per_entry=1, unrolls_left=unrolls_left,
-                         stopping=stopping, finished=finished)
+                         stopping=stopping, run_over=run_over)
         self.shapes = shapes
 
     @staticmethod
@@ -182,7 +182,7 @@ class ParameterServer(Learner):
         return GradientIngest(self.cfg, TrajectoryStream(self.redis, namespace, GRADIENTS), consumer,
                               {name: tuple(p.shape) for name, p in self.model.named_parameters()},
                               unrolls_left=self.unrolls_left, stopping=lambda: self.stopping,
-                              finished=self.run_is_over)
+                              run_over=self.run_is_over)
 
     def train_on(self, payloads: list[tuple[dict, dict[str, torch.Tensor]]]) -> dict[str, float]:
         """Apply one gradient; publish the weights on schedule."""

@@ -329,13 +329,13 @@ class Ingest:
 
     `decode`, `unrolls_in` and `prepare` say what an entry holds and what a batch of them becomes; A3C's
     parameter server reads gradients through them (distributed/a3c.py). What it reads of the learner:
-    unrolls_left(), unrolls the run may still take (run.total_frames); stopping(); finished(), whether
+    unrolls_left(), unrolls the run may still take (run.total_frames); stopping(); run_over(), whether
     no more entries will come (an exploiter's run ends with the main agent's).
     """
 
     def __init__(self, cfg: Config, trajectories: ShardedTrajectories | TrajectoryStream, consumer: str, *,
                  fresh: int, unrolls_per_entry: int, unrolls_left: Callable[[], float], stopping: Callable[[], bool],
-                 finished: Callable[[], bool], unroll_spec: UnrollSpec | None = None,
+                 run_over: Callable[[], bool], unroll_spec: UnrollSpec | None = None,
                  replay: ReplayBuffer | None = None, pin: bool = False, worker_settings: dict | None = None):
         """fresh: F, stream unrolls per batch; unrolls_per_entry: what one entry is expected to hold
         (`actor.send_batch`); unroll_spec: what `decode` checks unrolls against; pin: stack batches in
@@ -349,7 +349,7 @@ class Ingest:
         self.unrolls_left = unrolls_left
         self.stopping = stopping
         self.unroll_spec = unroll_spec
-        self.finished = finished
+        self.run_over = run_over
         self.replay = replay
         self.replayed = replayed_per_batch(cfg.learner)  # k, of the replay's unrolls in every batch
         self.pin = pin
@@ -421,8 +421,8 @@ class Ingest:
     def read(self) -> tuple[list, list[dict], list] | None:
         """Block until entries holding F valid unrolls are read (`BatchReader.read`): their ids, headers
         and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when
-        `finished()`."""
-        return self.reader.read(self.batch_size, self.keep_reading, self.finished)
+        `run_over()`."""
+        return self.reader.read(self.batch_size, self.keep_reading, self.run_over)
 
     def next_batch(self) -> tuple[list[bytes], list[dict], object] | None:
         """Read, de-duplicate, decode, validate and prepare the next batch (`read`, `prepare`), marking
@@ -609,7 +609,7 @@ class Learner:
             cfg, ShardedTrajectories(self.redis, redis_url, namespace, cfg.transport.shards,
                                      cfg.transport.shard_urls, cfg.learner.read_block_ms),
             consumer, fresh=fresh, unrolls_per_entry=cfg.actor.send_batch, unrolls_left=self.unrolls_left,
-            stopping=lambda: self.stopping, finished=self.run_is_over, unroll_spec=unroll_spec,
+            stopping=lambda: self.stopping, run_over=self.run_is_over, unroll_spec=unroll_spec,
             replay=make_replay(cfg, unroll_spec, replayed, rank, self.player) if replayed else None,
             pin=self.device.type == "cuda", worker_settings=settings)
 
