@@ -8,7 +8,7 @@ unrolls per add at `--rate` unrolls per second, with its `produced` count in the
 last counted, is above `actor.high_water_mark`; recounted every 50 ms, as `wait_for_room` polls). Each
 send re-packs a pre-encoded entry with a fresh id, as an actor's entries have.
 
-The learner runs its own ingest path without the optimizer step, as bench_ingest.py: `Learner.ingest`
+The learner runs its own ingest path without the optimizer step, as bench_ingest.py: `Ingest.next_batch`
 (read every shard, decode, validate, stack) in the ingest thread and
 `Learner.acknowledge` (ack to each entry's shard, count as trained) here. After `--seconds` the actors
 stop, then the learner; the table gives the learner-consumed SPS (env steps per second of acked
@@ -192,7 +192,7 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
     publisher = threading.Thread(target=publish, daemon=True)
     try:
         learner = Learner(cfg, servers[0].url, Path(tmp) / run)
-        learner.trajectories.ensure_group()
+        learner.ingest.trajectories.ensure_group()
         publisher.start()
         out_before, repl_before, full_before = sent_by_primary()
         began = time.monotonic()
@@ -211,10 +211,10 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()
         depth = cfg.learner.prefetch_batches
-        batches = Prefetcher(learner.ingest, depth) if depth else None
+        batches = Prefetcher(learner.ingest.next_batch, depth) if depth else None
         consumed, start = 0, time.monotonic()
         while time.monotonic() - start < args.seconds:
-            ids, headers, _ = batches.get() if batches else learner.ingest()
+            ids, headers, _ = batches.get() if batches else learner.ingest.next_batch()
             learner.acknowledge(ids, headers)
             consumed += sum(h["unrolls"] for h in headers)
         elapsed = time.monotonic() - start
@@ -225,12 +225,12 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
         publishing.set()
         publisher.join()
         sent = sum(r["sent"] for r in reports)
-        learner.reading = False  # what the ingest thread prefetched stays pending: the backlog counts it
+        learner.ingest.reading = False  # what the ingest thread prefetched stays pending: the backlog counts it
         if batches:
             batches.close()
         sampling.set()
         sampler.join()
-        counts = learner.trajectories.accounting()
+        counts = learner.ingest.trajectories.accounting()
     finally:
         stop_file.touch()
         publishing.set()
@@ -269,7 +269,7 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
     (Path(tmp) / "rate").mkdir(exist_ok=True)
     with EmbeddedRedis(appendonly=False) as server:
         learner = Learner(cfg, server.url, Path(tmp) / "rate")
-        learner.trajectories.ensure_group()
+        learner.ingest.trajectories.ensure_group()
         stream = TrajectoryStream(connect(server.url), "rate")
         batches = 40
         for i in range(cfg.learner.batch_size * batches // cfg.actor.send_batch):
@@ -278,7 +278,7 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
             stream.add([msgpack.packb(msg, use_bin_type=True)], producer="rate", produced=(i + 1) * cfg.actor.send_batch)
         updates, start = -1, 0.0
         while updates < 0 or (time.monotonic() - start < seconds and updates < batches - 2):
-            ids, headers, batch = learner.ingest()
+            ids, headers, batch = learner.ingest.next_batch()
             learner.train_on(batch)
             learner.acknowledge(ids, headers)
             updates += 1

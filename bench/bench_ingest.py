@@ -5,7 +5,7 @@ to a stream entry as actors send them, and replayed into an embedded Redis: `--u
 entry with a unique id. Then, side by side:
 
 - raw: XREADGROUP of the entries holding B unrolls at a time in one loop, then XACK, nothing else;
-- ingest: the learner's own path without the optimizer step: `Learner.ingest` (read, decode,
+- ingest: the learner's own path without the optimizer step: `Ingest.next_batch` (read, decode,
   validate, stack) in the ingest thread, `learner.prefetch_batches` ahead, and
   `Learner.acknowledge` (ack, count as trained) in the update's thread, as `Learner.run` does.
 
@@ -97,11 +97,11 @@ def ingest_rate(learner: Learner, unrolls: int, meter: CpuMeter, redis_pid: int)
     `Learner.run`, the ingest thread (or `learner.ingest_workers` processes) prepares
     `learner.prefetch_batches` batches ahead (0: in this thread) and this thread acks each batch it
     takes. The workers' start (a process each) is not timed."""
-    learner.trajectories.ensure_group()
-    learner.reading = True
-    batches = learner.start_ingest()
+    learner.ingest.trajectories.ensure_group()
+    learner.ingest.reading = True
+    batches = learner.ingest.start()
     first = batches.get() if batches else None  # started: time from the first batch on
-    workers = [p.pid for p in learner.workers.procs] if learner.workers else []
+    workers = [p.pid for p in learner.ingest.workers.procs] if learner.ingest.workers else []
     meter.start("learner", [os.getpid()])
     meter.start("workers", workers)
     meter.start("redis", [redis_pid])
@@ -110,14 +110,12 @@ def ingest_rate(learner: Learner, unrolls: int, meter: CpuMeter, redis_pid: int)
         learner.acknowledge(first[0], first[1])
         unrolls -= sum(h["unrolls"] for h in first[1])
     while done < unrolls:
-        ids, headers, _ = batches.get() if batches else learner.ingest()
+        ids, headers, _ = batches.get() if batches else learner.ingest.next_batch()
         learner.acknowledge(ids, headers)
         done += sum(h["unrolls"] for h in headers)
     elapsed = time.perf_counter() - start
     meter.stop()
-    learner.reading = False
-    if batches:
-        batches.close()
+    learner.ingest.close()
     return done / elapsed
 
 

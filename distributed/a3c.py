@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -25,8 +25,7 @@ from agents.heads import DiscreteHead
 from config import Config
 from distributed.actor import Actor
 from distributed.codec import DecodeError, decode_weights, encode_weights, unpack_message
-from distributed.learner import Batch, Learner, optimizer_step
-from distributed.ingest import BatchReader
+from distributed.learner import Batch, Ingest, Learner, optimizer_step
 from distributed.transport import TrajectoryStream
 from league.opponents import BotFactory
 from league.players import MAIN, namespace
@@ -137,22 +136,16 @@ class A3CWorker(Actor):
         return False
 
 
-class ParameterServer(Learner):
-    """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls.
+class GradientIngest(Ingest):
+    """The parameter server's reads: the gradients workers push to `{run}:grads`, one per update, each
+    checked against the network's parameter shapes (`shapes`: name -> shape) and applied as it is. The
+    `Ingest` of a learner otherwise: in flight until acked, read ahead by the ingest thread."""
 
-    Metrics keep the learner's names: `sps` counts the agent steps behind the applied gradients,
-    `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
-    parts are the workers' own.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.label = "parameter server" if self.player == MAIN else f"parameter server {self.player}"
-        self.trajectories = TrajectoryStream(self.redis, self.namespace, GRADIENTS)
-        self.batch_size = self.unrolls_per_entry = 1  # A3C: every gradient is applied as soon as it arrives
-        self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in, 1,
-                                  self.cfg.learner.read_block_ms)
-        self.shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+    def __init__(self, cfg: Config, gradients: TrajectoryStream, consumer: str, shapes: dict[str, tuple[int, ...]],
+                 *, unrolls_left: Callable[[], float], stopping: Callable[[], bool], run_over: Callable[[], bool]):
+        super().__init__(cfg, gradients, consumer, fresh=1, unrolls_per_entry=1, unrolls_left=unrolls_left,
+                         stopping=stopping, run_over=run_over)
+        self.shapes = shapes
 
     @staticmethod
     def unrolls_in(header: dict) -> int:
@@ -170,6 +163,26 @@ class ParameterServer(Learner):
 
     def prepare(self, payloads: list) -> list:
         return payloads  # gradients are applied as they are
+
+
+class ParameterServer(Learner):
+    """A `Learner` that applies pushed gradients one at a time instead of learning from unrolls: it reads
+    them through its own `make_ingest` (`GradientIngest`) and applies them in its own `train_on`.
+
+    Metrics keep the learner's names: `sps` counts the agent steps behind the applied gradients,
+    `policy_lag` is (updates applied) - (version the gradient was computed with), and the loss
+    parts are the workers' own.
+    """
+
+    role = "parameter server"
+
+    def make_ingest(self, redis_url: str, namespace: str, consumer: str, rank: int) -> Ingest:
+        """The gradient stream `{run}:grads`, every gradient applied as soon as it arrives (no replay,
+        no ingest workers: config.validate refuses both with learner.algo=a3c)."""
+        return GradientIngest(self.cfg, TrajectoryStream(self.redis, namespace, GRADIENTS), consumer,
+                              {name: tuple(p.shape) for name, p in self.model.named_parameters()},
+                              unrolls_left=self.unrolls_left, stopping=lambda: self.stopping,
+                              run_over=self.run_is_over)
 
     def train_on(self, payloads: list[tuple[dict, dict[str, torch.Tensor]]]) -> dict[str, float]:
         """Apply one gradient; publish the weights on schedule."""

@@ -150,7 +150,7 @@ class IngestWorkers:
 
     def _ask(self) -> None:
         """Ask the least busy workers to fill the idle slots, while the slots asked for hold fewer
-        unrolls than the run may still take (as the ingest thread reads, `Learner.ingest`)."""
+        unrolls than the run may still take (as the ingest thread reads, `Ingest.next_batch`)."""
         while self.idle and len(self.filled_by) * self.fresh < self.unrolls_left():
             slot = self.idle.pop()
             busy = [sum(w == i for w in self.filled_by.values()) for i in range(len(self.procs))]

@@ -7,16 +7,15 @@ it: reading and decoding the stream, acking, publishing, checkpointing, logging.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import os
 import signal
 import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -24,40 +23,33 @@ import numpy as np
 import redis
 import torch
 
-from agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
-                               save_checkpoint)
 from agents.core import forward_batch
 from agents.heads import DiscreteHead, FunctionCallHead
 from agents.model import make_model, policy_head
-from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch, to_yaml, without_secrets
+from config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch
 from distributed import keys
 from distributed.allocator import keep_freed_memory
+from distributed.checkpoints import Checkpoints
 from distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
                                        join)
-from distributed.history import CheckpointHistory
 from distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
-from distributed.ownership import owns_run_dir, run_role
+from distributed.metrics import LearnerMetrics
+from distributed.ownership import run_role
 from distributed.params import ParamStore
 from distributed.replay import ReplayBuffer
 from distributed.shards import ShardedTrajectories
-from distributed.transport import LearnerLease, ResultsStream, connect, redis_outages, run_is_over
-from league.matchmaking import SELF
-from league.payoff import episode_score
-from league.players import MAIN, checkpoint_dir, metrics_path, namespace
+from distributed.transport import LearnerLease, TrajectoryStream, connect, run_is_over
+from league.players import MAIN, namespace
 from league.store import LeagueStore
 from losses.actor_critic import actor_critic_loss
 from envs.registry import EnvSpec, env_spec
-from evaluation.bots import GAMES
-from tracking import Tracker, start_tracking, strict_json
+from tracking import Tracker
 
 log = logging.getLogger("learner")
 
-CHECKPOINT_NAME = "latest.safetensors"
-COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
-LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
 @dataclass
@@ -201,6 +193,28 @@ def final_observations(obs: torch.Tensor | dict[str, torch.Tensor], tensor, name
     return final("final_obs", obs)
 
 
+class Mirror:
+    """`learner.mirror_augment` on a board with a mirror symmetry (EnvSpec.mirror_actions; `none` on other
+    games), applied to a batch on the learner's `device`: `both` trains on every unroll and its reflection
+    ([.., 2B, ..], `Batch.with_mirror`); `random` reflects each unroll with probability 1/2
+    (`Batch.with_random_mirror`), drawn from a generator of its own, seeded by `seed` (one stream per
+    rank, reproducible from run.seed); `none` leaves the batch as it is."""
+
+    def __init__(self, spec: EnvSpec, mode: str, device: torch.device, seed: int):
+        self.spec = spec
+        self.mode = mode if spec.mirror_actions is not None else "none"
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, batch: Batch) -> Batch:
+        if self.mode == "both":
+            return batch.with_mirror(self.spec)
+        if self.mode == "random":
+            flip = torch.rand(batch.reward.shape[1], generator=self.generator, device=self.device) < 0.5
+            return batch.with_random_mirror(self.spec, flip)
+        return batch
+
+
 class Prepared(NamedTuple):
     """What `Learner.train_on` takes: F fresh unrolls from the stream and R from the replay, stacked.
 
@@ -288,191 +302,71 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-class Learner:
-    """Owns the model, the optimizer and the learner's side of Redis; `run` trains until done."""
+def make_replay(cfg: Config, unroll_spec: UnrollSpec, replayed: int, rank: int, player: str) -> ReplayBuffer:
+    """The replay of learner `rank` of `player`, seeded by run.seed, its rank and its player (crc32:
+    Python's str hash differs between processes). Raises ConfigError when learner.replay_memory_mb cannot
+    hold the `replayed` unrolls a batch replays."""
+    capacity = int(cfg.learner.replay_memory_mb * 2**20)
+    largest = unroll_spec.max_unroll_nbytes
+    if capacity < replayed * largest:
+        raise ConfigError(f"learner.replay_memory_mb={cfg.learner.replay_memory_mb} holds fewer than the "
+                          f"{replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
+                          f"{unroll_spec.env.name} with T={cfg.actor.unroll_length}): raise it")
+    return ReplayBuffer(capacity, seed=(cfg.run.seed, rank, zlib.crc32(player.encode())))
 
-    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
-                 rank: int = 0, dist_url: str | None = None):
-        """`rank` and `dist_url` (tcp://host:port): this process's place among `learner.num_learners`
-        learners of the main agent (distributed/data_parallel.py); unused with one learner. Joining the
-        process group blocks until every rank has joined. Raises ConfigError, CheckpointError,
-        DataParallelError."""
+
+class Ingest:
+    """The learner's reads: batches of B unrolls from the trajectory stream, decoded, validated and
+    stacked (`Prepared`) for `Learner.train_on`, acked once trained on.
+
+    Owns the stream (`trajectories`: every shard, read and acked as one; ids carry their shard), this
+    learner's consumer name in its group and its reader (`reader`: own pending entries first, malformed
+    entries dead-lettered), the unrolls in flight (read and not yet acked: `run.total_frames` counts
+    them before more are read), what reads ahead of the update (`start`: the ingest thread,
+    `learner.prefetch_batches` deep, or `learner.ingest_workers` processes; without either, `get`
+    reads in the update's thread), and the replay, whose k unrolls join the F = `batch_size` fresh ones
+    of every batch (`replay`, None without one).
+
+    `decode`, `unrolls_in` and `prepare` say what an entry holds and what a batch of them becomes; A3C's
+    parameter server reads gradients through them (distributed/a3c.py). What it reads of the learner:
+    unrolls_left(), unrolls the run may still take (run.total_frames); stopping(); run_over(), whether
+    no more entries will come (an exploiter's run ends with the main agent's).
+    """
+
+    def __init__(self, cfg: Config, trajectories: ShardedTrajectories | TrajectoryStream, consumer: str, *,
+                 fresh: int, unrolls_per_entry: int, unrolls_left: Callable[[], float], stopping: Callable[[], bool],
+                 run_over: Callable[[], bool], unroll_spec: UnrollSpec | None = None,
+                 replay: ReplayBuffer | None = None, pin: bool = False, worker_settings: dict | None = None):
+        """fresh: F, stream unrolls per batch; unrolls_per_entry: what one entry is expected to hold
+        (`actor.send_batch`); unroll_spec: what `decode` checks unrolls against; pin: stack batches in
+        pinned memory (the update runs on a GPU); worker_settings: what ingest workers read with
+        (`ingest_workers.worker_settings`), None without workers."""
         self.cfg = cfg
-        self.player = player
-        self.label = "learner" if player == MAIN else f"learner {player}"
-        self.run_dir = Path(run_dir)
-        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-        self.unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
-        self.device = pick_device(cfg.learner.device)
-        # Several learners (data parallel): rank 0 is the learner of one; the others only train.
-        if cfg.learner.num_learners > 1 and dist_url is None:
-            raise ConfigError(f"learner.num_learners={cfg.learner.num_learners}: each learner needs its --rank and "
-                              "the rendezvous --dist-url tcp://<rank 0 host>:<port> (run.py train passes both)")
-        self.device = cuda_device_for(rank, self.device)
-        self.group = join(rank, cfg.learner.num_learners, dist_url, self.device) if dist_url else Group.single()
-        if self.group.distributed:
-            self.label += f" rank {rank}"
-        self.reduce_gradients = (lambda model: average_gradients(model, self.group)) if self.group.distributed else None
-        torch.manual_seed(cfg.run.seed)
-        self.model = make_model(self.spec, cfg.agent).to(self.device)
-        self.head = policy_head(self.spec)
-        self.optimizer = make_optimizer(self.model, cfg.learner)
-        self.step = self.frames = 0
-        self.restored_resets: int | None = None  # league resets this learner's checkpoint had applied
-        # `{ns}:traj:trained` as of the last ack; its value in the checkpoint tells, after a crash, how
-        # many acked unrolls' updates the resumed model lacks (`rolled_back`, see docs/architecture.md).
-        self.unrolls_trained = 0
-        self.restored_trained: int | None = None
-        self.rolled_back = 0
-        self.elapsed_before = 0.0  # training seconds of earlier processes of this run (from the checkpoint)
-        self.started: float | None = None  # monotonic start of this process's training
-        self.started_at = time.time()
-        self.finished = False
-        # Delivery counters of metrics.jsonl continue across a resume: on a new Redis (an embedded one is
-        # new every run) they start again from 0, so the checkpoint's values are added (`count_rolled_back`).
-        self.restored_counters: dict[str, int] = {}
-        self.counter_base: dict[str, int] = {}
-        self.last_counters: dict[str, int] = {}
-        self.checkpoint_path = checkpoint_dir(self.run_dir, player) / CHECKPOINT_NAME
-        # Without a league, evenly spaced copies of the checkpoint for the end-of-run evaluation to play
-        # (distributed/history.py); a league's snapshots serve instead.
-        self.history = (CheckpointHistory(self.checkpoint_path)
-                        if player == MAIN and not cfg.league.enabled and cfg.env.name in GAMES else None)
-        if resume and not self.group.is_main:
-            pass  # rank 0's state reaches this rank in sync_start
-        elif resume and self.checkpoint_path.exists():
-            self.restore()
-        elif resume:
-            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
-        self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
-        self.namespace = namespace(cfg.run.name, player)
-        # Every trajectory shard (transport.shards), read and acked as one stream; ids carry their shard.
-        self.trajectories = ShardedTrajectories(self.redis, redis_url, self.namespace, cfg.transport.shards,
-                                                cfg.transport.shard_urls, cfg.learner.read_block_ms)
-        self.results = ResultsStream(self.redis, cfg.run.name)
-        self.params = ParamStore(self.redis, self.namespace, delay=cfg.actor.weight_delay)
-        self.league = LeagueStore(self.redis, cfg.run.name)
-        # A reset asked for while this learner was down is applied at once (see follow_league).
-        self.resets_seen = (self.restored_resets if self.restored_resets is not None
-                            else self.league.reset_count(player))
-        self.consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
-        self.stopping = False
-        self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
-        # Reads, decodes and dead-letters (own pending entries first) for the ingest thread.
-        self.reader = BatchReader(self.trajectories, self.consumer, self.decode, self.unrolls_in,
-                                  cfg.actor.send_batch, cfg.learner.read_block_ms)
-        # Unrolls of the batches read but not yet acked (run.total_frames counts them before reading more).
-        self.in_flight_unrolls = 0
+        self.trajectories = trajectories
+        self.consumer = consumer
+        self.batch_size = fresh
+        self.unrolls_per_entry = unrolls_per_entry
+        self.unrolls_left = unrolls_left
+        self.stopping = stopping
+        self.unroll_spec = unroll_spec
+        self.run_over = run_over
+        self.replay = replay
+        self.replayed = replayed_per_batch(cfg.learner)  # k, of the replay's unrolls in every batch
+        self.pin = pin
+        self.worker_settings = worker_settings
+        self.reader = BatchReader(trajectories, consumer, self.decode, self.unrolls_in, unrolls_per_entry,
+                                  cfg.learner.read_block_ms)
+        self.in_flight_unrolls = 0  # of the batches read and not yet acked (with the thread, or none)
         self.in_flight_lock = threading.Lock()
-        self.workers: IngestWorkers | None = None  # learner.ingest_workers, started by start_ingest
-        self.redis_url = redis_url
-        self.reading = True  # cleared when the update loop ends, which ends the ingest thread's reads
-        self.mirror = cfg.learner.mirror_augment if self.spec.mirror_actions is not None else "none"
-        # Which unrolls `random` reflects: its own stream, one per rank, reproducible from run.seed.
-        self.mirror_generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + rank)
-        # Experience replay: k of the B unrolls of an update come from this learner's replay, B - k from the stream.
-        self.replayed = replayed_per_batch(cfg.learner)
-        self.replay = self.make_replay(rank) if self.replayed else None
-        self.batch_size = cfg.learner.batch_size - self.replayed  # fresh unrolls per update
-        self.unrolls_per_entry = cfg.actor.send_batch  # what the actors put in one stream entry
-        self.lease: LearnerLease | None = None  # taken in run() (by rank 0 alone of several learners)
-        # Rank 0 alone writes the run's metrics; the other ranks' records would repeat its counts.
-        self.metrics_file = (metrics_path(self.run_dir, player) if self.group.is_main else Path(os.devnull)).open("a")
-        self.tracker = Tracker([])  # wandb / TensorBoard, started in run()
-        # The end-of-run figures (run.py passes analysis.report.log_report): roles import no report code.
-        self.report: Callable[[Path, Tracker], None] | None = None
+        self.workers: IngestWorkers | None = None  # learner.ingest_workers, started by `start`
+        self.ahead: Prefetcher | IngestWorkers | None = None  # what `start` started
+        self.held = threading.Event()  # set by `close`: the entries in flight are no longer renewed
+        self.reading = True  # cleared by `close`, which ends the ingest thread's reads
 
-    def make_replay(self, rank: int) -> ReplayBuffer:
-        """This learner's replay, seeded by run.seed, its rank and its player (crc32: Python's str hash
-        differs between processes). Raises ConfigError when learner.replay_memory_mb cannot hold the k
-        unrolls a batch replays."""
-        capacity = int(self.cfg.learner.replay_memory_mb * 2**20)
-        largest = self.unroll_spec.max_unroll_nbytes
-        if capacity < self.replayed * largest:
-            raise ConfigError(f"learner.replay_memory_mb={self.cfg.learner.replay_memory_mb} holds fewer than the "
-                              f"{self.replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
-                              f"{self.spec.name} with T={self.cfg.actor.unroll_length}): raise it")
-        return ReplayBuffer(capacity, seed=(self.cfg.run.seed, rank, zlib.crc32(self.player.encode())))
-
-    def restore(self) -> None:
-        """Load model, optimizer, step and frames. Raises CheckpointError if they do not fit this config."""
-        tensors, metadata = read_checkpoint(self.checkpoint_path)
-        check_network(metadata, self.cfg, self.checkpoint_path)
-        fresh_groups = self.optimizer.state_dict()["param_groups"]
-        try:
-            self.model.load_state_dict(model_state(tensors))
-            saved_groups = json.loads(metadata.get("optim_groups", "[]"))
-            marker = "betas" if self.cfg.learner.optimizer == "adam" else "alpha"  # Adam's vs RMSprop's own key
-            if len(saved_groups) != len(fresh_groups) or not all(marker in g for g in saved_groups):
-                raise ValueError(f"its optimizer state is not that of learner.optimizer={self.cfg.learner.optimizer}")
-            load_optimizer_state(self.optimizer, tensors, metadata)
-            meta = json.loads(metadata["meta"])
-            step, frames = int(meta["step"]), int(meta["frames"])
-            self.restored_resets = int(meta.get("league_resets", 0))
-            self.restored_trained = int(meta.get("unrolls_trained", 0))
-            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
-            self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"--resume: {self.checkpoint_path} does not fit this run's config (were "
-                                  f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
-        # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
-        for group, fresh in zip(self.optimizer.param_groups, fresh_groups):
-            group.update({k: v for k, v in fresh.items() if k != "params"})
-        self.step, self.frames = step, frames
-        log.info("resumed from %s at update %d, %d frames", self.checkpoint_path, self.step, self.frames)
-
-    def elapsed(self) -> float:
-        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
-        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
-
-    def checkpoint(self) -> None:
-        """Save model, optimizer and counters, unless the run directory is no longer ours (the launcher
-        that owns it died: a new owner may have resumed the run meanwhile). Rank 0 alone writes it."""
-        if not self.group.is_main:
-            return
-        if not owns_run_dir():
-            log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label,
-                        self.checkpoint_path)
-            return
-        save_checkpoint(self.checkpoint_path, self.model, self.optimizer, to_yaml(without_secrets(self.cfg)),
-                        {"step": self.step, "frames": self.frames, "params_version": self.step,
-                         "league_resets": self.resets_seen, "unrolls_trained": self.unrolls_trained,
-                         "env": self.spec.name, "time": time.time(), "elapsed_s": self.elapsed(),
-                         "counters": self.last_counters or self.counter_base,
-                         "finished": self.finished})
-        if self.history is not None:
-            self.history.update()
-
-    def stop(self, signum: int | None = None, _frame: object = None) -> None:
-        """Stop before the next update; a signal handler (`signum`: the signal, kept for the exit code)."""
-        self.stopping = True
-        self.stop_signal = self.stop_signal or signum
-
-    def follow_league(self) -> None:
-        """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
-        resets exploiters so that they keep finding new weaknesses rather than polishing one)."""
-        count = self.league.reset_count(self.player)
-        if count == self.resets_seen:
-            return
-        self.resets_seen = count
-        torch.manual_seed(self.cfg.run.seed + 7919 * count)
-        self.model = make_model(self.spec, self.cfg.agent).to(self.device)
-        self.optimizer = make_optimizer(self.model, self.cfg.learner)
-        if self.replay is not None:  # the new weights learn from their own games, not the old ones'
-            self.replay.clear()
-        self.params.publish(self.model.state_dict(), self.step, self.frames)
-        log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
-
-    # -- reading -----------------------------------------------------------------------------------
-    def next_batch(self) -> tuple[list, list[dict], list] | None:
-        """Block until entries holding B valid unrolls are read (`BatchReader.read`): their ids, headers
-        and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when an
-        exploiter's run is over."""
-        return self.reader.read(self.batch_size, lambda: not self.stopping and self.reading, self.run_is_over)
-
-    def run_is_over(self) -> bool:
-        """An exploiter's reads end with the main agent's run (its actors are gone then)."""
-        return self.player != MAIN and bool(self.redis.exists(keys.done(self.cfg.run.name)))
+    # -- what an entry holds, what a batch becomes -------------------------------------------------
+    def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
+        """(header, payload) of each stream entry, or the DecodeError that rejects it."""
+        return decode_unrolls(entries, self.unroll_spec)
 
     @staticmethod
     def unrolls_in(header: dict) -> int:
@@ -482,10 +376,6 @@ class Learner:
     def unroll_versions(self, headers: list[dict]) -> list[int]:
         """The policy version of each unroll of the entries with these headers, in batch order."""
         return [h["policy_version"] for h in headers for _ in range(self.unrolls_in(h))]
-
-    def decode(self, entries: list[bytes]) -> list[tuple[dict, object] | DecodeError]:
-        """(header, payload) of each stream entry, or the DecodeError that rejects it."""
-        return decode_unrolls(entries, self.unroll_spec)
 
     def prepare(self, payloads: list) -> object:
         """What `train_on` takes, made in the ingest thread from the decoded entries read (F fresh
@@ -508,43 +398,43 @@ class Learner:
     def prepared(self, arrays: dict[str, np.ndarray], replayed: list) -> Prepared:
         """The `Prepared` batch of time-major arrays whose last len(replayed) unrolls are `replayed`; the
         fresh ones before them (views) go to the replay after the update."""
-        batch = Batch.from_arrays(arrays, torch.device("cpu"), pin=self.device.type == "cuda")
+        batch = Batch.from_arrays(arrays, torch.device("cpu"), pin=self.pin)
         fresh = unstack(arrays, batch.reward.shape[1] - len(replayed)) if self.replay is not None else []
         return Prepared(batch, fresh, [r.policy_version for r in replayed])
 
-    def start_ingest(self) -> Prefetcher | IngestWorkers | None:
-        """What reads the batches ahead of the update: `learner.ingest_workers` processes, the ingest
-        thread (`learner.prefetch_batches` ahead), or nothing (0: `ingest` in the update's thread)."""
-        cfg = self.cfg
-        if cfg.learner.ingest_workers:
-            settings = worker_settings(
-                redis_url=self.redis_url, namespace=self.namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
-                env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
-                unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
-                shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
-                retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=self.batch_size,
-                done_key=None if self.player == MAIN else keys.done(cfg.run.name))
-            frames_per_unroll = cfg.actor.unroll_length * self.group.size
-            self.workers = IngestWorkers(
-                settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches, self.batch_size,
-                slot_nbytes(self.unroll_spec, self.batch_size),
-                lambda: (cfg.run.total_frames - self.frames) / frames_per_unroll, self.prepare_stacked,
-                lambda: not self.stopping and self.reading)
-            return self.workers
-        return Prefetcher(self.ingest, cfg.learner.prefetch_batches) if cfg.learner.prefetch_batches else None
+    def remember(self, prepared: Prepared, headers: list[dict], stats: dict[str, float], step: int) -> list[int]:
+        """Add the fresh unrolls of the update just made (the learner's `step`-th) to the replay; returns
+        the policy lag of each unroll it replayed ([] without a replay). A batch whose update was skipped
+        (non-finite loss) is not kept: replaying its extreme values would skip later updates too."""
+        if self.replay is None:
+            return []
+        if not stats["skipped_update"]:
+            for unroll, version in zip(prepared.fresh, self.unroll_versions(headers), strict=True):
+                self.replay.add(unroll, version)
+        return [step - 1 - version for version in prepared.replayed_versions]
 
-    def ingest(self) -> tuple[list[bytes], list[dict], object] | None:
-        """Read, de-duplicate, decode, validate and prepare the next batch (`next_batch`, `prepare`),
-        marking it in flight until `acknowledge`. None when stopping.
+    # -- reading -----------------------------------------------------------------------------------
+    def keep_reading(self) -> bool:
+        """False once the learner stops, or once `close` ends the reads."""
+        return not self.stopping() and self.reading
+
+    def read(self) -> tuple[list, list[dict], list] | None:
+        """Block until entries holding F valid unrolls are read (`BatchReader.read`): their ids, headers
+        and payloads (decoded arrays, [n, ...] each, see `decode`). None when stopping, or when
+        `run_over()`."""
+        return self.reader.read(self.batch_size, self.keep_reading, self.run_over)
+
+    def next_batch(self) -> tuple[list[bytes], list[dict], object] | None:
+        """Read, de-duplicate, decode, validate and prepare the next batch (`read`, `prepare`), marking
+        it in flight until `acknowledge`. None when stopping.
 
         It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
         ends there leaves no unroll delivered and unacked."""
-        frames_per_unroll = self.cfg.actor.unroll_length * self.group.size  # each rank reads as many
-        while self.frames + frames_per_unroll * self.in_flight_unrolls >= self.cfg.run.total_frames:
-            if self.stopping or not self.reading:
+        while self.in_flight_unrolls >= self.unrolls_left():
+            if not self.keep_reading():
                 return None
             time.sleep(0.005)
-        got = self.next_batch()
+        got = self.read()
         if got is None:
             return None
         ids, headers, payloads = got
@@ -552,95 +442,276 @@ class Learner:
             self.in_flight_unrolls += sum(map(self.unrolls_in, headers))
         return ids, headers, self.prepare(payloads)
 
-    def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
-        """Ack a batch the update has trained on (counting its unrolls as trained). With ingest workers
-        the worker that read it acks it (`IngestWorkers.release`): the learner sends no command."""
+    def claim_stale(self) -> None:
+        """Take over the entries a stopped learner of this name left pending (idle a minute), into the
+        consumer that reads first: this learner's, or its first ingest worker's."""
+        claimed = self.trajectories.claim_stale(worker_consumer(self.consumer, 0) if self.worker_settings
+                                                else self.consumer, min_idle_ms=60_000)
+        if claimed:
+            log.info("claimed %d unrolls left pending by a stopped learner", claimed)
+
+    def start(self) -> Prefetcher | IngestWorkers | None:
+        """Start reading ahead of the update: the ingest workers (with worker settings), the ingest
+        thread (`learner.prefetch_batches` ahead), or nothing (0: `get` reads in the update's thread).
+        Without workers, a thread renews the entries in flight until `close` (workers renew their own)."""
+        cfg = self.cfg
+        if self.worker_settings is not None:
+            self.workers = IngestWorkers(
+                self.worker_settings, self.consumer, cfg.learner.ingest_workers, cfg.learner.prefetch_batches,
+                self.batch_size, slot_nbytes(self.unroll_spec, self.batch_size), self.unrolls_left,
+                self.prepare_stacked, self.keep_reading)
+            self.ahead = self.workers
+        elif cfg.learner.prefetch_batches:
+            self.ahead = Prefetcher(self.next_batch, cfg.learner.prefetch_batches)
+        if self.workers is None:
+            self.held = threading.Event()
+            threading.Thread(target=self.reader.keep_alive, args=(self.held,), name="keep-alive", daemon=True).start()
+        return self.ahead
+
+    def get(self) -> tuple[list, list[dict], object] | None:
+        """The next batch (ids, headers, prepared): from what `start` started, or read here; None at the end."""
+        return self.ahead.get() if self.ahead else self.next_batch()
+
+    def acknowledge(self, ids: list[bytes], headers: list[dict]) -> int | None:
+        """Ack a batch the update has trained on, counting its unrolls as trained; returns the stream's
+        trained count after it. With ingest workers the worker that read it acks it
+        (`IngestWorkers.release`): the learner sends no command, and None is returned."""
         if self.workers is not None:
             self.workers.release(ids)
-            return
+            return None
         counts = [self.unrolls_in(h) for h in headers]
-        self.unrolls_trained = self.trajectories.ack(ids, counts)
+        trained = self.trajectories.ack(ids, counts)
         self.reader.release(ids)
         with self.in_flight_lock:
             self.in_flight_unrolls -= sum(counts)
+        return trained
+
+    def close(self) -> None:
+        """Stop reading ahead: what was read and not trained on stays pending, for the next learner."""
+        self.held.set()
+        self.reading = False  # the ingest thread's read ends
+        if self.ahead:
+            self.ahead.close()
+
+
+class Learner:
+    """One learner process: the model and its optimizer, and `run`, the loop that trains them until the
+    run is done: next batch -> train on it -> acknowledge it -> record it, and a checkpoint when one is due.
+
+    step: updates made; frames: agent steps trained (K x F x T an update with K learners of F fresh unrolls
+    of T steps). The loop's helpers: `ingest` (the reads: `Ingest`), `checkpoints` (the checkpoint and the
+    run's state it carries: distributed/checkpoints.py), `metrics` (metrics.jsonl and the trackers:
+    distributed/metrics.py), `group` (the ranks of several learners: distributed/data_parallel.py),
+    `params` (the published weights), `lease` (one learner per run), `mirror` (board augmentation).
+    A subclass reads other entries through its own `make_ingest` and trains on them through its own
+    `train_on` (A3C's parameter server, distributed/a3c.py).
+    """
+
+    role = "learner"  # in log lines (A3C's parameter server is named as such)
+
+    def __init__(self, cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
+                 rank: int = 0, dist_url: str | None = None):
+        """`rank` and `dist_url` (tcp://host:port): this process's place among `learner.num_learners`
+        learners of the main agent (distributed/data_parallel.py); unused with one learner. Joining the
+        process group blocks until every rank has joined. Raises ConfigError, CheckpointError,
+        DataParallelError."""
+        self.cfg = cfg
+        self.player = player
+        self.spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
+        self.device = pick_device(cfg.learner.device)
+        # Several learners (data parallel): rank 0 is the learner of one; the others only train.
+        if cfg.learner.num_learners > 1 and dist_url is None:
+            raise ConfigError(f"learner.num_learners={cfg.learner.num_learners}: each learner needs its --rank and "
+                              "the rendezvous --dist-url tcp://<rank 0 host>:<port> (run.py train passes both)")
+        self.device = cuda_device_for(rank, self.device)
+        self.group = join(rank, cfg.learner.num_learners, dist_url, self.device) if dist_url else Group.single()
+        torch.manual_seed(cfg.run.seed)
+        self.model = make_model(self.spec, cfg.agent).to(self.device)
+        self.head = policy_head(self.spec)
+        self.optimizer = make_optimizer(self.model, cfg.learner)
+        self.step = self.frames = 0
+        self.checkpoints = Checkpoints(cfg, run_dir, player, self.spec.name, self.group.is_main, self.label)
+        if resume and not self.group.is_main:
+            pass  # rank 0's state reaches this rank in sync_start
+        elif resume and self.checkpoints.path.exists():
+            self.step, self.frames = self.checkpoints.restore(self.model, self.optimizer)
+        elif resume:
+            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoints.path)
+        self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
+        prefix = namespace(cfg.run.name, player)  # of this learner's own keys
+        self.params = ParamStore(self.redis, prefix, delay=cfg.actor.weight_delay)
+        # The run's lease: one learner (rank 0 of several) trains it; taken in `start`.
+        self.lease = LearnerLease(self.redis, prefix, f"{socket.gethostname()} pid {os.getpid()}",
+                                  ttl_s=cfg.run.lease_ttl_s)
+        if self.checkpoints.league_resets is None:  # else one asked for while it was down is applied at once
+            self.checkpoints.league_resets = self.league_resets()
+        self.stopping = False
+        self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
+        self.mirror = Mirror(self.spec, cfg.learner.mirror_augment, self.device, seed=cfg.run.seed * 1009 + rank)
+        consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
+        self.ingest = self.make_ingest(redis_url, prefix, consumer, rank)
+        self.metrics = LearnerMetrics(cfg, run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
+                                      self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay)
+
+    @property
+    def label(self) -> str:
+        """This learner in log lines: its role, its player unless it is the main agent, its rank among several."""
+        label = self.role if self.player == MAIN else f"{self.role} {self.player}"
+        return label + (f" rank {self.group.rank}" if self.group.distributed else "")
+
+    def checkpoint(self) -> None:
+        """Save model, optimizer, step, frames and the run's carried state (`Checkpoints.save`: rank 0
+        alone, while the run directory is ours)."""
+        self.checkpoints.save(self.model, self.optimizer, self.step, self.frames)
+
+    def stop(self, signum: int | None = None, _frame: object = None) -> None:
+        """Stop before the next update; a signal handler (`signum`: the signal, kept for the exit code)."""
+        self.stopping = True
+        self.stop_signal = self.stop_signal or signum
+
+    def league_resets(self) -> int:
+        """How many times the league manager has asked to reset this learner's weights (league/store.py)."""
+        return LeagueStore(self.redis, self.cfg.run.name).reset_count(self.player)
+
+    def follow_league(self) -> None:
+        """Re-initialise weights and optimizer when the league manager resets this exploiter (AlphaStar
+        resets exploiters so that they keep finding new weaknesses rather than polishing one)."""
+        count = self.league_resets()
+        if count == self.checkpoints.league_resets:
+            return
+        self.checkpoints.league_resets = count
+        torch.manual_seed(self.cfg.run.seed + 7919 * count)
+        self.model = make_model(self.spec, self.cfg.agent).to(self.device)
+        self.optimizer = make_optimizer(self.model, self.cfg.learner)
+        if self.ingest.replay is not None:  # the new weights learn from their own games, not the old ones'
+            self.ingest.replay.clear()
+        self.params.publish(self.model.state_dict(), self.step, self.frames)
+        log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def make_ingest(self, redis_url: str, namespace: str, consumer: str, rank: int) -> Ingest:
+        """This learner's reads (`namespace`: the prefix of its keys; `consumer`: its name in the stream's
+        group; `rank`: its place among several learners, which seeds its replay): unrolls from every trajectory
+        shard (transport.shards), with its replay when learner.replay_fraction > 0 and its ingest workers
+        when learner.ingest_workers > 0."""
+        cfg = self.cfg
+        unroll_spec = UnrollSpec(self.spec, cfg.actor.unroll_length, core_size(cfg.agent))
+        replayed = replayed_per_batch(cfg.learner)
+        fresh = cfg.learner.batch_size - replayed  # F: unrolls per update from the stream
+        settings = None if not cfg.learner.ingest_workers else worker_settings(
+            redis_url=redis_url, namespace=namespace, env=cfg.env.name, env_kwargs=dict(cfg.env.kwargs),
+            env_seats=cfg.env.seats and [list(seat) for seat in cfg.env.seats],
+            unroll_length=cfg.actor.unroll_length, core_size=core_size(cfg.agent), shards=cfg.transport.shards,
+            shard_urls=list(cfg.transport.shard_urls), block_ms=cfg.learner.read_block_ms,
+            retry_s=cfg.run.redis_retry_s, unrolls_per_entry=cfg.actor.send_batch, fresh=fresh,
+            done_key=None if self.player == MAIN else keys.done(cfg.run.name))
+        return Ingest(
+            cfg, ShardedTrajectories(self.redis, redis_url, namespace, cfg.transport.shards,
+                                     cfg.transport.shard_urls, cfg.learner.read_block_ms),
+            consumer, fresh=fresh, unrolls_per_entry=cfg.actor.send_batch, unrolls_left=self.unrolls_left,
+            stopping=lambda: self.stopping, run_over=self.run_is_over, unroll_spec=unroll_spec,
+            replay=make_replay(cfg, unroll_spec, replayed, rank, self.player) if replayed else None,
+            pin=self.device.type == "cuda", worker_settings=settings)
+
+    def unrolls_left(self) -> float:
+        """Unrolls the run may still read before run.total_frames (every rank reads as many: frames count
+        every rank's unrolls)."""
+        return (self.cfg.run.total_frames - self.frames) / (self.cfg.actor.unroll_length * self.group.size)
+
+    def run_is_over(self) -> bool:
+        """An exploiter's reads end with the main agent's run (its actors are gone then)."""
+        return self.player != MAIN and bool(self.redis.exists(keys.done(self.cfg.run.name)))
+
+    def acknowledge(self, ids: list[bytes], headers: list[dict]) -> None:
+        """Ack a batch the update has trained on, counting its unrolls as trained (`Ingest.acknowledge`)."""
+        trained = self.ingest.acknowledge(ids, headers)
+        if trained is not None:  # (ingest workers ack for the learner: `checkpoint_trained` reads their count)
+            self.checkpoints.unrolls_trained = trained
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint.
+        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint: take
+        the next batch, train on it, acknowledge it, record it; checkpoint when one is due.
 
         Several learners (`learner.num_learners`) run this loop in step: they agree before every update
-        whether to go on (`Group.agree`), so they stop at the same update, and all-reduce the gradients in it.
+        whether to go on (`next_batch`), so they stop at the same update, and all-reduce the gradients in it.
         Raises DataParallelError when a peer rank is gone."""
-        cfg = self.cfg
-        main = self.group.is_main
-        self.lease = LearnerLease(self.redis, self.namespace, f"{socket.gethostname()} pid {os.getpid()}",
-                                  ttl_s=cfg.run.lease_ttl_s)
+        if not self.start():
+            return
+        try:
+            while (got := self.next_batch()) is not None:
+                (ids, headers, prepared), lr = got
+                if self.checkpoints.due(time.monotonic()):
+                    self.checkpoint_trained()  # here: once the ranks agreed to go on, each has acked its last batch
+                frames = self.frames
+                stats = self.train(prepared, lr)
+                # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
+                replay_lags = self.ingest.remember(prepared, headers, stats, self.step)
+                self.acknowledge(ids, headers)
+                self.record(self.frames - frames, headers, stats, replay_lags)
+                if self.player != MAIN and self.step % 10 == 0:
+                    self.follow_league()
+        finally:
+            self.ingest.close()  # what it read ahead stays pending
+        # The last, partial window: a run shorter than run.log_every_s still gets a record.
+        if self.metrics.window.stats and self.group.is_main:
+            self.log_metrics(time.monotonic())
+        self.finish()
+
+    def start(self) -> bool:
+        """Take the run's lease (rank 0), give every rank rank 0's state, ready the stream (its group, the
+        entries a stopped learner left pending, the unrolls acked after the checkpoint), publish the first
+        weights, start the trackers, the clocks and the reads ahead. False when told to stop while waiting
+        for the lease (nothing is trained then). Raises LeaseHeld when another live learner keeps it."""
+        cfg, main = self.cfg, self.group.is_main
         acquired = self.lease.acquire(should_stop=lambda: self.stopping) if main else True
         (refused,), _ = self.group.agree((not acquired,), 0.0, self.device)
         if refused:
-            self.metrics_file.close()
-            return
+            self.metrics.close()
+            return False
         self.sync_start()
         # A `done` left by an earlier end of this run (now resumed with more frames) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
         if self.player == MAIN and main:
             self.redis.delete(keys.done(cfg.run.name))
-        self.trajectories.ensure_group()
+        self.ingest.trajectories.ensure_group()
         if main:
-            self.count_rolled_back()
-        # Into the consumer that reads first: this learner's, or its first ingest worker's.
-        claimed = self.trajectories.claim_stale(worker_consumer(self.consumer, 0) if cfg.learner.ingest_workers
-                                                else self.consumer, min_idle_ms=60_000)
-        if claimed:
-            log.info("claimed %d unrolls left pending by a stopped learner", claimed)
+            self.checkpoints.count_rolled_back(self.ingest.trajectories.accounting()["trained"])
+        self.ingest.claim_stale()
         if main:
-            self.results.skip_to_end()
+            self.metrics.results.skip_to_end()
             self.params.publish(self.model.state_dict(), self.step, self.frames)
-            self.tracker = start_tracking(cfg, self.run_dir, self.tracking_name, self.step)
+            self.metrics.start_tracking(self.step)
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_frames:,}",
                  f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")
-        self.started = last_ckpt = time.monotonic()
-        self.started_at = time.time()
-        window = MetricsWindow(self.started)
-        batches = self.start_ingest()
-        held = threading.Event()  # set when the loop ends: the entries in flight are no longer renewed
-        if self.workers is None:  # (workers renew their own)
-            threading.Thread(target=self.reader.keep_alive, args=(held,), name="keep-alive", daemon=True).start()
-        try:
-            while True:
-                waited = time.monotonic()
-                got = None if self.reached_end() else batches.get() if batches else self.ingest()
-                window.waited_s += time.monotonic() - waited
-                # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
-                lr = scheduled_learning_rate(cfg, self.frames, self.elapsed())
-                (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
-                if interrupted and not self.stopping:  # a signal to one rank stops them all
-                    self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
-                if stop:
-                    break
-                now = time.monotonic()
-                if now - last_ckpt >= cfg.learner.checkpoint_every_s:
-                    self.checkpoint_trained()
-                    last_ckpt = now
-                window = self.update(got, window, lr)
-                if self.player != MAIN and self.step % 10 == 0:
-                    self.follow_league()
-        finally:
-            held.set()
-            self.reading = False  # the ingest thread's read ends; what it prefetched stays pending
-            if batches:
-                batches.close()
-        if window.stats and main:  # the last, partial window: a run shorter than run.log_every_s still gets a record
-            self.log_metrics(window, time.monotonic())
-        self.finish()
+        started = time.monotonic()
+        self.checkpoints.start_clock(started)
+        self.metrics.start(started)
+        self.ingest.start()
+        return True
+
+    def next_batch(self) -> tuple[tuple[list, list[dict], object], float] | None:
+        """The next batch (ids, headers, prepared) and the learning rate to train on it with; None to stop.
+        Every rank stops when one has no batch (`reached_end`, or an exploiter's run is over) or was told
+        to stop, and trains at rank 0's learning rate (`Group.agree`; nothing to agree with one learner).
+        The wait for the batch is counted in the metrics window."""
+        waited = time.monotonic()
+        got = None if self.reached_end() else self.ingest.get()
+        self.metrics.window.waited_s += time.monotonic() - waited
+        # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
+        lr = scheduled_learning_rate(self.cfg, self.frames, self.checkpoints.elapsed())
+        (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
+        if interrupted and not self.stopping:  # a signal to one rank stops them all
+            self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
+        return None if stop else (got, lr)
 
     def reached_end(self) -> bool:
         """This learner's own reasons to stop before the next update: a stop signal, run.total_frames
         (the same on every rank: frames count every rank's unrolls), run.max_minutes."""
         if self.stopping or self.frames >= self.cfg.run.total_frames:
             return True
-        if self.cfg.run.max_minutes and self.elapsed() > 60 * self.cfg.run.max_minutes:
+        if self.cfg.run.max_minutes and self.checkpoints.elapsed() > 60 * self.cfg.run.max_minutes:
             log.info("reached run.max_minutes=%s", self.cfg.run.max_minutes)
             return True
         return False
@@ -650,61 +721,38 @@ class Learner:
         """Give every rank rank 0's weights, optimizer state, update step, frames and training seconds
         (fresh or resumed: identical initial weights too). Nothing with one learner."""
         meta = broadcast_state(self.model, self.optimizer, {"step": self.step, "frames": self.frames,
-                                                            "elapsed_s": self.elapsed_before},
+                                                            "elapsed_s": self.checkpoints.elapsed_before},
                                self.group, self.device)
-        self.step, self.frames, self.elapsed_before = int(meta["step"]), int(meta["frames"]), float(meta["elapsed_s"])
+        self.step, self.frames = int(meta["step"]), int(meta["frames"])
+        self.checkpoints.elapsed_before = float(meta["elapsed_s"])
 
     def checkpoint_trained(self) -> None:
         """`checkpoint` between updates. With several learners every rank has acked what it trained on
         once they agreed to go on, so rank 0 records the run's trained count from Redis, not its own acks'
         (so does a learner whose ingest workers ack for it: up to learner.prefetch_batches acks may be
         on their way, which a crash's `rolled_back` would count too)."""
-        if (self.group.distributed or self.workers is not None) and self.group.is_main:
-            self.unrolls_trained = self.trajectories.accounting()["trained"]
+        if (self.group.distributed or self.ingest.workers is not None) and self.group.is_main:
+            self.checkpoints.unrolls_trained = self.ingest.trajectories.accounting()["trained"]
         self.checkpoint()
 
-    def update(self, got: tuple[list[bytes], list[dict], object], window: "MetricsWindow",
-               lr: float) -> "MetricsWindow":
-        """Train on one ingested batch at learning rate `lr`, ack it, and log the metrics window when it
-        is due; returns the window to add the next update to."""
-        ids, headers, batch = got
-        frames = self.frames
+    def train(self, prepared: object, lr: float) -> dict[str, float]:
+        """`train_on` the batch at learning rate `lr`; its seconds are counted in the metrics window."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         started = time.monotonic()
-        stats = self.train_on(batch)
-        window.update_s += time.monotonic() - started
-        # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
-        replay_lags = self.remember(batch, headers, stats) if self.replay is not None else []
-        self.acknowledge(ids, headers)
-        lags = [self.step - 1 - version for version in self.unroll_versions(headers)]
-        window.add(self.frames - frames, lags, stats, replay_lags)
+        stats = self.train_on(prepared)
+        self.metrics.window.update_s += time.monotonic() - started
+        return stats
+
+    def record(self, frames: int, headers: list[dict], stats: dict[str, float], replay_lags: list[int]) -> None:
+        """Add the update just made to the metrics window (the `frames` it trained on, the policy lag of
+        the unrolls of the entries with `headers`, its `stats`, the lags of the replayed unrolls), and
+        log the window when it is due (rank 0)."""
+        lags = [self.step - 1 - version for version in self.ingest.unroll_versions(headers)]
+        self.metrics.window.add(frames, lags, stats, replay_lags)
         now = time.monotonic()
-        if now - window.start < self.cfg.run.log_every_s or not self.group.is_main:
-            return window
-        self.log_metrics(window, now)
-        return MetricsWindow(now)
-
-    def remember(self, prepared: Prepared, headers: list[dict], stats: dict[str, float]) -> list[int]:
-        """Add the fresh unrolls of the update just made to the replay; returns the policy lag of each
-        unroll it replayed. A batch whose update was skipped (non-finite loss) is not kept: replaying its
-        extreme values would skip later updates too."""
-        if not stats["skipped_update"]:
-            for unroll, version in zip(prepared.fresh, self.unroll_versions(headers), strict=True):
-                self.replay.add(unroll, version)
-        return [self.step - 1 - version for version in prepared.replayed_versions]
-
-    def count_rolled_back(self) -> None:
-        """After a resume: unrolls acked after the checkpoint was written were trained on by updates that
-        died with the old process. They stay counted as trained; this counts and logs them."""
-        self.unrolls_trained = self.trajectories.accounting()["trained"]
-        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
-            self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
-        if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
-            self.rolled_back = self.unrolls_trained - self.restored_trained
-            log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
-                        "the resumed model does not have (the previous learner died before checkpointing them)",
-                        self.rolled_back, self.restored_trained, self.unrolls_trained)
+        if now - self.metrics.window.start >= self.cfg.run.log_every_s and self.group.is_main:
+            self.log_metrics(now)
 
     def train_on(self, prepared: Prepared) -> dict[str, float]:
         """One update on a batch of B unrolls (from `prepare`); publishes the weights on schedule.
@@ -712,12 +760,9 @@ class Learner:
         K x F x T with F fresh unrolls per batch: replayed ones were counted when they were fresh."""
         batch = prepared.batch.to(self.device)
         unrolls = batch.action.shape[1] - len(prepared.replayed_versions)
-        if self.mirror == "both":
-            batch = batch.with_mirror(self.spec)
-        elif self.mirror == "random":
-            flip = torch.rand(batch.reward.shape[1], generator=self.mirror_generator, device=self.device) < 0.5
-            batch = batch.with_random_mirror(self.spec, flip)
-        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head, self.reduce_gradients)
+        batch = self.mirror(batch)
+        stats = learn_step(self.model, self.optimizer, batch, self.cfg.learner, self.head,
+                           partial(average_gradients, group=self.group))  # (nothing with one learner)
         if stats["skipped_update"]:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])
@@ -730,180 +775,27 @@ class Learner:
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted.
         (Ranks other than 0 of several learners only log.)"""
-        self.finished = not self.stopping
+        self.checkpoints.finished = not self.stopping
         if not self.group.is_main:
             log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
-            self.metrics_file.close()
+            self.metrics.close()
             return
-        if self.group.distributed or self.workers is not None:  # the run's trained count: every rank (worker) has acked
-            self.unrolls_trained = self.trajectories.accounting()["trained"]
-        self.checkpoint()  # first: it needs no Redis
+        self.checkpoint_trained()  # first: it needs no Redis
         self.params.publish(self.model.state_dict(), self.step, self.frames)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
-        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames, self.checkpoint_path)
-        self.metrics_file.close()
-        if self.tracker:
-            if self.player == MAIN and self.report is not None and not self.stopping:  # interrupted: stop now
-                self.log_report_figures()
-            self.tracker.finish()
+        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames,
+                 self.checkpoints.path)
+        self.metrics.close(report=self.player == MAIN and not self.stopping)  # interrupted: no figures, stop now
 
-    def log_report_figures(self) -> None:
-        """The figures of `run.py report` for this run, logged to the trackers at the end (a plotting
-        error is logged and does not fail a run whose checkpoint is written)."""
-        try:
-            self.report(self.run_dir, self.tracker)
-        except (ValueError, OSError, KeyError, TypeError) as e:
-            log.warning("could not log the report figures: %s: %s", type(e).__name__, e)
-
-    # -- metrics -----------------------------------------------------------------------------------
-    @property
-    def tracking_name(self) -> str:
-        """This learner's wandb id and TensorBoard folder: the run name, with the player for exploiters."""
-        return self.cfg.run.name if self.player == MAIN else f"{self.cfg.run.name}-{self.player}"
-
-    def log_metrics(self, window: "MetricsWindow", now: float) -> None:
-        episodes = [e for e in self.results.read_new() if e.get("player", MAIN) == self.player]
-        nonfinite = sum(bool(e.get("nonfinite")) for e in episodes)  # counted, and left out of every statistic
-        episodes = [e for e in episodes if not e.get("nonfinite")]
-        self_play = [e for e in episodes if e.get("opponent_id", SELF) == SELF]
-        league = [e for e in episodes if e.get("opponent_id", SELF) != SELF]
-        record = window.summary(now)
-        counts = self.trajectories.accounting()
-        counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
-        self.last_counters = {k: counts[k] for k in COUNTERS}
-        record.update({
-            # Agent steps trained (`frames`, its older name; the unit of run.total_frames and SPS) and
-            # env steps played by the actors (each env.step once, whoever acted).
-            "step": self.step, "frames": self.frames, "agent_steps_trained": self.frames,
-            "env_steps_played": counts["env_steps"], "time": time.time(),
-            "elapsed_s": self.elapsed(), "learner_started": self.started_at,
-            # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
-            "queue_depth": counts["backlog"] * self.unrolls_per_entry, "dead_letters": counts["dead_lettered"],
-            "unrolls_produced": counts["produced"], "unrolls_trained": counts["trained"],
-            "unrolls_rolled_back": self.rolled_back,
-            "episodes": len(episodes), "nonfinite_episodes": nonfinite, "learning_rate": self.optimizer.param_groups[0]["lr"],
-            "stream_losses": self.trajectories.group_losses, "redis_outages": redis_outages(self.redis),
-            "corrupt_weight_loads": self.params.corrupt_count(),
-            "weight_replica_fallbacks": self.params.replica_fallback_count(),
-            "actors_throttled_s": counts["throttled_s"],
-        })
-        if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames
-            record["emulator_frames"] = counts["env_steps"] * self.spec.frames_per_step
-        if self.replay is not None:
-            record.update(window.replay_summary(), replay_unrolls=len(self.replay),
-                          replay_mb=self.replay.nbytes / 2**20)
-        if getattr(self.trajectories, "shards", 1) > 1:  # (A3C's gradient stream is one TrajectoryStream)
-            record["queue_depth_shards"] = [n * self.unrolls_per_entry for n in self.trajectories.backlogs]
-            record["shard_servers_down"] = self.trajectories.servers_down()
-        if episodes:
-            record["episode_length"] = float(np.mean([e.get("length", 0) for e in episodes]))
-            record["episode_return"] = float(np.mean([_learner_return(e) for e in episodes]))
-        if self_play and len(self.spec.seats) > 1:
-            winners = np.array([e.get("winner", -1) for e in self_play])
-            record["first_seat_win_rate"] = float(np.mean(winners == 0))
-            record["draw_rate"] = float(np.mean(winners == -1))
-        if league:
-            record["league_score"] = float(np.mean([episode_score(e) for e in league]))
-            record.update(seat_scores(league, len(self.spec.seats)))
-        self.metrics_file.write(strict_json(record) + "\n")
-        self.metrics_file.flush()
-        self.tracker.log(record, self.step)
-        games = []
-        if episodes and self.spec.kind != "aec":
-            games.append(f"return {record['episode_return']:.1f}")
-        if "first_seat_win_rate" in record:
-            games.append(f"first-seat wins {record['first_seat_win_rate']:.2f}")
-        if league:
-            seats = [f"{record[k]:.2f}" if k in record else "-" for k in map(seat_score_key, range(len(self.spec.seats)))]
-            games.append(f"league score {record['league_score']:.2f}"
-                         + (f" (per seat {' / '.join(seats)})" if len(seats) > 1 else ""))
-        if episodes:
-            games.append(f"len {record['episode_length']:.1f}")
-        if "emulator_frames" in record:
-            games.append(f"emulator frames {record['emulator_frames']:,}")
-        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
-                 "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ", f"{self.frames:,}",
-                 f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}", record["sps"],
-                 record["policy_lag"], record["queue_depth"],
-                 record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
-
-
-@dataclass
-class MetricsWindow:
-    """What the updates since `start` (monotonic seconds) trained on and measured."""
-
-    start: float
-    frames: int = 0
-    lags: list = field(default_factory=list)  # policy lag of each fresh unroll
-    stats: list = field(default_factory=list)
-    replay_lags: list = field(default_factory=list)  # policy lag of each replayed unroll, when it was trained on
-    update_s: float = 0.0  # seconds in the updates themselves (`train_on`)
-    waited_s: float = 0.0  # seconds the update's thread waited for its next batch
-
-    def add(self, frames: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
-        self.frames += frames
-        self.lags += lags
-        self.stats.append(stats)
-        self.replay_lags += replay_lags
-
-    def replay_summary(self) -> dict[str, float]:
-        """Experience replay: `replayed_fraction`, the share of the unrolls trained on that were
-        replayed, and `replay_policy_lag`, their mean policy lag (learner step - policy_version) when
-        trained on, left out of a window that replayed none."""
-        trained = len(self.lags) + len(self.replay_lags)
-        record = {"replayed_fraction": len(self.replay_lags) / max(trained, 1)}
-        if self.replay_lags:
-            record["replay_policy_lag"] = float(np.mean(self.replay_lags))
-        return record
-
-    def summary(self, now: float) -> dict[str, float]:
-        """Mean of each learn_step statistic, SPS (agent steps trained per second), policy lag
-        (mean, max, and `policy_lag_counts`: unrolls per lag 0, 1, ..., the last bin LAG_BINS-1 or more), and
-        the shares of the window's wall-clock time the update's thread spent in updates (`update_share`) and
-        waiting for a batch (`wait_share`): a learner that waits is starved, one that updates is the bottleneck.
-        A negative lag (the unroll's version ahead of the learner: acted by weights from before the learner
-        resumed from an older checkpoint) is counted in `policy_lag_negative` and left out of the lag
-        statistics, which are null when the window has no other unroll."""
-        record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
-        record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
-        lags = [lag for lag in self.lags if lag >= 0]
-        record.update({"sps": self.frames / max(now - self.start, 1e-9),
-                       "policy_lag": float(np.mean(lags)) if lags else math.nan,
-                       "policy_lag_max": int(max(lags)) if lags else None,
-                       "policy_lag_counts": np.bincount(np.clip(lags, 0, LAG_BINS - 1)).tolist() if lags else [],
-                       "policy_lag_negative": len(self.lags) - len(lags)})
-        seconds = max(now - self.start, 1e-9)
-        record.update(update_share=self.update_s / seconds, wait_share=self.waited_s / seconds)
-        return record
-
-
-def seat_score_key(seat: int) -> str:
-    """The metrics key of the learner's league score when it held seat `seat` (0 moves first)."""
-    return f"league_score_seat_{seat}"
-
-
-def seat_scores(episodes: list[dict], num_seats: int) -> dict[str, float]:
-    """The learner's mean score (1 win, 0.5 draw, 0 loss) per seat it held, over league games: in a
-    game with a first-move advantage the pooled `league_score` hides a weak seat (0.553 as first
-    player and 0.282 as second pooled to 0.49 in one tic-tac-toe league). Seats without games are
-    left out. Only games of two or more seats have per-seat scores."""
-    if num_seats < 2:
-        return {}
-    out = {}
-    for seat in range(num_seats):
-        scores = [episode_score(e) for e in episodes if e.get("learner_seat", -1) == seat]
-        if scores:
-            out[seat_score_key(seat)] = float(np.mean(scores))
-    return out
-
-
-def _learner_return(episode: dict) -> float:
-    """The learner's return in a reported episode: its seat's, or the mean over seats in self-play."""
-    returns = episode.get("returns") or [0.0]
-    seat = episode.get("learner_seat", -1)
-    return float(returns[seat]) if 0 <= seat < len(returns) else float(np.mean(returns))
+    def log_metrics(self, now: float) -> None:
+        """Write the metrics window ending `now` (`LearnerMetrics.log`) with this learner's progress and the
+        stream's delivery counts, those of earlier Redis servers of the run added (`Checkpoints.carry`)."""
+        counts = self.checkpoints.carry(self.ingest.trajectories.accounting())
+        self.metrics.log(now, step=self.step, frames=self.frames, elapsed_s=self.checkpoints.elapsed(),
+                         learning_rate=self.optimizer.param_groups[0]["lr"], counts=counts,
+                         rolled_back=self.checkpoints.rolled_back)
 
 
 def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False, player: str = MAIN,
@@ -919,8 +811,8 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     torch.set_num_threads(1)
     keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
-    learner.report = report
-    written = f"checkpoint at update {{}} written to {learner.checkpoint_path}"
+    learner.metrics.report = report
+    written = f"checkpoint at update {{}} written to {learner.checkpoints.path}"
 
     def lost_redis(e: Exception) -> str:
         learner.checkpoint()  # keep what was learned: the checkpoint is a local file
@@ -931,7 +823,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         # those of the last update (every rank) made.
         try:
             learner.checkpoint_trained()
-            if learner.group.is_main and learner.lease is not None:
+            if learner.group.is_main:
                 learner.lease.release()  # so that `--resume` needs not wait for it to lapse
         except redis.RedisError:
             learner.checkpoint()
@@ -940,7 +832,8 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
         return f"{e}{'; ' + written.format(learner.step) if rank == 0 else ''}; `run.py train --resume RUN_DIR` continues"
 
     try:
-        return run_role(learner, lost_redis, lambda: learner.finished or run_is_over(learner.redis, cfg.run.name),
+        return run_role(learner, lost_redis,
+                        lambda: learner.checkpoints.finished or run_is_over(learner.redis, cfg.run.name),
                         (IngestWorkerError, DataParallelError), failed)
     finally:
         learner.group.close()

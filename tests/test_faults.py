@@ -175,7 +175,7 @@ def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path,
     cfg = small_config(run_name, tmp_path, "run.total_frames=1")
     first = Learner(cfg, redis_url, tmp_path / run_name)
     first.checkpoint()
-    first.metrics_file.close()
+    first.metrics.file.close()
     for change, message in ((["agent.hidden=32"], "does not fit this run's config"),
                             (["learner.optimizer=rmsprop"], "learner.optimizer=rmsprop")):
         with pytest.raises(CheckpointError, match=message):
@@ -184,7 +184,7 @@ def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path,
     resumed = Learner(small_config(run_name, tmp_path, "learner.learning_rate=0.123"), redis_url,
                       tmp_path / run_name, resume=True)
     assert resumed.optimizer.param_groups[0]["lr"] == 0.123
-    resumed.metrics_file.close()
+    resumed.metrics.file.close()
 
 
 def test_checkpoint_holds_no_redis_password(tmp_path, redis_url, run_name):
@@ -193,9 +193,9 @@ def test_checkpoint_holds_no_redis_password(tmp_path, redis_url, run_name):
     cfg = small_config(run_name, tmp_path, f"run.redis_url={redis_url}")
     learner = Learner(cfg, redis_url, tmp_path / run_name)
     learner.checkpoint()
-    learner.metrics_file.close()
+    learner.metrics.file.close()
     password = redis_url.split(":")[2].split("@")[0]
-    assert password not in read_checkpoint(learner.checkpoint_path)[1]["config"]
+    assert password not in read_checkpoint(learner.checkpoints.path)[1]["config"]
 
 
 # -- the command line -------------------------------------------------------------------------------

@@ -63,20 +63,20 @@ def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, re
     for data in (u1, u2, u3, u4):
         redis_client.xadd(key, {"data": data})
     learner = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
-    learner.trajectories.ensure_group()
-    ids1, headers1, _ = learner.ingest()
-    learner.reader.pending_cursor = "0"  # as after a sweep: page through our own pending entries again
-    ids2, headers2, prepared2 = learner.ingest()
+    learner.ingest.trajectories.ensure_group()
+    ids1, headers1, _ = learner.ingest.next_batch()
+    learner.ingest.reader.pending_cursor = "0"  # as after a sweep: page through our own pending entries again
+    ids2, headers2, prepared2 = learner.ingest.next_batch()
     assert not set(ids1) & set(ids2)
     assert [h["unroll_id"] for h in headers1 + headers2] == [
-        header["unroll_id"] for header, _ in learner.decode([u1, u2, u3, u4])]
+        header["unroll_id"] for header, _ in learner.ingest.decode([u1, u2, u3, u4])]
     np.testing.assert_array_equal(prepared2.batch.reward[0].numpy(), [0.5, 0.25])
     stream = TrajectoryStream(redis_client, run_name)
     assert stream.accounting() == {"produced": 0, "trained": 0, "dead_lettered": 0, "backlog": 4, "throttled_s": 0.0, "env_steps": 0}
     learner.acknowledge(ids1, headers1)
     learner.acknowledge(ids2, headers2)
     assert stream.accounting() == {"produced": 0, "trained": 4, "dead_lettered": 0, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
-    assert learner.reader.in_flight == set()
+    assert learner.ingest.reader.in_flight == set()
 
 
 @pytest.mark.parametrize("ingest", [("learner.prefetch_batches=4",),
@@ -136,7 +136,7 @@ def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, re
                     events.append((name, "end", time.monotonic()))
         return call
 
-    learner.ingest = traced("ingest", learner.ingest)
+    learner.ingest.next_batch = traced("ingest", learner.ingest.next_batch)
     learner.train_on = traced("update", lambda batch, f=learner.train_on: (time.sleep(0.1), f(batch))[1])
     run_learner_until(learner, lambda: learner.step >= 4)
     starts, ends = ([t for n, k, t in events if n == "update" and k == kind] for kind in ("start", "end"))

@@ -48,8 +48,8 @@ def test_workers_hand_over_every_unroll_once_and_dead_letter_the_malformed(tmp_p
     redis_client.xadd(f"{run_name}:traj", {"data": tampered(lambda m: m["arrays"].pop("reward"))})
     _fill(redis_client, run_name, range(5, 10))
     learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
-    learner.trajectories.ensure_group()
-    batches = learner.start_ingest()
+    learner.ingest.trajectories.ensure_group()
+    batches = learner.ingest.start()
     stream = TrajectoryStream(redis_client, run_name)
     try:
         rewards = []
@@ -73,8 +73,8 @@ def test_workers_hand_over_every_unroll_once_and_dead_letter_the_malformed(tmp_p
 
 def test_a_worker_that_dies_stops_the_learner_with_its_reason(tmp_path, redis_client, redis_url, run_name):
     learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
-    learner.trajectories.ensure_group()
-    batches = learner.start_ingest()
+    learner.ingest.trajectories.ensure_group()
+    batches = learner.ingest.start()
     try:
         batches.procs[1].send_signal(signal.SIGKILL)
         with pytest.raises(RuntimeError, match="ingest worker 1 was killed by signal 9"):
@@ -89,9 +89,9 @@ def test_replayed_unrolls_join_a_workers_batch_after_its_fresh_ones(tmp_path, re
     learner = Learner(small_config(run_name, tmp_path, "learner.batch_size=4", "learner.replay_fraction=0.5",
                                    *WORKERS), redis_url, tmp_path / run_name)
     for r in (7.0, 8.0):
-        learner.replay.add(valid_unroll(r), policy_version=3)
+        learner.ingest.replay.add(valid_unroll(r), policy_version=3)
     fresh = stack_entries([{k: v[None] for k, v in valid_unroll(r).items()} for r in (1.0, 2.0)])
-    prepared = learner.prepare_stacked(fresh)
+    prepared = learner.ingest.prepare_stacked(fresh)
     assert prepared.batch.reward.shape == (4, 4)
     assert prepared.batch.reward[0, :2].tolist() == [1.0, 2.0]
     assert sorted(prepared.batch.reward[0, 2:].tolist()) == [7.0, 8.0]
@@ -160,8 +160,8 @@ def test_entries_a_live_reader_holds_are_never_taken_by_the_sweep(redis_client, 
 
 def test_a_worker_that_loses_redis_raises_what_the_learner_reports_as_lost_redis(tmp_path, redis_url, run_name):
     learner = Learner(small_config(run_name, tmp_path, "run.redis_retry_s=0", *WORKERS), redis_url, tmp_path / run_name)
-    learner.redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
-    batches = learner.start_ingest()
+    learner.ingest.worker_settings["redis_url"] = "redis://127.0.0.1:1/0"  # nothing listens there
+    batches = learner.ingest.start()
     try:
         with pytest.raises(redis.ConnectionError, match="learner ingest worker [01] failed: .*127.0.0.1:1"):
             batches.get()
@@ -225,8 +225,8 @@ def test_a_batch_of_many_small_entries_is_read_ahead_in_every_slot(tmp_path, red
     learner = Learner(small_config(run_name, tmp_path, "learner.batch_size=512", "actor.send_batch=1",
                                    "actor.high_water_mark=1024", "learner.ingest_workers=1",
                                    "learner.prefetch_batches=2"), redis_url, tmp_path / run_name)
-    learner.trajectories.ensure_group()
-    batches = learner.start_ingest()
+    learner.ingest.trajectories.ensure_group()
+    batches = learner.ingest.start()
     try:
         deadline = time.monotonic() + 20
         while redis_client.xpending(key, GROUP)["pending"] < 1024 and time.monotonic() < deadline:
@@ -247,7 +247,7 @@ def test_workers_ignore_a_terminals_ctrl_c_from_their_start(tmp_path, redis_url,
     """Ctrl-C in a terminal reaches the learner's whole process group: the learner stops its workers
     itself (closing their stdin), so they ignore SIGINT and SIGTERM from the moment they start."""
     learner = Learner(small_config(run_name, tmp_path, *WORKERS), redis_url, tmp_path / run_name)
-    batches = learner.start_ingest()
+    batches = learner.ingest.start()
     try:
         for proc in batches.procs:
             proc.send_signal(signal.SIGINT)  # at once: the worker has not imported anything yet

@@ -419,5 +419,5 @@ def test_an_exploiter_reset_asked_for_while_its_learner_was_down_is_applied_on_r
     resumed = Learner(cfg, redis_url, tmp_path / run_name, resume=True, player="main_exploiter_0")
     before = {k: v.clone() for k, v in resumed.model.state_dict().items()}
     resumed.follow_league()
-    assert resumed.resets_seen == 1
+    assert resumed.checkpoints.league_resets == 1
     assert any(not torch.equal(before[k], v) for k, v in resumed.model.state_dict().items())

@@ -183,7 +183,7 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
 
 
 def test_unrolls_from_before_a_rollback_are_counted_apart_from_lag_zero():
-    from distributed.learner import MetricsWindow
+    from distributed.metrics import MetricsWindow
 
     window = MetricsWindow(0.0)
     stats = {"loss": 1.0, "skipped_update": 0.0}

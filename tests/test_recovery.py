@@ -113,7 +113,7 @@ def test_the_learner_client_can_block_for_its_configured_read(tmp_path, redis_ur
 
     learner = Learner(small_config(run_name, tmp_path, "learner.read_block_ms=30000"), redis_url, tmp_path / run_name)
     assert learner.redis.connection_pool.connection_kwargs["socket_timeout"] > 30
-    learner.metrics_file.close()
+    learner.metrics.file.close()
 
 
 # -- reconnect with backoff -------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, vol
         thread.join(30)
     assert not thread.is_alive() and thread.error is None, thread.error
     assert learner.step == 2 and learner.frames == 2 * 2 * T
-    assert learner.trajectories.group_losses == 1
+    assert learner.ingest.trajectories.group_losses == 1
     assert messages(caplog, "stream and group lost")
     assert feeder.xlen(f"{run_name}:traj") == 0  # the two sent after the restart were trained on
     assert feeder.exists(f"{run_name}:done") and int(feeder.get(f"{run_name}:params:version")) == 2
@@ -350,7 +350,8 @@ def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_pat
     stream.read("learner-deadhost", count=2, block_ms=10)  # delivered to a learner that then died
     learner = Learner(small_config(run_name, tmp_path, f"run.total_frames={2 * T}"), redis_url, tmp_path / run_name)
     # A minute each in production: here the first sweep comes 0.2 s after start, for entries idle 0.3 s.
-    learner.reader.sweeper = DeadConsumerSweeper(learner.trajectories, learner.consumer, min_idle_ms=300, every_s=0.2)
+    learner.ingest.reader.sweeper = DeadConsumerSweeper(learner.ingest.trajectories, learner.ingest.consumer,
+                                                        min_idle_ms=300, every_s=0.2)
     thread = threading.Thread(target=learner.run)
     with caplog.at_level(logging.INFO, logger="transport"):
         thread.start()
@@ -360,7 +361,7 @@ def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_pat
         thread.join(10)
         pytest.fail("the learner never got the dead consumer's unrolls")
     assert learner.step == 1 and learner.frames == 2 * T  # one update, on exactly those two unrolls
-    assert learner.reader.sweeper.claimed == 2 and learner.reader.sweeper.removed == ["learner-deadhost"]
+    assert learner.ingest.reader.sweeper.claimed == 2 and learner.ingest.reader.sweeper.removed == ["learner-deadhost"]
     assert "learner-deadhost" not in consumers(redis_client, key)
     assert redis_client.xlen(key) == 0  # trained on, acked and deleted
     assert redis_client.xpending(key, GROUP)["pending"] == 0

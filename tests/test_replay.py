@@ -88,8 +88,8 @@ def test_each_learner_rank_and_player_draws_from_its_own_seeded_stream(tmp_path,
     def draws(rank=0, player=MAIN):
         learner = Learner(cfg, redis_url, tmp_path / run_name, player=player, rank=rank)
         for version in range(20):
-            learner.replay.add(valid_unroll(float(version)), policy_version=version)
-        return [r.policy_version for _ in range(20) for r in learner.replay.sample(learner.replayed)]
+            learner.ingest.replay.add(valid_unroll(float(version)), policy_version=version)
+        return [r.policy_version for _ in range(20) for r in learner.ingest.replay.sample(learner.ingest.replayed)]
 
     first = draws()
     assert draws() == first
@@ -131,12 +131,12 @@ def test_replayed_unrolls_are_corrected_with_their_own_behaviour_policy(tmp_path
     rng = np.random.default_rng(7)
     old = {7: random_unroll(rng, 0.2, truncate_at=1), 9: random_unroll(rng, 0.3)}
     for version, unroll in old.items():
-        learner.replay.add(unroll, policy_version=version)
+        learner.ingest.replay.add(unroll, policy_version=version)
     fresh = [random_unroll(rng, 3.0), random_unroll(rng, 2.0)]
     # As the learner reads them: one stream entry of the two fresh unrolls.
     [(_, entry)] = decode_unrolls([encode_unrolls(fresh, unroll_id="f-0-0", policy_version=11, actor_id=0,
-                                                  env="tictactoe")], learner.unroll_spec)
-    prepared = learner.prepare([entry])
+                                                  env="tictactoe")], learner.ingest.unroll_spec)
+    prepared = learner.ingest.prepare([entry])
     assert prepared.batch.reward.shape == (T, 4) and sorted(prepared.replayed_versions) == [7, 9]
     columns = fresh + [old[v] for v in prepared.replayed_versions]
 
@@ -183,11 +183,12 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
                 for i in range(0, N, per_entry)]
     stream.add(payloads, producer="0-tok", produced=N)
     learner = Learner(cfg, redis_url, tmp_path / run_name)
-    assert learner.batch_size == 2 and learner.replayed == 2
-    capacity = learner.replay.capacity_bytes
+    assert learner.ingest.batch_size == 2 and learner.ingest.replayed == 2
+    capacity = learner.ingest.replay.capacity_bytes
     acked, held = [], []
     learner.acknowledge = lambda ids, headers, ack=learner.acknowledge: (acked.extend(ids), ack(ids, headers))[1]
-    learner.remember = lambda *a, remember=learner.remember: (remember(*a), held.append(learner.replay.nbytes))[0]
+    learner.ingest.remember = lambda *a, remember=learner.ingest.remember: (
+        remember(*a), held.append(learner.ingest.replay.nbytes))[0]
     run_learner_until(learner, lambda: False)
 
     assert learner.step == N // 2 and learner.frames == N * T

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from config import LeagueConfig
-from distributed.learner import seat_scores
+from distributed.metrics import seat_scores
 from league.matchmaking import league_exploiter_opponents
 from league.payoff import PayoffTable, episode_score
 

@@ -123,8 +123,8 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
         {"produced": 8, "trained": 8, "dead_lettered": 0, "backlog": 0},
         {"produced": 6, "trained": 6, "dead_lettered": 0, "backlog": 0},
         {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}]
-    assert learner.frames == 18 * T and learner.unrolls_trained == 18
-    assert delivery(learner.trajectories) == {k: sum(c[k] for c in per_shard) for k in UNROLL_COUNTS}
+    assert learner.frames == 18 * T and learner.checkpoints.unrolls_trained == 18
+    assert delivery(learner.ingest.trajectories) == {k: sum(c[k] for c in per_shard) for k in UNROLL_COUNTS}
     for s in streams:  # every ack went to the shard its entry came from
         assert redis_client.xpending(s.key, GROUP)["pending"] == 0
     assert redis_client.xlen(streams[2].deadletter_key) == 1 and redis_client.xlen(f"{run_name}:deadletter") == 0
@@ -165,7 +165,7 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
             sent0 = send(shard0, 0, [0.25] * 6, sent0)
             wait_for(lambda: shard0.accounting()["trained"] == 10, 20, "shard 0 trained while shard 1 is down",
                      thread)
-            assert learner.trajectories.servers_down() == 1
+            assert learner.ingest.trajectories.servers_down() == 1
             other.restart()  # same port and password, its data from the append-only file
             sent1 = send(shard1, 1, [0.75] * 4, sent1)
             wait_for(lambda: shard1.accounting()["backlog"] == 0, 20, "shard 1 trained again", thread)
