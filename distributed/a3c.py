@@ -116,21 +116,21 @@ class A3CWorker(Actor):
     def send(self, unrolls: list[dict[str, np.ndarray]], versions: list[int] | None = None) -> bool:
         """Compute and push the gradient of `unrolls`, then pull the latest weights. True = run is over.
         The gradient is that of the weights held now, so it is stamped with their version, not `versions`."""
-        self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.backlog)
+        self.gradients.wait_for_room(self.cfg.actor.high_water_mark, self.run_over, backlog=self.counters.backlog)
         if self.run_over():
             return True
         batch = Batch.stack(unrolls, torch.device("cpu"))
         if self.mirror:
             batch = batch.with_mirror(self.spec)
-        self.model.zero_grad(set_to_none=True)
-        loss, parts = actor_critic_loss(*forward_batch(self.model, batch), batch, self.loss_cfg, DiscreteHead())
+        self.policy.model.zero_grad(set_to_none=True)
+        loss, parts = actor_critic_loss(*forward_batch(self.policy.model, batch), batch, self.loss_cfg, DiscreteHead())
         loss.backward()
         self.gradients_sent += 1  # the stream's `produced` counts gradients, as the parameter server's acks do
-        self.backlog = self.gradients.add([encode_gradients(
-            self.model, policy_version=self.version, actor_id=self.actor_id,
+        self.counters.backlog = self.gradients.add([encode_gradients(
+            self.policy.model, policy_version=self.policy.version, actor_id=self.actor_id,
             frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
-            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent, env_steps=self.env_steps)
-        self.sent += len(unrolls)
+            producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent, env_steps=self.counters.env_steps)
+        self.counters.sent += len(unrolls)
         self.sync_params()
         self.refresh_opponents()
         return False

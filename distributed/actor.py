@@ -350,36 +350,6 @@ class Actor:
         """The env adapters, in slot order."""
         return [slot.env for slot in self.slots]
 
-    # A3CWorker (distributed/a3c.py) reaches these by the names they had before `policy` and `counters`:
-    # the network it trains, the version it stamps its gradients with, and the counters its `send` keeps.
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.policy.model
-
-    @property
-    def version(self) -> int:
-        return self.policy.version
-
-    @property
-    def env_steps(self) -> int:
-        return self.counters.env_steps
-
-    @property
-    def sent(self) -> int:
-        return self.counters.sent
-
-    @sent.setter
-    def sent(self, sent: int) -> None:
-        self.counters.sent = sent
-
-    @property
-    def backlog(self) -> int | None:
-        return self.counters.backlog
-
-    @backlog.setter
-    def backlog(self, backlog: int | None) -> None:
-        self.counters.backlog = backlog
-
     def stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Stop after the current step; a signal handler (`signum`: the signal, kept for the exit code)."""
         self.stopping = True
