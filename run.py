@@ -27,24 +27,24 @@ import importlib
 import logging
 import sys
 
-from config import UserError
-from distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
-from distributed.transport import RedisUnreachable
+from impala_league.config import UserError
+from impala_league.distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
+from impala_league.distributed.transport import RedisUnreachable
 
 # command -> (its module in cli/, its one-line help)
 COMMANDS = {
-    "train": ("cli.train", "run a whole training job on this machine"),
-    "learner": ("cli.learner", "run the learner against a Redis"),
-    "league": ("cli.league", "run the league manager against a Redis"),
-    "actor": ("cli.actor", "run one actor process against a Redis"),
-    "actors": ("cli.actors", "run and supervise C actor processes on this host"),
-    "evaluate": ("cli.evaluate", "play a checkpoint against a baseline bot, or a round-robin with Elo"),
-    "replay": ("cli.replay", "re-simulate a recorded game, check it, and show it"),
-    "compare": ("cli.compare", "train several configurations for the same wall clock and compare them"),
-    "report": ("cli.report", "one self-contained HTML page about run directories and compare outputs"),
-    "runs": ("cli.runs", "list runs, or delete the Redis keys of a run that is over"),
-    "config": ("cli.show_config", "print the resolved config of --config and --set (YAML, no secrets)"),
-    "deploy": ("cli.deploy", "render Kubernetes manifests or a SLURM batch script of a run"),
+    "train": ("impala_league.cli.train", "run a whole training job on this machine"),
+    "learner": ("impala_league.cli.learner", "run the learner against a Redis"),
+    "league": ("impala_league.cli.league", "run the league manager against a Redis"),
+    "actor": ("impala_league.cli.actor", "run one actor process against a Redis"),
+    "actors": ("impala_league.cli.actors", "run and supervise C actor processes on this host"),
+    "evaluate": ("impala_league.cli.evaluate", "play a checkpoint against a baseline bot, or a round-robin with Elo"),
+    "replay": ("impala_league.cli.replay", "re-simulate a recorded game, check it, and show it"),
+    "compare": ("impala_league.cli.compare", "train several configurations for the same wall clock and compare them"),
+    "report": ("impala_league.cli.report", "one self-contained HTML page about run directories and compare outputs"),
+    "runs": ("impala_league.cli.runs", "list runs, or delete the Redis keys of a run that is over"),
+    "config": ("impala_league.cli.show_config", "print the resolved config of --config and --set (YAML, no secrets)"),
+    "deploy": ("impala_league.cli.deploy", "render Kubernetes manifests or a SLURM batch script of a run"),
 }
 REDIS_UNREACHABLE_HINT = ("Start it (or fix the URL or the network) and start this again, or wait for it with "
                           "--wait-redis SECONDS")

@@ -73,8 +73,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from envs import atari  # noqa: E402
-from envs.registry import env_spec, make_envs  # noqa: E402
+from impala_league.envs import atari  # noqa: E402
+from impala_league.envs.registry import env_spec, make_envs  # noqa: E402
 
 PATHS = ("gymnasium", "ale_vector", "envpool")
 ENVPOOL_INSTALL = "pip install envpool==1.2.5"
@@ -104,7 +104,7 @@ def gymnasium_emulator(game: str, kwargs: dict, actions: np.ndarray, seed: int) 
 
 def ale_vector_emulator(game: str, kwargs: dict, actions: np.ndarray, seed: int) -> tuple[float, float]:
     """ale-py's vector env's `step` on each row of actions (same-step autoreset)."""
-    from envs.atari_vector import AtariVectorGroup
+    from impala_league.envs.atari_vector import AtariVectorGroup
 
     group = AtariVectorGroup(game, [seed + k for k in range(actions.shape[1])], {**kwargs, "emulator": "ale_vector"})
     env = group.env

@@ -26,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.core import NO_ACTION, zero_core_input  # noqa: E402
-from agents.model import make_model  # noqa: E402
-from config import AgentConfig, LearnerConfig  # noqa: E402
-from distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
-from envs.registry import env_spec  # noqa: E402
+from impala_league.agents.core import NO_ACTION, zero_core_input  # noqa: E402
+from impala_league.agents.model import make_model  # noqa: E402
+from impala_league.config import AgentConfig, LearnerConfig  # noqa: E402
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
+from impala_league.envs.registry import env_spec  # noqa: E402
 
 CASES = {  # name: (env, agent config without the core, core_size: IMPALA's 256, and the memory configs' 64)
     "connect four, conv torso": ("connect_four", AgentConfig(torso="conv"), 256),

@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from envs.registry import make_env  # noqa: E402
-from evaluation import bots  # noqa: E402
+from impala_league.envs.registry import make_env  # noqa: E402
+from impala_league.evaluation import bots  # noqa: E402
 
 MODULES = {"connect_four": "pettingzoo.classic.connect_four_v3", "tictactoe": "pettingzoo.classic.tictactoe_v3"}
 

@@ -68,8 +68,8 @@ BACKLOG_POLL_S = 0.05  # as TrajectoryStream.wait_for_room
 # -- simulated actors (a worker process: imports no torch) ----------------------------------------------
 def worker(args: argparse.Namespace) -> None:
     """Drive simulated actors `args.ids` until `args.stop_file` exists; print what they sent as JSON."""
-    from distributed.params import ParamStore, params_replica
-    from distributed.transport import TrajectoryStream, actor_shard, connect, shard_urls
+    from impala_league.distributed.params import ParamStore, params_replica
+    from impala_league.distributed.transport import TrajectoryStream, actor_shard, connect, shard_urls
 
     pool = [msgpack.unpackb(p, raw=False) for p in msgpack.unpackb(Path(args.payloads).read_bytes())]
     ids = [int(i) for i in args.ids.split(",")]
@@ -144,13 +144,13 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
     the table (actors, shards, replicas); returns its row."""
     import redis
 
-    from config import load_config
-    from distributed.codec import encode_weights
-    from distributed.ingest import Prefetcher
-    from distributed.launcher import EmbeddedRedis
-    from distributed.learner import Learner
-    from distributed.params import ParamStore
-    from distributed.transport import connect
+    from impala_league.config import load_config
+    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.ingest import Prefetcher
+    from impala_league.distributed.launcher import EmbeddedRedis
+    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.transport import connect
 
     servers = [EmbeddedRedis()]
     servers += [EmbeddedRedis(password=servers[0].password) for _ in range(min(args.servers, shards) - 1)]
@@ -259,10 +259,10 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
                        seconds: float = 4.0) -> tuple[float, dict]:
     """Publishes per second of a real learner on this machine (updates per second / learner.publish_every:
     ingest, V-trace update and publish of `train_on`, on the replayed unrolls) and its last weights."""
-    from config import load_config
-    from distributed.launcher import EmbeddedRedis
-    from distributed.learner import Learner
-    from distributed.transport import TrajectoryStream, connect
+    from impala_league.config import load_config
+    from impala_league.distributed.launcher import EmbeddedRedis
+    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.transport import TrajectoryStream, connect
 
     cfg = load_config(REPO / cfg_path, [*overrides, "run.name=rate", f"run.dir={tmp}", "run.wandb_mode=disabled",
                                         "run.total_frames=1000000000000"])
@@ -319,8 +319,8 @@ def main() -> None:
     import torch
 
     from bench_wire import actor_unrolls
-    from config import load_config
-    from distributed.codec import encode_unrolls
+    from impala_league.config import load_config
+    from impala_league.distributed.codec import encode_unrolls
 
     torch.set_num_threads(1)
     unrolls, uspec = actor_unrolls(args.config, [], 32)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from config import load_config  # noqa: E402
-from envs.registry import make_env  # noqa: E402
+from impala_league.config import load_config  # noqa: E402
+from impala_league.envs.registry import make_env  # noqa: E402
 
 CONFIGS = ["configs/memory_cue.yaml", "configs/popgym_repeat_previous.yaml", "configs/popgym_position_cartpole.yaml"]
 BEST = {"cue_recall": 1.0, "popgym:RepeatPreviousEasy": 1.0, "popgym:PositionOnlyCartPoleEasy": 1.0}

@@ -28,16 +28,16 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.model import make_model  # noqa: E402
-from config import load_config  # noqa: E402
-from distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
-from envs.registry import env_spec  # noqa: E402
+from impala_league.agents.model import make_model  # noqa: E402
+from impala_league.config import load_config  # noqa: E402
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
+from impala_league.envs.registry import env_spec  # noqa: E402
 
 
 def learner_rate(config: str, overrides: list[str], torso: str, keep: bool, device: str, reps: int) -> float:
     """Agent steps per second of `learn_step` on a random frames batch at the config's T x B (this process)."""
     if keep:
-        from distributed.allocator import keep_freed_memory
+        from impala_league.distributed.allocator import keep_freed_memory
         keep_freed_memory()
     torch.set_num_threads(1)
     cfg = load_config(config, [*overrides, f"agent.torso={torso}"])
@@ -68,9 +68,9 @@ def learner_rate(config: str, overrides: list[str], torso: str, keep: bool, devi
 def wire(config: str) -> None:
     """Bytes per unroll and Redis's memory at the high-water mark, for real unrolls of the config's actor."""
     from bench_wire import actor_unrolls
-    from distributed.codec import encode_unrolls
-    from distributed.launcher import EmbeddedRedis
-    from distributed.transport import connect
+    from impala_league.distributed.codec import encode_unrolls
+    from impala_league.distributed.launcher import EmbeddedRedis
+    from impala_league.distributed.transport import connect
 
     cfg = load_config(config)
     unrolls, uspec = actor_unrolls(config, [], 32)

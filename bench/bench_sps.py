@@ -28,11 +28,11 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.heads import sample_actions  # noqa: E402
-from agents.core import zero_core_input  # noqa: E402
-from agents.network import ActorCritic  # noqa: E402
-from experiment import load_config  # noqa: E402
-from envs.registry import env_spec, make_env  # noqa: E402
+from impala_league.agents.heads import sample_actions  # noqa: E402
+from impala_league.agents.core import zero_core_input  # noqa: E402
+from impala_league.agents.network import ActorCritic  # noqa: E402
+from impala_league.experiment import load_config  # noqa: E402
+from impala_league.envs.registry import env_spec, make_env  # noqa: E402
 
 
 def raw_sps(cfg, seconds: float) -> float:

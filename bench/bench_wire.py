@@ -23,14 +23,14 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from agents.model import make_model  # noqa: E402
-from config import load_config  # noqa: E402
-from distributed.actor import Actor  # noqa: E402
-from distributed.codec import UnrollSpec, decode_unroll, decode_unrolls, encode_unrolls  # noqa: E402
-from distributed.launcher import EmbeddedRedis  # noqa: E402
-from distributed.params import ParamStore  # noqa: E402
-from distributed.transport import connect  # noqa: E402
-from envs.registry import env_spec  # noqa: E402
+from impala_league.agents.model import make_model  # noqa: E402
+from impala_league.config import load_config  # noqa: E402
+from impala_league.distributed.actor import Actor  # noqa: E402
+from impala_league.distributed.codec import UnrollSpec, decode_unroll, decode_unrolls, encode_unrolls  # noqa: E402
+from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
+from impala_league.distributed.params import ParamStore  # noqa: E402
+from impala_league.distributed.transport import connect  # noqa: E402
+from impala_league.envs.registry import env_spec  # noqa: E402
 
 GAMES = {
     "connect_four": ("configs/connect_four.yaml", []),

@@ -19,7 +19,7 @@ import ale_py  # noqa: E402
 import gymnasium  # noqa: E402
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation  # noqa: E402
 
-from agents import load_policy  # noqa: E402
+from impala_league.agents import load_policy  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv at the repository root (if missing) and install the pinned requirements.
-# Re-running is cheap: it reinstalls only when requirements.txt or requirements-sc2.txt changed.
+# Create .venv at the repository root (if missing), install the pinned requirements and this checkout's
+# package (impala_league, editable: `import impala_league` reads this checkout).
+# Re-running is cheap: it reinstalls only when requirements.txt, requirements-sc2.txt or pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.requirements.sha256
-want=$(cat requirements.txt requirements-sc2.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-sc2.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing requirements into .venv (first time takes a minute or two)"
   # pip warns once per package about local index folders this machine's pip config may name; hide only those.
@@ -17,5 +18,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   quiet .venv/bin/python -m pip install --quiet --upgrade pip
   quiet .venv/bin/python -m pip install --quiet -r requirements.txt
   quiet .venv/bin/python -m pip install --quiet --no-deps -r requirements-sc2.txt
+  quiet .venv/bin/python -m pip install --quiet --no-deps --editable .
   echo "$want" > "$stamp"
 fi

@@ -13,16 +13,12 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from config import load_config  # noqa: E402
-from distributed.actor import Actor  # noqa: E402
+from impala_league.config import load_config
+from impala_league.distributed.actor import Actor
 
 
 def main() -> None:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from distributed.launcher import EmbeddedRedis  # noqa: E402
-from distributed.transport import connect  # noqa: E402
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.transport import connect
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from agents.core import forward_batch
-from agents.heads import DiscreteHead
-from agents.network import ActorCritic
-from config import AgentConfig, ConfigError, LearnerConfig, load_config
-from distributed.a3c import apply_gradients, decode_gradients, encode_gradients
-from distributed.codec import DecodeError
-from distributed.learner import Batch, learn_step, make_optimizer
-from envs.registry import env_spec
-from losses.actor_critic import actor_critic_loss
+from impala_league.agents.core import forward_batch
+from impala_league.agents.heads import DiscreteHead
+from impala_league.agents.network import ActorCritic
+from impala_league.config import AgentConfig, ConfigError, LearnerConfig, load_config
+from impala_league.distributed.a3c import apply_gradients, decode_gradients, encode_gradients
+from impala_league.distributed.codec import DecodeError
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer
+from impala_league.envs.registry import env_spec
+from impala_league.losses.actor_critic import actor_critic_loss
 
 REPO = Path(__file__).resolve().parent.parent
 PICKLED_EMPTY_DICT = b"\x80\x04\x95\x04\x00\x00\x00\x00\x00\x00\x00}\x94."  # an empty dict in pickle protocol 4

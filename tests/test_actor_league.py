@@ -9,15 +9,15 @@ import logging
 import numpy as np
 import torch
 
-from agents.network import ActorCritic
-from config import load_config
-from distributed.actor import Actor
-from distributed.codec import decode_unrolls
-from distributed.params import ParamStore
-from envs.registry import env_spec
-from evaluation.bots import league_bot
-from league.opponents import Match
-from league.store import LeagueStore
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config
+from impala_league.distributed.actor import Actor
+from impala_league.distributed.codec import decode_unrolls
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.bots import league_bot
+from impala_league.league.opponents import Match
+from impala_league.league.store import LeagueStore
 
 
 def _actor(tmp_path, run_name, redis_client, redis_url, *extra) -> Actor:
@@ -76,7 +76,7 @@ def test_unloadable_opponents_fall_back_to_self_play_and_say_why(tmp_path, redis
 
 
 def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis_client, redis_url, run_name):
-    from distributed.codec import encode_weights
+    from impala_league.distributed.codec import encode_weights
 
     actor = _actor(tmp_path, run_name, redis_client, redis_url, "league.opponent_cache=1")
     spec = env_spec("tictactoe")
@@ -97,7 +97,7 @@ def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis
 
 
 def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redis_client, redis_url, run_name):
-    from distributed.codec import encode_weights
+    from impala_league.distributed.codec import encode_weights
 
     spec = env_spec("tictactoe")
     torch.manual_seed(5)
@@ -149,7 +149,7 @@ def test_each_stream_entry_holds_send_batch_unrolls_with_consecutive_ids(tmp_pat
 
 def test_episode_results_go_out_together_at_most_once_per_interval(tmp_path, run_name, redis_client, redis_url,
                                                                    monkeypatch):
-    import distributed.actor as actor_module
+    import impala_league.distributed.actor as actor_module
 
     actor = _actor(tmp_path, run_name, redis_client, redis_url)
     calls = []

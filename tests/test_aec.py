@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distributed.actor import UnrollBuffer
-from distributed.codec import UnrollSpec
-from envs.registry import env_spec, make_env
+from impala_league.distributed.actor import UnrollBuffer
+from impala_league.distributed.codec import UnrollSpec
+from impala_league.envs.registry import env_spec, make_env
 
 
 def play(adapter, moves):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-from envs import atari2p
-from envs.registry import env_spec, make_env
+from impala_league.envs import atari2p
+from impala_league.envs.registry import env_spec, make_env
 
 pytest.importorskip("multi_agent_ale_py")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from envs import atari
-from envs.atari_vector import AtariVectorGroup, ale_game, vector_seed
-from envs.registry import env_spec, make_env, make_envs
+from impala_league.envs import atari
+from impala_league.envs.atari_vector import AtariVectorGroup, ale_game, vector_seed
+from impala_league.envs.registry import env_spec, make_env, make_envs
 
 VECTOR = {"emulator": "ale_vector"}
 
@@ -179,10 +179,10 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     observation in the unroll, and the episodes are reported with their 100 steps."""
     import torch
 
-    from agents.model import make_model
-    from config import load_config
-    from distributed.actor import Actor
-    from distributed.params import ParamStore
+    from impala_league.agents.model import make_model
+    from impala_league.config import load_config
+    from impala_league.distributed.actor import Actor
+    from impala_league.distributed.params import ParamStore
 
     cfg = load_config("configs/atari_pong.yaml", [
         f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "actor.num_envs=2",

@@ -8,8 +8,8 @@ from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
 import time
 
-from evaluation import bots
-from evaluation.bots import (
+from impala_league.evaluation import bots
+from impala_league.evaluation.bots import (
     CONNECT_FOUR,
     OPPONENT,
     TICTACTOE,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agents.checkpoint import (DIGEST_KEY, CheckpointError, read_checkpoint, save_checkpoint,
+from impala_league.agents.checkpoint import (DIGEST_KEY, CheckpointError, read_checkpoint, save_checkpoint,
                               tensors_digest)
 
 
@@ -87,10 +87,10 @@ def test_a_checkpoint_from_before_digests_loads_with_a_warning(tmp_path, caplog)
 
 def test_load_policy_refuses_a_corrupt_checkpoint(tmp_path):
     """The evaluation path reads checkpoints through the same check."""
-    from agents.policy import load_policy
-    from config import load_config, to_yaml
-    from agents.network import ActorCritic
-    from envs.registry import env_spec
+    from impala_league.agents.policy import load_policy
+    from impala_league.config import load_config, to_yaml
+    from impala_league.agents.network import ActorCritic
+    from impala_league.envs.registry import env_spec
 
     cfg = load_config(None, ["env.name=tictactoe", "agent.hidden=8", "agent.channels=4"])
     spec = env_spec("tictactoe")

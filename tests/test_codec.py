@@ -19,7 +19,7 @@ import zstandard
 from pettingzoo.classic import connect_four_v3
 from safetensors import SafetensorError
 
-from distributed.codec import (
+from impala_league.distributed.codec import (
     MAX_MESSAGE_BYTES,
     SCHEMA,
     DecodeError,
@@ -32,8 +32,8 @@ from distributed.codec import (
     encode_weights,
     split_unrolls,
 )
-from distributed.learner import Batch
-from envs.registry import env_spec
+from impala_league.distributed.learner import Batch
+from impala_league.envs.registry import env_spec
 
 T = 24
 SPEC = env_spec("connect_four")

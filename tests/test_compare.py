@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.network import ActorCritic
-from analysis.compare import actor_counts, cell, mean_and_interval, plan, score_text, summarize, write_outputs
-from analysis.report import compare_section
-from analysis.runs import load_run
-from config import load_config, to_yaml
-from agents.checkpoint import model_state, read_checkpoint
-from envs.registry import env_spec
+from impala_league.agents.network import ActorCritic
+from impala_league.analysis.compare import actor_counts, cell, mean_and_interval, plan, score_text, summarize, write_outputs
+from impala_league.analysis.report import compare_section
+from impala_league.analysis.runs import load_run
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import model_state, read_checkpoint
+from impala_league.envs.registry import env_spec
 import run
 
 REPO = Path(__file__).resolve().parent.parent

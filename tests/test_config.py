@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import SECTIONS, Config, ConfigError, describe, to_yaml
-from experiment import from_yaml_text, load_config
+from impala_league.config import SECTIONS, Config, ConfigError, describe, to_yaml
+from impala_league.experiment import from_yaml_text, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
@@ -194,7 +194,7 @@ def test_bad_value_message_names_the_key():
 
 
 def test_without_secrets_drops_the_redis_url():
-    from config import without_secrets
+    from impala_league.config import without_secrets
 
     cfg = load_config(None, ["run.redis_url=redis://:hunter2@h:1/0"])
     assert "hunter2" not in to_yaml(without_secrets(cfg))
@@ -369,7 +369,7 @@ def test_cli_actor_without_redis_exits_4(cli):
 
 
 def test_a_fields_rule_lives_beside_it_and_help_config_prints_it():
-    from config import Rule, describe
+    from impala_league.config import Rule, describe
 
     assert Rule(low=0, high=1, low_open=True).describe() == "in (0, 1]"
     assert Rule(low=0, high=2**31, high_open=True).describe() == "in [0, 2147483648)"

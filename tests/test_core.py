@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from agents.core import NO_ACTION, CoreInput, forward_batch
-from agents.model import make_model, policy_head
-from agents.policy import Policy
-from config import load_config
-from distributed.actor import Actor
-from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
-from distributed.learner import Batch, learn_step, make_optimizer
-from distributed.params import ParamStore
-from envs.registry import env_spec
-from evaluation.evaluate import episode_returns
+from impala_league.agents.core import NO_ACTION, CoreInput, forward_batch
+from impala_league.agents.model import make_model, policy_head
+from impala_league.agents.policy import Policy
+from impala_league.config import load_config
+from impala_league.distributed.actor import Actor
+from impala_league.distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.evaluate import episode_returns
 
 T, CORE = 5, 8
 CORE_ON = ["agent.hidden=16", "agent.core=lstm", f"agent.core_size={CORE}", f"actor.unroll_length={T}",
@@ -183,7 +183,7 @@ def test_evaluation_carries_the_core_state_through_each_game():
 
 def test_one_policy_in_both_seats_is_told_each_reward_once():
     """The same Policy object in both seats hears each settlement once, as two policies hear it between them."""
-    from evaluation.evaluate import play_games
+    from impala_league.evaluation.evaluate import play_games
 
     cfg = load_config(None, [*CORE_ON, "env.name=tictactoe", "agent.torso=mlp", "learner.mirror_augment=none"])
 
@@ -241,8 +241,8 @@ def test_a_bad_core_state_rejects_its_entry_alone_with_the_reason():
 def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, run_name, redis_client, redis_url):
     """Against a league snapshot with a core, the opponent's seat in each env keeps its own state (the
     slot's, started afresh each episode) while the learning seat's unrolls still replay exactly."""
-    from distributed.codec import encode_weights
-    from league.store import LeagueStore
+    from impala_league.distributed.codec import encode_weights
+    from impala_league.league.store import LeagueStore
 
     cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",
                              "agent.hidden=16", "agent.core=lstm", f"agent.core_size={CORE}",
@@ -274,7 +274,7 @@ def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, 
 
 
 def test_a_short_recurrent_run_trains_through_ingest_workers_and_replay_and_resumes(tmp_path, redis_url, run_name):
-    from agents.checkpoint import CheckpointError, check_network, read_checkpoint
+    from impala_league.agents.checkpoint import CheckpointError, check_network, read_checkpoint
     from tests.test_parallel import _train
 
     _, records = _train(tmp_path, redis_url, "configs/memory_cue.yaml", run_name, "run.total_frames=3000",

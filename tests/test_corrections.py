@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from config import ConfigError, LearnerConfig, load_config
-from distributed.learner import learn_step
+from impala_league.config import ConfigError, LearnerConfig, load_config
+from impala_league.distributed.learner import learn_step
 from tests.test_learner import TableModel, make_batch
 
 # T=2, B=1, two actions; actions [1, 0]; pi(1|x0) = 0.75, pi(0|x1) = 0.75 (the learner's table);

@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agents.model import make_model, policy_head
-from config import AgentConfig, ConfigError, LearnerConfig, from_yaml_text, validate
-from distributed.data_parallel import average_gradients, broadcast_state, join
-from distributed.learner import Batch, learn_step, make_optimizer
-from envs.registry import env_spec
+from impala_league.agents.model import make_model, policy_head
+from impala_league.config import AgentConfig, ConfigError, LearnerConfig, from_yaml_text, validate
+from impala_league.distributed.data_parallel import average_gradients, broadcast_state, join
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer
+from impala_league.envs.registry import env_spec
 
 T, B, UPDATES = 5, 3, 4
 AGENT = AgentConfig(torso="mlp", hidden=32)
@@ -173,8 +173,8 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     import signal
     import subprocess
 
-    from agents.checkpoint import read_checkpoint
-    from distributed.transport import GROUP, TrajectoryStream, connect
+    from impala_league.agents.checkpoint import read_checkpoint
+    from impala_league.distributed.transport import GROUP, TrajectoryStream, connect
 
     run_dir = tmp_path / run_name
     proc = subprocess.Popen(_train(tmp_path, run_name, redis_server.url, "--set", "run.total_frames=1000000"),
@@ -235,8 +235,8 @@ def test_the_launcher_blames_the_rank_that_failed_not_the_ones_whose_collective_
     import subprocess
     import sys
 
-    from distributed.ownership import PEER_LOST_EXIT
-    from distributed.launcher import _failed_rank
+    from impala_league.distributed.ownership import PEER_LOST_EXIT
+    from impala_league.distributed.launcher import _failed_rank
 
     def exited(code: int) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])

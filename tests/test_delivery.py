@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from distributed.launcher import EmbeddedRedis
-from distributed.transport import GROUP, TrajectoryStream, connect, redis_outages
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.transport import GROUP, TrajectoryStream, connect, redis_outages
 from tests.test_faults import T, encode, small_config, valid_unroll
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def test_an_add_whose_reply_was_lost_is_resent_and_done_once(tmp_path, redis_ser
     """The real path of a re-sent add: the actor's script runs, its reply is lost, the retry policy
     re-sends it. The re-sent script finds the producer's count done and adds nothing: the stream holds
     each unroll once, and the learner trains on each once."""
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     proxy = ReplyDroppingProxy(redis_server.port)
     try:

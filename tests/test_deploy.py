@@ -31,12 +31,12 @@ import pytest
 import yaml
 
 import run
-from config import UserError, from_yaml_text
-from experiment import load_config
-from distributed import keys
-from distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
-from distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
-from distributed.transport import TrajectoryStream, connect
+from impala_league.config import UserError, from_yaml_text
+from impala_league.experiment import load_config
+from impala_league.distributed import keys
+from impala_league.distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
+from impala_league.distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
+from impala_league.distributed.transport import TrajectoryStream, connect
 
 REPO = Path(__file__).resolve().parent.parent
 TICTACTOE = str(REPO / "configs" / "tictactoe.yaml")
@@ -350,7 +350,7 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
     namespace, the other node's `srun` in another, linked by a veth pair (root); else both here, the
     head node named 127.0.0.1. The run ends; the script exits 0, its Redis stopped; the accounting balances."""
     from bench.netns import linked_namespaces, namespaces_refused
-    from distributed.deploy import check_cluster_config, render_slurm
+    from impala_league.distributed.deploy import check_cluster_config, render_slurm
 
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.08",

@@ -8,13 +8,13 @@ import pytest
 from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
-from distributed.actor import UnrollBuffer
-from distributed.codec import UnrollSpec
-from envs.aec import AECAdapter
-from envs.base import NoLegalAction
-from envs.parallel import ParallelAdapter
-from envs.registry import EnvSpec, make_env
-from envs.spaces import observation_encoder
+from impala_league.distributed.actor import UnrollBuffer
+from impala_league.distributed.codec import UnrollSpec
+from impala_league.envs.aec import AECAdapter
+from impala_league.envs.base import NoLegalAction
+from impala_league.envs.parallel import ParallelAdapter
+from impala_league.envs.registry import EnvSpec, make_env
+from impala_league.envs.spaces import observation_encoder
 
 AGENTS = ["hunter_0", "prey_0"]
 A = 3
@@ -121,7 +121,7 @@ def test_turn_based_agent_without_a_legal_move_is_an_error_before_any_action():
             obs, *rest = self.env.last()
             return {**obs, "action_mask": np.zeros(9, np.int8)}, *rest
 
-    from envs.registry import _lookup
+    from impala_league.envs.registry import _lookup
 
     encoders = _lookup("tictactoe", None).encoders
     adapter = AECAdapter(NoMoves, 0, encoders, 9, name="tictactoe")

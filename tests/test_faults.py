@@ -22,10 +22,10 @@ import pytest
 import torch
 import zstandard
 
-from config import load_config
-from agents.checkpoint import CheckpointError, read_checkpoint
-from distributed.codec import UnrollSpec, encode_unroll
-from envs.registry import env_spec
+from impala_league.config import load_config
+from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
+from impala_league.distributed.codec import UnrollSpec, encode_unroll
+from impala_league.envs.registry import env_spec
 
 REPO = Path(__file__).resolve().parent.parent
 T = 4
@@ -91,7 +91,7 @@ def _nan_reward(msg):
 # -- a live learner ---------------------------------------------------------------------------------
 
 def test_live_learner_dead_letters_garbage_and_survives_a_poisoned_unroll(tmp_path, redis_client, redis_url, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     key = f"{run_name}:traj"
     garbage = {
@@ -133,7 +133,7 @@ def test_a_starting_learner_clears_the_done_flag_of_an_earlier_end(tmp_path, red
     actor home at once, and the learner waited for unrolls forever."""
     import threading
 
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     redis_client.set(f"{run_name}:done", 1)
     learner = Learner(small_config(run_name, tmp_path, "run.total_frames=1000"), redis_url, tmp_path / run_name)
@@ -153,10 +153,10 @@ def test_a_starting_learner_clears_the_done_flag_of_an_earlier_end(tmp_path, red
 
 
 def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, redis_client, redis_url, run_name):
-    from config import ConfigError
-    from distributed.actor import Actor
-    from distributed.params import ParamStore
-    from agents.network import ActorCritic
+    from impala_league.config import ConfigError
+    from impala_league.distributed.actor import Actor
+    from impala_league.distributed.params import ParamStore
+    from impala_league.agents.network import ActorCritic
 
     cfg = small_config(run_name, tmp_path)
     spec = env_spec("tictactoe")
@@ -170,7 +170,7 @@ def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, 
 
 
 def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path, redis_url, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     cfg = small_config(run_name, tmp_path, "run.total_frames=1")
     first = Learner(cfg, redis_url, tmp_path / run_name)
@@ -188,7 +188,7 @@ def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path,
 
 
 def test_checkpoint_holds_no_redis_password(tmp_path, redis_url, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     cfg = small_config(run_name, tmp_path, f"run.redis_url={redis_url}")
     learner = Learner(cfg, redis_url, tmp_path / run_name)

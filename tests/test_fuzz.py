@@ -22,9 +22,9 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from config import SECTIONS, Config, ConfigError, from_yaml_text, load_config, to_yaml
-from distributed.codec import MAX_MESSAGE_BYTES, DecodeError, UnrollSpec, decode_unroll, encode_unroll
-from envs.registry import env_spec
+from impala_league.config import SECTIONS, Config, ConfigError, from_yaml_text, load_config, to_yaml
+from impala_league.distributed.codec import MAX_MESSAGE_BYTES, DecodeError, UnrollSpec, decode_unroll, encode_unroll
+from impala_league.envs.registry import env_spec
 
 FUZZ = dict(deadline=None, database=None, derandomize=bool(os.environ.get("CI")),
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

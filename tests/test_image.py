@@ -84,9 +84,9 @@ def test_dockerignore_keeps_environments_runs_and_history_out():
     patterns = [line for line in lines if line and not line.startswith("#")]
     assert not any(p.startswith("!") for p in patterns)  # no exceptions: what is listed stays out
     for path in (".venv/bin/python", "runs/connect_four/metrics.jsonl", ".git/HEAD", ".git",
-                 "wandb/latest-run/files", "agents/__pycache__/policy.cpython-311.pyc", ".pytest_cache/v/x",
+                 "wandb/latest-run/files", "impala_league/agents/__pycache__/policy.cpython-311.pyc", ".pytest_cache/v/x",
                  ".hypothesis/examples/x", "test-artifacts/report.html"):
         assert _ignored(path, patterns), path
-    for path in ("run.py", "requirements.txt", "config.py", "configs/connect_four.yaml", "distributed/launcher.py",
-                 "envs/registry.py"):
+    for path in ("run.py", "requirements.txt", "pyproject.toml", "impala_league/config.py", "configs/connect_four.yaml",
+                 "impala_league/distributed/launcher.py", "impala_league/envs/registry.py"):
         assert (REPO / path).exists() and not _ignored(path, patterns), path

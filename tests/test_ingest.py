@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from distributed.ingest import Prefetcher
-from distributed.learner import Batch
-from distributed.transport import GROUP, TrajectoryStream
+from impala_league.distributed.ingest import Prefetcher
+from impala_league.distributed.learner import Batch
+from impala_league.distributed.transport import GROUP, TrajectoryStream
 from tests.test_delivery import run_learner_until
 from tests.test_faults import T, encode, small_config, valid_unroll
 
@@ -56,7 +56,7 @@ def test_an_error_in_the_ingest_thread_is_raised_by_get():
 def test_a_prefetched_batch_is_not_read_again_from_the_pending_list(tmp_path, redis_client, redis_url, run_name):
     """B = 2. Batch 1 (u1, u2) is read and waits for its update. Re-reading our own pending entries
     (after the dead-consumer sweep) must not hand out batch 1's entries again: batch 2 is u3, u4."""
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     key = f"{run_name}:traj"
     u1, u2, u3, u4 = (encode(valid_unroll(r)) for r in (1.0, -1.0, 0.5, 0.25))
@@ -86,7 +86,7 @@ def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_clie
     """A learner with prefetch depth 4 stopped after its first update: the batches its ingest thread
     (or its ingest workers, each its own consumer) had read stay pending (backlog), none counted as
     trained, and the next learner trains them."""
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     key = f"{run_name}:traj"
     for i in range(12):
@@ -118,7 +118,7 @@ def test_a_stacked_batch_moves_to_the_device_unchanged():
 def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, redis_url, run_name):
     """With prefetch, the ingest thread reads batch k+1 while update k runs: some read starts before
     an update that began earlier has ended."""
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     for i in range(16):
         redis_client.xadd(f"{run_name}:traj", {"data": encode(valid_unroll(float(i % 2)))})
@@ -149,7 +149,7 @@ def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, re
 def test_an_actors_own_unrolls_without_final_observations_stack_and_mirror():
     """A3C workers stack their own buffers' unrolls, which leave `final_obs` out when no step is
     truncated: the batch then has N = 0 final observations, also after the board's mirror."""
-    from envs.registry import env_spec
+    from impala_league.envs.registry import env_spec
 
     unrolls = [dict(valid_unroll(1.0), truncated=np.zeros(T, np.uint8)) for _ in range(2)]
     batch = Batch.stack(unrolls, torch.device("cpu"))

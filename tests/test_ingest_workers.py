@@ -15,14 +15,14 @@ import pytest
 import redis
 import torch
 
-from config import ConfigError
-from distributed.codec import UnrollSpec, decode_unrolls
-from distributed.ingest import BatchReader, stack_entries, unstack
-from distributed.ingest_workers import IngestWorkerError, _check_shared_memory
-from distributed.learner import Batch, Learner
-from distributed.shards import ShardedTrajectories
-from distributed.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
-from envs.registry import env_spec
+from impala_league.config import ConfigError
+from impala_league.distributed.codec import UnrollSpec, decode_unrolls
+from impala_league.distributed.ingest import BatchReader, stack_entries, unstack
+from impala_league.distributed.ingest_workers import IngestWorkerError, _check_shared_memory
+from impala_league.distributed.learner import Batch, Learner
+from impala_league.distributed.shards import ShardedTrajectories
+from impala_league.distributed.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
+from impala_league.envs.registry import env_spec
 from tests.test_faults import T, encode, small_config, tampered, valid_unroll
 
 WORKERS = ("learner.ingest_workers=2", "learner.prefetch_batches=2")
@@ -170,7 +170,7 @@ def test_a_worker_that_loses_redis_raises_what_the_learner_reports_as_lost_redis
 
 
 def test_a_worker_that_dies_under_run_learner_leaves_a_checkpoint(tmp_path, redis_client, redis_url, run_name):
-    from distributed.learner import run_learner
+    from impala_league.distributed.learner import run_learner
 
     _fill(redis_client, run_name, range(6))
     cfg = small_config(run_name, tmp_path, *WORKERS)
@@ -181,7 +181,7 @@ def test_a_worker_that_dies_under_run_learner_leaves_a_checkpoint(tmp_path, redi
         found = []
         for child in psutil.Process().children():
             try:  # another test's child can exit between listing and reading its command line
-                if "distributed.ingest_workers" in child.cmdline():
+                if "impala_league.distributed.ingest_workers" in child.cmdline():
                     found.append(child)
             except psutil.NoSuchProcess:
                 pass

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from agents.network import ActorCritic
-from agents.policy import load_policy
-from config import LeagueConfig, load_config
-from distributed.params import ParamStore
-from envs.registry import env_spec
-from league.matchmaking import (league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents,
+from impala_league.agents.network import ActorCritic
+from impala_league.agents.policy import load_policy
+from impala_league.config import LeagueConfig, load_config
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec
+from impala_league.league.matchmaking import (league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents,
                                 pfsp_probabilities)
-from league.payoff import ELO_SCALE, EloRatings, PayoffTable, episode_score
-from league.store import LeagueStore
+from impala_league.league.payoff import ELO_SCALE, EloRatings, PayoffTable, episode_score
+from impala_league.league.store import LeagueStore
 
 # -- PFSP --------------------------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ def _add_results(redis_client, run_name, results):
 
 
 def test_manager_snapshots_on_schedule_into_a_loadable_file_and_redis(tmp_path, redis_client, redis_url, run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
@@ -249,7 +249,7 @@ def test_manager_snapshots_on_schedule_into_a_loadable_file_and_redis(tmp_path, 
 
 
 def test_manager_scores_league_games_and_skips_self_play_and_junk(tmp_path, redis_client, redis_url, run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
@@ -267,7 +267,7 @@ def test_manager_scores_league_games_and_skips_self_play_and_junk(tmp_path, redi
 
 
 def test_manager_publishes_distributions_actors_can_read(tmp_path, redis_client, redis_url, run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name, "league.main_exploiters=1", "league.bots=[random]")
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
@@ -283,7 +283,7 @@ def test_manager_publishes_distributions_actors_can_read(tmp_path, redis_client,
 
 def test_main_exploiter_that_beats_the_main_agent_is_snapshotted_and_reset(tmp_path, redis_client, redis_url,
                                                                           run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name, "league.main_exploiters=1")
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
@@ -303,7 +303,7 @@ def test_main_exploiter_that_beats_the_main_agent_is_snapshotted_and_reset(tmp_p
 
 def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(tmp_path, redis_client, redis_url,
                                                                              run_name, caplog):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     run_dir = tmp_path / run_name
@@ -326,8 +326,8 @@ def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(t
 
 
 def test_manager_refuses_an_unreadable_state_on_resume(tmp_path, redis_url, run_name):
-    from agents.checkpoint import CheckpointError
-    from league.manager import LeagueManager
+    from impala_league.agents.checkpoint import CheckpointError
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     state = tmp_path / run_name / "league" / "state.json"
@@ -338,8 +338,8 @@ def test_manager_refuses_an_unreadable_state_on_resume(tmp_path, redis_url, run_
 
 
 def test_a_new_league_refuses_to_overwrite_a_saved_one(tmp_path, redis_url, run_name):
-    from config import ConfigError
-    from league.manager import LeagueManager
+    from impala_league.config import ConfigError
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     LeagueManager(cfg, redis_url, tmp_path / run_name).save()
@@ -349,7 +349,7 @@ def test_a_new_league_refuses_to_overwrite_a_saved_one(tmp_path, redis_url, run_
 
 def test_results_are_acknowledged_only_once_saved_and_reread_after_a_crash(tmp_path, redis_client, redis_url,
                                                                            run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name)
     run_dir = tmp_path / run_name
@@ -368,7 +368,7 @@ def test_results_are_acknowledged_only_once_saved_and_reread_after_a_crash(tmp_p
 
 def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume(tmp_path, redis_client, redis_url,
                                                                                  run_name):
-    from league.manager import LeagueManager
+    from impala_league.league.manager import LeagueManager
 
     cfg = _config(tmp_path, run_name, "league.bots=[random,tactical]")
     run_dir = tmp_path / run_name
@@ -387,8 +387,8 @@ def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume
 @pytest.mark.parametrize("members", [{"x": {}}, {"main-0000100": {"kind": "snapshot"}},
                                      {"../../checkpoints/latest": {"kind": "snapshot", "player": "main"}}])
 def test_malformed_members_in_the_saved_state_are_refused(tmp_path, redis_url, run_name, members):
-    from agents.checkpoint import CheckpointError
-    from league.manager import STATE_VERSION, LeagueManager
+    from impala_league.agents.checkpoint import CheckpointError
+    from impala_league.league.manager import STATE_VERSION, LeagueManager
 
     cfg = _config(tmp_path, run_name)
     state = tmp_path / run_name / "league" / "state.json"
@@ -400,7 +400,7 @@ def test_malformed_members_in_the_saved_state_are_refused(tmp_path, redis_url, r
 
 
 def test_a_min_games_that_decay_can_never_reach_is_a_config_error():
-    from config import ConfigError
+    from impala_league.config import ConfigError
 
     with pytest.raises(ConfigError, match="can never be reached"):
         load_config(None, ["league.payoff_decay=0.95", "league.min_games=20"])
@@ -409,7 +409,7 @@ def test_a_min_games_that_decay_can_never_reach_is_a_config_error():
 
 def test_an_exploiter_reset_asked_for_while_its_learner_was_down_is_applied_on_resume(tmp_path, redis_client,
                                                                                       redis_url, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     cfg = _config(tmp_path, run_name, "league.main_exploiters=1")
     (tmp_path / run_name).mkdir(parents=True)

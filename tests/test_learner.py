@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from agents.network import MASKED_LOGIT, ActorCritic, mask_logits
-from config import AgentConfig, Config, LearnerConfig, RunConfig
-from distributed.learner import Batch, learn_step, make_optimizer, scheduled_learning_rate
-from envs.registry import env_spec
+from impala_league.agents.network import MASKED_LOGIT, ActorCritic, mask_logits
+from impala_league.config import AgentConfig, Config, LearnerConfig, RunConfig
+from impala_league.distributed.learner import Batch, learn_step, make_optimizer, scheduled_learning_rate
+from impala_league.envs.registry import env_spec
 
 
 class TableModel(nn.Module):
@@ -147,9 +147,9 @@ def test_tictactoe_mirror_maps_actions_like_the_board():
 
 def test_reward_on_the_last_step_survives_batch_assembly():
     """T=4, rewards [0, 0, 0, 1], the episode ends at t=3: vs = pg_advantages = [0.970299, 0.9801, 0.99, 1]."""
-    from losses import vtrace
-    from distributed.actor import UnrollBuffer
-    from distributed.codec import UnrollSpec
+    from impala_league.losses import vtrace
+    from impala_league.distributed.actor import UnrollBuffer
+    from impala_league.distributed.codec import UnrollSpec
 
     spec = env_spec("tictactoe")
     buffers = [UnrollBuffer(UnrollSpec(spec, 4)) for _ in range(2)]

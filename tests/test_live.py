@@ -7,8 +7,8 @@ import json
 
 from rich.console import Console
 
-from config import load_config
-from distributed.live import LiveView, describe
+from impala_league.config import load_config
+from impala_league.distributed.live import LiveView, describe
 
 
 def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):

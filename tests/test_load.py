@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from distributed.launcher import EmbeddedRedis
-from distributed.transport import TrajectoryStream, connect
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.transport import TrajectoryStream, connect
 from tests.test_faults import encode, small_config, valid_unroll
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def rate(client, stream: TrajectoryStream, seconds: float) -> tuple[float, float
 
 
 def test_32_actors_against_a_slow_learner_stay_within_the_memory_bound_and_recover(tmp_path, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     overrides = [f"actor.num_envs={NUM_ENVS}", f"actor.high_water_mark={HIGH_WATER_MARK}", "learner.batch_size=8",
                  "run.total_frames=1000000000", "run.log_every_s=1", "learner.mirror_augment=none"]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envs.memory import CueRecall
-from envs.registry import env_spec, make_env
-from envs.spaces import observation_encoder
+from impala_league.envs.memory import CueRecall
+from impala_league.envs.registry import env_spec, make_env
+from impala_league.envs.spaces import observation_encoder
 
 
 def play(env, policy, episodes: int):

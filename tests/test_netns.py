@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from bench.netns import ip, linked_namespaces, namespaces_refused
-from distributed.launcher import redis_server_binary
-from distributed.transport import TrajectoryStream, connect
+from impala_league.distributed.launcher import redis_server_binary
+from impala_league.distributed.transport import TrajectoryStream, connect
 from tests.test_delivery import _wait
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.heads import sample_actions
-from agents.network import MASKED_LOGIT, ActorCritic
-from config import AgentConfig
+from impala_league.agents.heads import sample_actions
+from impala_league.agents.network import MASKED_LOGIT, ActorCritic
+from impala_league.config import AgentConfig
 
 
 def test_masked_actions_are_never_sampled_and_frequencies_follow_softmax():
@@ -48,7 +48,7 @@ def test_policy_masks_illegal_actions_with_finite_log_probs_and_entropy():
 
 
 def test_explore_mixes_the_policy_with_uniform_legal_moves():
-    from agents.network import explore, mask_logits
+    from impala_league.agents.network import explore, mask_logits
 
     mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0]])
     logits = mask_logits(torch.tensor([[2.0, 0.0, 5.0, 1.0], [0.3, 0.0, 0.0, 0.0]]), mask)
@@ -65,7 +65,7 @@ def test_landing_cells_mark_where_a_dropped_piece_would_land():
     column 3, row 3 of column 6, row 4 of column 0 and the bottom row elsewhere; a full column has none."""
     from pettingzoo.classic import connect_four_v3
 
-    from agents.network import landing_cells
+    from impala_league.agents.network import landing_cells
 
     env = connect_four_v3.raw_env()
     env.reset(seed=0)
@@ -116,7 +116,7 @@ def test_threat_cells_mark_the_empty_cell_of_each_three_in_a_row():
     """Row 0 at the top. Player 0 holds (5,0) (5,1) (5,2) and (5,6) (4,6) (3,6): threats (5,3) and (2,6).
     Player 1 holds (4,1) (3,2) (2,3), an anti-diagonal whose lower end (5,0) is player 0's, and (5,4),
     which blocks the window (5,1)-(5,4): its one threat is the upper end (1,4)."""
-    from agents.network import threat_cells
+    from impala_league.agents.network import threat_cells
 
     board = torch.zeros(6, 7, 2)
     for r, c in ((5, 0), (5, 1), (5, 2), (5, 6), (4, 6), (3, 6)):
@@ -135,7 +135,7 @@ def test_threat_cells_agree_with_enumeration_over_random_games():
     import numpy as np
     from pettingzoo.classic import connect_four_v3
 
-    from agents.network import threat_cells
+    from impala_league.agents.network import threat_cells
 
     rng = np.random.default_rng(0)
     boards = []

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from distributed.actor import Actor
-from envs.base import leader
-from envs.registry import make_env
-from experiment import load_config
-from league.opponents import Match
+from impala_league.distributed.actor import Actor
+from impala_league.envs.base import leader
+from impala_league.envs.registry import make_env
+from impala_league.experiment import load_config
+from impala_league.league.opponents import Match
 
 DUEL = "pettingzoo:tests.duel_env"
 
@@ -36,7 +36,7 @@ def strict_lines(path: Path) -> list[dict]:
 
 def train_with_one_actor(cfg, redis_url: str, run_dir: Path):
     """Run a learner to `run.total_frames` with one real actor in a thread; returns (learner, actor)."""
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     learner = Learner(cfg, redis_url, run_dir)
     actor = Actor(cfg, redis_url, 0)
@@ -66,7 +66,7 @@ def test_leader_picks_no_winner_from_a_nan_score():
 
 
 def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis_url, run_name, monkeypatch):
-    monkeypatch.setattr("distributed.actor.RESULTS_EVERY_S", 0.0)  # results reach the learner's first logs
+    monkeypatch.setattr("impala_league.distributed.actor.RESULTS_EVERY_S", 0.0)  # results reach the learner's first logs
     # Every second episode ends with a NaN reward: its unroll is dead-lettered, its result counted apart.
     cfg = duel_config(run_name, tmp_path, "env.kwargs.nan_every=2", "run.total_frames=24")
     train_with_one_actor(cfg, redis_url, tmp_path / run_name)
@@ -78,9 +78,9 @@ def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis
 
 
 def test_the_league_scores_no_game_with_a_nan_return(tmp_path, redis_url, run_name):
-    from distributed.transport import ResultsStream
-    from envs.base import EpisodeResult
-    from league.manager import LeagueManager
+    from impala_league.distributed.transport import ResultsStream
+    from impala_league.envs.base import EpisodeResult
+    from impala_league.league.manager import LeagueManager
 
     cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",
                              "agent.hidden=8", "actor.num_envs=1", "league.enabled=true", "league.bots=[random]"])
@@ -111,8 +111,8 @@ def first_layer_input(kwargs: dict) -> "torch.Tensor":
     observation the real adapter encodes."""
     import torch
 
-    from agents.model import make_model
-    from envs.registry import env_spec
+    from impala_league.agents.model import make_model
+    from impala_league.envs.registry import env_spec
 
     spec = env_spec(PLANES, kwargs)
     cfg = load_config(None, [f"env.name={PLANES}", "agent.torso=mlp", "agent.hidden=8"])
@@ -125,7 +125,7 @@ def first_layer_input(kwargs: dict) -> "torch.Tensor":
 
 
 def test_uint8_planes_reach_the_network_as_they_are_and_images_are_scaled():
-    from envs.registry import env_spec
+    from impala_league.envs.registry import env_spec
 
     assert not env_spec(PLANES, {"high": 1}).obs_image
     assert first_layer_input({"high": 1, "value": 1}).tolist() == [[1.0, 1.0, 1.0, 1.0]]  # not 1/255
@@ -159,9 +159,9 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
                                                                              run_name):
     import torch
 
-    from agents.model import make_model
-    from distributed.params import ParamStore
-    from envs.registry import env_spec
+    from impala_league.agents.model import make_model
+    from impala_league.distributed.params import ParamStore
+    from impala_league.envs.registry import env_spec
 
     cfg = tictactoe_config(run_name, tmp_path)
     store = ParamStore(redis_client, run_name)
@@ -183,7 +183,7 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
 
 
 def test_unrolls_from_before_a_rollback_are_counted_apart_from_lag_zero():
-    from distributed.metrics import MetricsWindow
+    from impala_league.distributed.metrics import MetricsWindow
 
     window = MetricsWindow(0.0)
     stats = {"loss": 1.0, "skipped_update": 0.0}
@@ -196,7 +196,7 @@ def test_unrolls_from_before_a_rollback_are_counted_apart_from_lag_zero():
     only_ahead.add(6, [-1], stats)
     record = only_ahead.summary(1.0)
     assert record["policy_lag_negative"] == 1 and record["policy_lag_counts"] == []
-    from tracking import strict_json
+    from impala_league.tracking import strict_json
     assert json.loads(strict_json(record))["policy_lag"] is None
 
 
@@ -206,9 +206,9 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
 
     import msgpack
 
-    from agents.model import make_model
-    from distributed.params import ParamStore
-    from envs.registry import env_spec
+    from impala_league.agents.model import make_model
+    from impala_league.distributed.params import ParamStore
+    from impala_league.envs.registry import env_spec
 
     T = 3
     cfg = tictactoe_config(run_name, tmp_path, "actor.param_sync_every=1", "actor.send_batch=1")
@@ -253,7 +253,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
 # -- 1. agent steps trained and env steps played are separate counts ------------------------------
 
 def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, redis_client, redis_url, run_name):
-    from distributed.transport import TrajectoryStream
+    from impala_league.distributed.transport import TrajectoryStream
 
     # Self-play duel: both players learn, so each env step is two agent steps (one per player).
     cfg = duel_config(run_name, tmp_path, "run.total_frames=24")

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from agents.network import ActorCritic
-from config import load_config
-from distributed.actor import Actor
-from distributed.codec import WeightsCorrupt, encode_weights
-from distributed.params import ParamStore
-from envs.registry import env_spec
-from evaluation.bots import league_bot
-from league.manager import LeagueManager, single_opponent
-from league.players import namespace
-from league.store import LeagueStore
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config
+from impala_league.distributed.actor import Actor
+from impala_league.distributed.codec import WeightsCorrupt, encode_weights
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.bots import league_bot
+from impala_league.league.manager import LeagueManager, single_opponent
+from impala_league.league.players import namespace
+from impala_league.league.store import LeagueStore
 
 EXPLOITER = "main_exploiter_0"
 SPEC = env_spec("tictactoe")
@@ -188,7 +188,7 @@ def test_a_corrupt_snapshot_is_refused_and_counted_by_actors_and_the_league(tmp_
 def test_snapshot_files_are_fsynced_before_the_rename_and_their_directory_after(tmp_path, monkeypatch):
     import os
 
-    from agents import checkpoint
+    from impala_league.agents import checkpoint
 
     events = []
     fsync, replace = os.fsync, os.replace

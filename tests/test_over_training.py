@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.checkpoint import model_state, read_checkpoint, read_meta, save_checkpoint
-from agents.network import ActorCritic
-from agents.policy import load_policy
-from config import load_config, to_yaml
-from distributed.history import CheckpointHistory, history_files
-from envs.registry import env_spec
-from evaluation.final import final_evaluation, tactics_line
-from evaluation.over_training import earlier_policies
+from impala_league.agents.checkpoint import model_state, read_checkpoint, read_meta, save_checkpoint
+from impala_league.agents.network import ActorCritic
+from impala_league.agents.policy import load_policy
+from impala_league.config import load_config, to_yaml
+from impala_league.distributed.history import CheckpointHistory, history_files
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.final import final_evaluation, tactics_line
+from impala_league.evaluation.over_training import earlier_policies
 
 TINY = ["env.name=tictactoe", "agent.torso=mlp", "agent.hidden=16", "agent.mlp_layers=1", "run.wandb_mode=disabled"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distributed.ownership import RunLock
+from impala_league.distributed.ownership import RunLock
 from tests.test_faults import _alive, _descendants, _read_until, _wait_gone
 from tests.test_faults import _start_train as _start_faults_train
 

@@ -13,12 +13,12 @@ import torch
 from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
-from distributed.actor import UnrollBuffer
-from distributed.codec import UnrollSpec
-from envs.parallel import ParallelAdapter
-from envs.registry import EnvSpec, env_spec, make_env
-from envs.spaces import UnsupportedSpace, observation_encoder
-from losses.vtrace import from_importance_weights
+from impala_league.distributed.actor import UnrollBuffer
+from impala_league.distributed.codec import UnrollSpec
+from impala_league.envs.parallel import ParallelAdapter
+from impala_league.envs.registry import EnvSpec, env_spec, make_env
+from impala_league.envs.spaces import UnsupportedSpace, observation_encoder
+from impala_league.losses.vtrace import from_importance_weights
 
 AGENTS = ["red_0", "red_1", "blue_0"]
 DIES_AT = {"red_0": 3, "red_1": 1, "blue_0": 2}  # the step (0-based) whose action is the unit's last
@@ -194,8 +194,8 @@ def test_any_pettingzoo_env_by_import_path_plays():
 
 
 def test_images_travel_as_uint8_and_reach_the_network_scaled():
-    from agents.network import ActorCritic
-    from config import AgentConfig
+    from impala_league.agents.network import ActorCritic
+    from impala_league.config import AgentConfig
 
     torch.manual_seed(0)
     cfg = AgentConfig(torso="mlp", hidden=8, mlp_layers=1)
@@ -226,7 +226,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
                            "actor.unroll_length=10", "learner.batch_size=8", "agent.channels=8", "agent.hidden=32",
                            eval_games=2)
     assert records[-1]["frames"] >= 6000
-    from distributed.transport import ResultsStream
+    from impala_league.distributed.transport import ResultsStream
 
     results = ResultsStream(redis_client, run_name).read_new()
     assert results and all(r["length"] <= 30 and len(r["returns"]) == 2 for r in results)

@@ -15,10 +15,10 @@ import pytest
 import redis
 import torch
 
-from config import ConfigError, load_config
-from distributed.codec import encode_weights, weights_digest
-from distributed.launcher import EmbeddedRedis
-from distributed.params import ParamStore, params_replica
+from impala_league.config import ConfigError, load_config
+from impala_league.distributed.codec import encode_weights, weights_digest
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.params import ParamStore, params_replica
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def _publish(client: redis.Redis, run: str, weights: dict[str, torch.Tensor], ve
 
 
 def _reader(redis_url: str, run: str, url: str, delay: int = 0) -> ParamStore:
-    from distributed.transport import connect
+    from impala_league.distributed.transport import connect
 
     client, name = params_replica(redis_url, [url], actor_id=0)
     return ParamStore(connect(redis_url), run, delay=delay, replica=client, replica_name=name)
@@ -120,9 +120,9 @@ def test_a_replica_one_publish_behind_is_read_again_and_used_once_it_caught_up(
         redis_client, redis_url, run_name, impostor, monkeypatch):
     import threading
 
-    import distributed.params
+    from impala_league.distributed import params as params_module
 
-    monkeypatch.setattr(distributed.params, "REPLICA_CATCH_UP_S", 0.5)  # room for the late write below
+    monkeypatch.setattr(params_module, "REPLICA_CATCH_UP_S", 0.5)  # room for the late write below
     weights = _weights(6)
     late = ParamStore(redis.Redis.from_url(impostor.url), run_name)
     late.publish(_weights(5), 5)
@@ -156,9 +156,9 @@ def test_an_unreachable_replica_falls_back_to_the_primary(redis_client, redis_ur
 
 def test_an_actor_reads_its_weights_from_the_replica_its_id_picks(tmp_path, redis_client, redis_url, run_name,
                                                                   replica, impostor):
-    from agents.model import make_model
-    from distributed.actor import Actor
-    from envs.registry import env_spec
+    from impala_league.agents.model import make_model
+    from impala_league.distributed.actor import Actor
+    from impala_league.envs.registry import env_spec
 
     (tmp_path / run_name).mkdir()
     cfg = load_config(REPO / "configs/tictactoe.yaml", [

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from agents.network import ActorCritic
-from agents.spec import checked_spec
-from agents.torsos import ResNetTorso, ShallowTorso
-from config import AgentConfig, ConfigError
-from envs.registry import env_spec, make_env
-from experiment import load_config
-from losses.vtrace import clip_rewards
+from impala_league.agents.network import ActorCritic
+from impala_league.agents.spec import checked_spec
+from impala_league.agents.torsos import ResNetTorso, ShallowTorso
+from impala_league.config import AgentConfig, ConfigError
+from impala_league.envs.registry import env_spec, make_env
+from impala_league.experiment import load_config
+from impala_league.losses.vtrace import clip_rewards
 
 pytest.importorskip("ale_py")
 
@@ -115,7 +115,7 @@ def test_a_lost_life_settles_the_learning_episode_and_the_game_goes_on():
     (np.zeros((21, 4, 84, 84), np.float32), r"array 'obs' has dtype '<f4', expected '\|u1'"),
 ])
 def test_an_unroll_of_frames_of_the_wrong_shape_or_dtype_is_refused_alone(bad, reason):
-    from distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls
+    from impala_league.distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls
 
     uspec, T, A = UnrollSpec(env_spec("atari:Pong"), 20), 20, 6
     rng = np.random.default_rng(0)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from pettingzoo.classic import tictactoe_v3
 
-from agents.network import ActorCritic
-from config import load_config, to_yaml
-from agents.checkpoint import save_checkpoint
-from envs.registry import env_spec
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import save_checkpoint
+from impala_league.envs.registry import env_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,14 +30,14 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def test_load_policy_imports_from_agents_as_documented(checkpoint):
-    code = f"from agents import load_policy; print(type(load_policy({str(checkpoint)!r})).__name__)"
+    code = f"from impala_league.agents import load_policy; print(type(load_policy({str(checkpoint)!r})).__name__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "Policy"
 
 
 def test_act_plays_a_whole_pettingzoo_game_from_its_observation_dicts(checkpoint):
-    from agents import load_policy
+    from impala_league.agents import load_policy
 
     policy = load_policy(checkpoint)
     env = tictactoe_v3.env()
@@ -58,7 +58,7 @@ def test_act_plays_a_whole_pettingzoo_game_from_its_observation_dicts(checkpoint
 
 
 def test_act_refuses_an_all_zero_mask_a_wrong_shape_and_a_mask_given_twice(checkpoint):
-    from agents import load_policy
+    from impala_league.agents import load_policy
 
     policy = load_policy(checkpoint)
     env = tictactoe_v3.env()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from agents.network import ActorCritic
-from config import load_config
-from distributed.actor import Actor
-from distributed.params import ParamStore
-from envs.registry import env_spec
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config
+from impala_league.distributed.actor import Actor
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec
 
 
 def _weights(cfg, version: int) -> dict[str, torch.Tensor]:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from distributed.launcher import EmbeddedRedis
-from distributed.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
                                    TrajectoryStream, connect, redis_outages)
 from tests.background import Background
 from tests.test_faults import T, _descendants, encode, small_config, valid_unroll
@@ -109,7 +109,7 @@ def test_a_read_blocking_longer_than_the_socket_timeout_is_refused_before_it_is_
 
 
 def test_the_learner_client_can_block_for_its_configured_read(tmp_path, redis_url, run_name):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     learner = Learner(small_config(run_name, tmp_path, "learner.read_block_ms=30000"), redis_url, tmp_path / run_name)
     assert learner.redis.connection_pool.connection_kwargs["socket_timeout"] > 30
@@ -254,7 +254,7 @@ def test_a_racing_learner_that_recreates_the_group_first_is_tolerated(redis_clie
 
 
 def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, volatile_redis, run_name, caplog):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     cfg = small_config(run_name, tmp_path, f"run.total_frames={2 * 2 * T}", "run.redis_retry_s=20")
     learner = Learner(cfg, volatile_redis.url, tmp_path / run_name)
@@ -283,7 +283,7 @@ def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, vol
 
 
 def test_a_lease_lost_with_redis_data_is_taken_again_by_its_learner(redis_client, run_name, caplog):
-    from distributed.transport import LearnerLease
+    from impala_league.distributed.transport import LearnerLease
 
     lease = LearnerLease(redis_client, run_name, "host-a pid 1")
     lease.TTL_MS = 600
@@ -340,7 +340,7 @@ def test_the_sweeper_claims_each_entry_once_it_is_idle_and_then_removes_the_dead
 
 def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_path, redis_client, redis_url,
                                                                          run_name, caplog):
-    from distributed.learner import Learner
+    from impala_league.distributed.learner import Learner
 
     key = f"{run_name}:traj"
     stream = TrajectoryStream(redis_client, run_name)
@@ -374,10 +374,10 @@ def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_pat
 def test_an_actor_exits_with_redis_unavailable_when_redis_stays_down(tmp_path, own_redis, run_name):
     import torch
 
-    from agents.network import ActorCritic
-    from distributed.actor import run_actor
-    from distributed.params import ParamStore
-    from envs.registry import env_spec
+    from impala_league.agents.network import ActorCritic
+    from impala_league.distributed.actor import run_actor
+    from impala_league.distributed.params import ParamStore
+    from impala_league.envs.registry import env_spec
 
     cfg = small_config(run_name, tmp_path, "actor.num_envs=2", "run.redis_retry_s=1")
     spec = env_spec("tictactoe")
@@ -408,7 +408,7 @@ def test_an_actor_exits_with_redis_unavailable_when_redis_stays_down(tmp_path, o
 def test_a_learner_exits_with_redis_unavailable_and_a_checkpoint_when_redis_stays_down(tmp_path, own_redis, run_name):
     import torch
 
-    from distributed.learner import run_learner
+    from impala_league.distributed.learner import run_learner
 
     cfg = small_config(run_name, tmp_path, "run.redis_retry_s=1")
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

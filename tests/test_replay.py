@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from agents.core import forward_batch
-from config import ConfigError, load_config, replayed_per_batch
-from distributed.codec import UnrollSpec, decode_unrolls, encode_unrolls
-from distributed.learner import Learner
-from distributed.replay import ReplayBuffer, unroll_nbytes
-from distributed.transport import GROUP, TrajectoryStream
-from envs.registry import env_spec
-from league.players import MAIN, metrics_path
-from losses.actor_critic import off_policy_targets
+from impala_league.agents.core import forward_batch
+from impala_league.config import ConfigError, load_config, replayed_per_batch
+from impala_league.distributed.codec import UnrollSpec, decode_unrolls, encode_unrolls
+from impala_league.distributed.learner import Learner
+from impala_league.distributed.replay import ReplayBuffer, unroll_nbytes
+from impala_league.distributed.transport import GROUP, TrajectoryStream
+from impala_league.envs.registry import env_spec
+from impala_league.league.players import MAIN, metrics_path
+from impala_league.losses.actor_critic import off_policy_targets
 from tests.test_delivery import run_learner_until
 from tests.test_faults import REPO, T, small_config, valid_unroll
 from tests.test_vtrace import reference_vtrace

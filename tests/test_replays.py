@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import run
-from evaluation.replays import ReplayError, load_replay, simulate
+from impala_league.evaluation.replays import ReplayError, load_replay, simulate
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,8 @@ def test_replay_command_rejects_a_tampered_file_with_exit_2(recorded, tmp_path, 
 
 def test_tictactoe_text_board_is_drawn_as_the_gif_draws_it():
     """Each first move lands, in the text board, where the env's own rendering (the GIF) draws it."""
-    from envs.registry import make_raw_env
-    from evaluation.replays import ascii_board
+    from impala_league.envs.registry import make_raw_env
+    from impala_league.evaluation.replays import ascii_board
 
     for action in range(9):
         env = make_raw_env("tictactoe", "rgb_array")
@@ -174,8 +174,8 @@ def test_an_unwritable_record_directory_exits_2(tmp_path, capsys):
 
 
 def test_save_match_never_overwrites_and_numbers_a_taken_name(recorded, tmp_path):
-    from evaluation.evaluate import GameRecord
-    from evaluation.replays import save_match
+    from impala_league.evaluation.evaluate import GameRecord
+    from impala_league.evaluation.replays import save_match
 
     source = load_replay(recorded / "ttt" / "minimax_9-vs-tactical-0000.json")
     game = GameRecord(source.seed, tuple(source.actions), tuple(source.rewards), source.winner, source.length)
@@ -213,7 +213,7 @@ def test_players_and_rewards_must_be_one_per_seat(recorded, tmp_path, capsys):
 
 
 def test_a_bad_gif_path_is_an_error_not_a_traceback(recorded, tmp_path, capsys):
-    from evaluation.replays import check_gif_path
+    from impala_league.evaluation.replays import check_gif_path
 
     path = recorded / "ttt" / "minimax_9-vs-tactical-0000.json"
     (tmp_path / "dir.gif").mkdir()

@@ -11,15 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
-import evaluation.replays as replays
+import impala_league.evaluation.replays as replays
 import run
-from agents.network import ActorCritic
-from config import load_config, to_yaml
-from agents.checkpoint import save_checkpoint
-from envs.registry import env_spec
-from evaluation.evaluate import play_games
-from evaluation.replays import ReplayError, load_replay, save_match, simulate
-from evaluation.tournament import _worker_main
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import save_checkpoint
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.evaluate import play_games
+from impala_league.evaluation.replays import ReplayError, load_replay, save_match, simulate
+from impala_league.evaluation.tournament import _worker_main
 from tests.test_replays import tampered
 
 BATTLE = {"map_size": 12, "max_cycles": 150}  # two units per team; random-ish play lasts the 150 steps
@@ -106,7 +106,7 @@ def test_tampered_battles_are_refused_with_the_reason(battles, tmp_path):
 
 
 def test_format_1_replays_are_still_read_with_the_default_env(battles, tmp_path):
-    from evaluation.bots import make_bot
+    from impala_league.evaluation.bots import make_bot
 
     records = play_games("tictactoe", (make_bot("tactical", "tictactoe", 0), make_bot("random", "tictactoe", 1)), 1)
     path = save_match(tmp_path, "tictactoe", ("tactical", "random"), records)[0]

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from analysis.compare import write_outputs
-from analysis.report import build_report, figures, over_training_figure
-from analysis.runs import load_run
-from config import load_config, to_yaml
+from impala_league.analysis.compare import write_outputs
+from impala_league.analysis.report import build_report, figures, over_training_figure
+from impala_league.analysis.runs import load_run
+from impala_league.config import load_config, to_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
@@ -106,7 +106,7 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
 def test_the_report_figures_go_to_an_offline_wandb_run(tmp_path, monkeypatch):
     import wandb
 
-    from analysis.report import log_to_wandb
+    from impala_league.analysis.report import log_to_wandb
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = _run_dir(tmp_path, "league-run", ["league.enabled=true"])

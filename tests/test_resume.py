@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.report import _broken, build_report
-from analysis.runs import load_run
+from impala_league.analysis.report import _broken, build_report
+from impala_league.analysis.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
 LR = 1e-3

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-from agents.heads import FunctionCallHead
-from agents.network import mask_logits
-from envs.sc2_wrappers.actions import NUM_FUNCTIONS, FunctionCallCodec
+import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from impala_league.agents.heads import FunctionCallHead
+from impala_league.agents.network import mask_logits
+from impala_league.envs.sc2_wrappers.actions import NUM_FUNCTIONS, FunctionCallCodec
 from pysc2.lib import actions as sc2_actions
 
 CODEC = FunctionCallCodec(screen_size=4, minimap_size=3)

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-from agents.fullyconv import FullyConv
-from agents.heads import FunctionCallHead
-from agents.model import make_model, policy_head
-from agents.network import MASKED_LOGIT
-from config import ConfigError
-from experiment import load_config
-from envs.registry import env_spec, make_env
-from envs.sc2_wrappers.compat import SC2NotInstalledError
-from envs.sc2_wrappers.env import check_game_installed, sc2_game
+import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from impala_league.agents.fullyconv import FullyConv
+from impala_league.agents.heads import FunctionCallHead
+from impala_league.agents.model import make_model, policy_head
+from impala_league.agents.network import MASKED_LOGIT
+from impala_league.config import ConfigError
+from impala_league.experiment import load_config
+from impala_league.envs.registry import env_spec, make_env
+from impala_league.envs.sc2_wrappers.compat import SC2NotInstalledError
+from impala_league.envs.sc2_wrappers.env import check_game_installed, sc2_game
 
 KWARGS = {"mock": True, "screen_size": 8, "minimap_size": 8}
 NAME = "sc2:MoveToBeacon"

@@ -25,7 +25,7 @@ def test_pysc2_imports_from_a_clean_interpreter_and_builds_its_palettes():
     result = _run(
         "import json, os, sys\n"
         "before = os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION')\n"
-        "import envs.sc2_wrappers\n"
+        "import impala_league.envs.sc2_wrappers\n"
         "from pysc2.lib import colors, features\n"
         "from pysc2.env import mock_sc2_env\n"
         "from google.protobuf.internal import api_implementation\n"
@@ -64,7 +64,7 @@ def test_importing_after_fast_protobuf_is_a_clear_error():
 
 
 def test_missing_game_names_the_folder_and_sc2path(tmp_path, monkeypatch):
-    from envs.sc2_wrappers.compat import SC2NotInstalledError, require_game
+    from impala_league.envs.sc2_wrappers.compat import SC2NotInstalledError, require_game
 
     monkeypatch.setenv("SC2PATH", str(tmp_path / "nowhere"))
     with pytest.raises(SC2NotInstalledError, match="SC2PATH=.*nowhere.*set SC2PATH"):

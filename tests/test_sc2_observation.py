@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-from envs.sc2_wrappers.observation import (AVAILABLE_ACTIONS, MINIMAP, PLAYER, SCREEN, FeatureLayerEncoder,
+import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from impala_league.envs.sc2_wrappers.observation import (AVAILABLE_ACTIONS, MINIMAP, PLAYER, SCREEN, FeatureLayerEncoder,
                                            SC2ObservationSpec, encode_observation)
 from pysc2.env import mock_sc2_env, sc2_env
 from pysc2.lib import features

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-from agents.model import make_model, policy_head
-from config import LearnerConfig, load_config
-from distributed.actor import UnrollBuffer
-from agents.checkpoint import read_checkpoint
-from distributed.codec import UnrollSpec, decode_unroll, encode_unroll
-from distributed.learner import Batch, learn_step
-from distributed.transport import GROUP
-from envs.registry import env_spec, make_env
+import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from impala_league.agents.model import make_model, policy_head
+from impala_league.config import LearnerConfig, load_config
+from impala_league.distributed.actor import UnrollBuffer
+from impala_league.agents.checkpoint import read_checkpoint
+from impala_league.distributed.codec import UnrollSpec, decode_unroll, encode_unroll
+from impala_league.distributed.learner import Batch, learn_step
+from impala_league.distributed.transport import GROUP
+from impala_league.envs.registry import env_spec, make_env
 
 REPO = Path(__file__).resolve().parent.parent
 KWARGS = {"mock": True, "screen_size": 8, "minimap_size": 8}
@@ -83,7 +83,7 @@ def test_unrolls_carry_masks_and_heads_and_log_rhos_sum_the_used_heads():
 
 
 def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_name):
-    from distributed.transport import connect
+    from impala_league.distributed.transport import connect
 
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/sc2_move_to_beacon.yaml"),
            "--redis-url", redis_server.url,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from config import LeagueConfig
-from distributed.metrics import seat_scores
-from league.matchmaking import league_exploiter_opponents
-from league.payoff import PayoffTable, episode_score
+from impala_league.config import LeagueConfig
+from impala_league.distributed.metrics import seat_scores
+from impala_league.league.matchmaking import league_exploiter_opponents
+from impala_league.league.payoff import PayoffTable, episode_score
 
 
 def _games(seat: int, wins: int, losses: int, draws: int = 0) -> list[dict]:
@@ -74,8 +74,8 @@ def test_pfsp_can_weigh_by_the_weaker_seat():
 def test_the_report_plots_the_league_score_per_seat(tmp_path):
     import json
 
-    from analysis.report import run_figures
-    from analysis.runs import load_run
+    from impala_league.analysis.report import run_figures
+    from impala_league.analysis.runs import load_run
     from tests.test_report import _run_dir
 
     run_dir = _run_dir(tmp_path, "pooled", ["league.enabled=true"])

@@ -8,12 +8,12 @@ import logging
 
 import pytest
 
-from agents.network import ActorCritic
-from config import ConfigError
-from distributed.actor import Actor
-from distributed.params import ParamStore
-from envs.registry import env_spec, make_env
-from experiment import load_config
+from impala_league.agents.network import ActorCritic
+from impala_league.config import ConfigError
+from impala_league.distributed.actor import Actor
+from impala_league.distributed.params import ParamStore
+from impala_league.envs.registry import env_spec, make_env
+from impala_league.experiment import load_config
 
 DUEL = "pettingzoo:tests.duel_env"
 RPS = "pettingzoo:pettingzoo.classic.rps_v2"
@@ -93,9 +93,9 @@ def test_env_seats_in_the_config_is_checked_and_reaches_the_actor(tmp_path, redi
 
 
 def test_declared_seats_are_kept_in_replays(tmp_path):
-    from evaluation.evaluate import play_games
-    from evaluation.bots import make_bot
-    from evaluation.replays import load_replay, save_match, simulate
+    from impala_league.evaluation.evaluate import play_games
+    from impala_league.evaluation.bots import make_bot
+    from impala_league.evaluation.replays import load_replay, save_match, simulate
 
     kwargs, seats = {"names": ["agent_0", "agent_1"]}, [["agent_1"], ["agent_0"]]
     sides = (make_bot("random", DUEL, seed=1), make_bot("random", DUEL, seed=2))
@@ -112,8 +112,8 @@ def test_declared_seats_are_kept_in_replays(tmp_path):
 
 
 def _duel_checkpoint(path, seats):
-    from agents.checkpoint import save_checkpoint
-    from config import to_yaml
+    from impala_league.agents.checkpoint import save_checkpoint
+    from impala_league.config import to_yaml
 
     cfg = load_config(None, [f"env.name={DUEL}", "env.kwargs.names=[agent_0,agent_1]", "agent.torso=mlp",
                              "agent.hidden=8", *([f"env.seats={seats}"] if seats else [])])
@@ -125,7 +125,7 @@ def _duel_checkpoint(path, seats):
 
 
 def test_a_tournament_plays_the_checkpoints_declared_seats(tmp_path):
-    from evaluation.tournament import PlayerError, resolve_players, round_robin
+    from impala_league.evaluation.tournament import PlayerError, resolve_players, round_robin
 
     a = _duel_checkpoint(tmp_path / "a.safetensors", "[[agent_0],[agent_1]]")
     env_name, players = resolve_players([str(a), "random"])

@@ -12,11 +12,11 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 
-from config import load_config
-from distributed import keys
-from distributed.actor import Actor, ActorSeeds
+from impala_league.config import load_config
+from impala_league.distributed import keys
+from impala_league.distributed.actor import Actor, ActorSeeds
 
-from envs.base import EpisodeSeeds
+from impala_league.envs.base import EpisodeSeeds
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from distributed.launcher import EmbeddedRedis
-from distributed.transport import RESULTS_MAXLEN, connect
+from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.transport import RESULTS_MAXLEN, connect
 from tests.test_faults import _descendants
 
 REPO = Path(__file__).resolve().parent.parent

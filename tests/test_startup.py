@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from distributed import keys
-from distributed.launcher import _describe_exit, redis_server_binary
-from distributed.ownership import PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
-from distributed.transport import RedisUnavailable, RedisUnreachable, connect
+from impala_league.distributed import keys
+from impala_league.distributed.launcher import _describe_exit, redis_server_binary
+from impala_league.distributed.ownership import PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
+from impala_league.distributed.transport import RedisUnavailable, RedisUnreachable, connect
 
 REPO = Path(__file__).resolve().parent.parent
 TICTACTOE = str(REPO / "configs/tictactoe.yaml")

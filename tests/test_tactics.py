@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.bots import CONNECT_FOUR, TICTACTOE
-from evaluation.tactics import Tactics, count_tactics
+from impala_league.evaluation.bots import CONNECT_FOUR, TICTACTOE
+from impala_league.evaluation.tactics import Tactics, count_tactics
 
 # Tic-tac-toe cells: 0 1 2 / 3 4 5 / 6 7 8; seat 0 (X) moves first.
 # X misses its win at 2 (plays 8), after O failed to block that threat (played 4); O then wins at 5.

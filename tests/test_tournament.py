@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import run
-from agents.network import ActorCritic
-from config import load_config, to_yaml
-from agents.checkpoint import save_checkpoint
-from envs.registry import env_spec
-from evaluation.elo import ELO_PER_NAT, fit_elo
-from evaluation.tournament import PlayerError, resolve_players, round_robin
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import save_checkpoint
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.elo import ELO_PER_NAT, fit_elo
+from impala_league.evaluation.tournament import PlayerError, resolve_players, round_robin
 
 # -- Elo fit -----------------------------------------------------------------------------------------
 
@@ -248,7 +248,7 @@ def test_old_checkpoint_vs_opponent_form_takes_minimax(league_run, capsys):
 
 
 def test_a_failing_worker_is_reported_with_its_pair(tmp_path):
-    from evaluation.tournament import TournamentError
+    from impala_league.evaluation.tournament import TournamentError
 
     checkpoint = write_checkpoint(tmp_path / "gone.safetensors")
     env, players = resolve_players([str(checkpoint), "random"])
@@ -278,7 +278,7 @@ def test_recorded_players_whose_names_give_one_file_name_keep_every_game(tmp_pat
     assert [p.name for p in players] == ["k9/main", "k9_main", "random"]
     record = tmp_path / "replays"
     result = round_robin(env, players, games=2, seed=0, record_dir=str(record))
-    from evaluation.replays import load_replay
+    from impala_league.evaluation.replays import load_replay
 
     files = sorted(record.glob("*.json"))
     assert len(files) == 3 * 2 * 2 and not list(record.glob(".*"))  # 3 pairs, 2 seats, 2 games; no leftovers

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from config import load_config
+from impala_league.config import load_config
 from tests.test_report import _run_dir
-from tracking import TensorBoardSink, Tracker, log_final_evaluation, offline_segments, start_tracking
+from impala_league.tracking import TensorBoardSink, Tracker, log_final_evaluation, offline_segments, start_tracking
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,8 +88,8 @@ def test_wandb_is_quiet_on_a_terminal_and_writes_no_ansi_codes(tmp_path):
     """On a terminal (where wandb colours its lines) a learner's tracking prints nothing of wandb's: no
     banner, no sparkline summary, no Weave advertisement (set off by the name of our `agents` package),
     and no file of the run holds an ANSI escape code."""
-    code = ("import agents.heads, tracking\n"
-            "from config import load_config\n"
+    code = ("import impala_league.agents.heads\nfrom impala_league import tracking\n"
+            "from impala_league.config import load_config\n"
             f"cfg = load_config(None, ['run.name=quiet', 'run.wandb_mode=offline'])\n"
             f"tracker = tracking.start_tracking(cfg, {str(tmp_path)!r}, 'quiet')\n"
             "tracker.log({'loss': 0.5, 'policy_lag_counts': [2, 1]}, 1)\n"
@@ -157,7 +157,7 @@ def test_the_final_evaluation_is_logged_in_one_call(tmp_path, quiet_env):
 
 
 def test_the_report_figures_go_to_tensorboard(tmp_path):
-    from analysis.report import log_report
+    from impala_league.analysis.report import log_report
 
     run_dir = _run_dir(tmp_path, "league-run", ["league.enabled=true"])
     (run_dir / "league").mkdir()

@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import torch
 
-from distributed.params import ParamStore
-from distributed.transport import GROUP, RedisUnavailable, ResultsStream, TrajectoryStream, connect
+from impala_league.distributed.params import ParamStore
+from impala_league.distributed.transport import GROUP, RedisUnavailable, ResultsStream, TrajectoryStream, connect
 
 
 def free_port() -> int:
@@ -248,7 +248,7 @@ def test_each_actor_s_seconds_throttled_are_counted_once_and_summed(traj):
 
 
 def test_the_metrics_window_reports_the_update_thread_s_shares_of_its_time():
-    from distributed.metrics import MetricsWindow
+    from impala_league.distributed.metrics import MetricsWindow
 
     window = MetricsWindow(start=100.0)
     window.add(40, [0, 1], {"loss": 0.5, "skipped_update": 0.0})
@@ -356,7 +356,7 @@ def test_param_store_publish_fetch_replace(redis_client, run_name):
 # -- one learner per run ----------------------------------------------------------------------------
 
 def test_a_second_learner_is_refused_and_a_dead_ones_lease_lapses(redis_client, run_name):
-    from distributed.transport import LearnerLease, LeaseHeld
+    from impala_league.distributed.transport import LearnerLease, LeaseHeld
 
     def lease(holder: str) -> LearnerLease:
         return LearnerLease(redis_client, run_name, holder, ttl_s=0.6)  # run.lease_ttl_s

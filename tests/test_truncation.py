@@ -17,17 +17,17 @@ from gymnasium import spaces
 from pettingzoo.utils.conversions import parallel_to_aec
 from pettingzoo.utils.env import ParallelEnv
 
-from agents.core import forward_batch
-from agents.heads import DiscreteHead
-from config import LearnerConfig
-from distributed.actor import UnrollBuffer
-from distributed.codec import DecodeError, UnrollSpec, decode_unroll, decode_unrolls, encode_unroll
-from distributed.learner import Batch
-from envs.aec import AECAdapter
-from envs.parallel import ParallelAdapter
-from envs.registry import EnvSpec, make_env
-from envs.spaces import observation_encoder
-from losses.actor_critic import off_policy_targets
+from impala_league.agents.core import forward_batch
+from impala_league.agents.heads import DiscreteHead
+from impala_league.config import LearnerConfig
+from impala_league.distributed.actor import UnrollBuffer
+from impala_league.distributed.codec import DecodeError, UnrollSpec, decode_unroll, decode_unrolls, encode_unroll
+from impala_league.distributed.learner import Batch
+from impala_league.envs.aec import AECAdapter
+from impala_league.envs.parallel import ParallelAdapter
+from impala_league.envs.registry import EnvSpec, make_env
+from impala_league.envs.spaces import observation_encoder
+from impala_league.losses.actor_critic import off_policy_targets
 
 AGENTS = ["hunter_0", "prey_0"]
 A = 3
@@ -276,8 +276,8 @@ def collect(actor, count: int) -> list[dict[str, np.ndarray]]:
 @pytest.mark.parametrize("env_name", list(SHORT_RUNS))
 def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_computation(
         env_name, tmp_path, redis_url, run_name):
-    from config import load_config
-    from distributed.actor import Actor
+    from impala_league.config import load_config
+    from impala_league.distributed.actor import Actor
     from tests.test_parallel import _train
 
     config, extra = SHORT_RUNS[env_name]
@@ -327,10 +327,10 @@ def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_
 def test_starcraft_step_limit_is_truncated_and_its_final_observations_reach_the_learner():
     # pysc2 ends an episode at its step limit with discount 1 (the game's own end has discount 0);
     # the mock env always says 0, so this test hands the adapter the step limit's discount.
-    import envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
-    from agents.model import make_model
-    from config import load_config
-    from envs.registry import env_spec
+    import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+    from impala_league.agents.model import make_model
+    from impala_league.config import load_config
+    from impala_league.envs.registry import env_spec
 
     name, kwargs = "sc2:MoveToBeacon", {"mock": True, "screen_size": 8, "minimap_size": 8}
     spec = env_spec(name, kwargs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from losses import vtrace
+from impala_league.losses import vtrace
 
 
 def reference_vtrace(

@@ -1,0 +1,371 @@
+"""`run.py compare`: several training configurations, one after another, on the same machine, for the
+same wall-clock budget and seeds; then a table (markdown + JSON) and learning-curve plots.
+
+Studies (IMPALA paper: Table 1 throughput against A3C, Table 2 off-policy corrections):
+  algos        IMPALA against A3C with the config's actor counts (learner.algo=impala | a3c)
+  corrections  learner.correction = vtrace | is1 | epsilon | none, at a policy lag of `lag`
+               published versions (actor.weight_delay); with `replay_fraction` each correction also
+               with experience replay (`<correction>-replay`, learner.replay_fraction), Table 2's
+               second half
+  actors       actor.num_actors = 1, 2, 4, ...
+The studies train without a league (A3C has none, and the corrections are compared on equal terms).
+Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`. Scores are
+reported as the mean over seeds with a 95% confidence interval (Student t), see `mean_and_interval`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from impala_league import REPO
+from impala_league.analysis.runs import Run, load_run, score_key
+from impala_league.config import CORRECTIONS
+
+log = logging.getLogger("compare")
+
+STUDIES = ("algos", "corrections", "actors")
+SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
+UNLIMITED_FRAMES = 10**15
+FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
+REPLAY_SUFFIX = "-replay"  # `vtrace-replay`: a run name, so no '+' (run.name allows letters, digits, . _ -)
+CONFIDENCE = 0.95
+# Per-seed scores: the summary holds their mean, its interval's half-width and the values themselves.
+SCORES = ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames", "final_eval_score")
+
+
+def actor_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... up to `cores` (and `cores` itself): the actor counts of the actors study."""
+    counts = [1]
+    while counts[-1] * 2 <= cores:
+        counts.append(counts[-1] * 2)
+    return counts + ([cores] if counts[-1] != cores else [])
+
+
+def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] = (1, 2, 4),
+         replay_fraction: float | None = None) -> dict[str, list[str]]:
+    """Variant name -> config overrides (`section.key=value`) for `study`, limited to the variants in
+    `only` (in the study's order) where given; `actors`: the actor counts of the actors study (variants
+    `actors<N>`); `replay_fraction`: corrections study only, each correction is followed by
+    `<correction>-replay`, the same with `learner.replay_fraction=replay_fraction` (the share of each
+    batch drawn from replayed unrolls). Raises ValueError for an unknown study or variant, or a
+    replay fraction for another study."""
+    if replay_fraction is not None and study != "corrections":
+        raise ValueError(f"--replay belongs to the corrections study (IMPALA's Table 2), not to {study!r}")
+    if study == "actors":
+        variants = {f"actors{n}": ["learner.algo=impala", "league.enabled=false", f"actor.num_actors={n}"]
+                    for n in actors}
+    elif study == "algos":
+        variants = {"impala": ["learner.algo=impala", "league.enabled=false"],
+                    "a3c": ["learner.algo=a3c", "league.enabled=false"]}
+    elif study == "corrections":
+        variants = {}
+        for c in CORRECTIONS:  # with replay right after without: the table shows them side by side
+            variants[c] = ["learner.algo=impala", "league.enabled=false", f"learner.correction={c}",
+                           f"actor.weight_delay={lag}"]
+            if replay_fraction is not None:
+                variants[c + REPLAY_SUFFIX] = [*variants[c], f"learner.replay_fraction={replay_fraction}"]
+    else:
+        raise ValueError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+    unknown = sorted(set(only or ()) - set(variants))
+    if unknown:
+        raise ValueError(f"--variants {' '.join(unknown)}: the {study} study has {', '.join(variants)}")
+    return {name: o for name, o in variants.items() if not only or name in only}
+
+
+def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, minutes: float,
+                  frames: int | None, redis_url: str | None) -> list[str]:
+    """The `run.py train` command of one compared run (no final evaluation, wandb as configured)."""
+    sets = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", f"run.seed={seed}",
+            f"run.max_minutes={minutes}", f"run.total_frames={frames or UNLIMITED_FRAMES}", *overrides]
+    cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(config), "--eval-games", "0"]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd + (["--redis-url", redis_url] if redis_url else [])
+
+
+def score_at(run: Run, key: str, *, seconds: float | None = None, frames: float | None = None) -> float | None:
+    """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `frames`
+    agent steps trained); None when no record has it by then. Without a limit: at the end of the run."""
+    rows = [r for r in run.records if key in r
+            and (seconds is None or run.elapsed(r) <= seconds + 1e-9)
+            and (frames is None or r["frames"] <= frames)]
+    return float(np.mean([r[key] for r in rows[-SMOOTH:]])) if rows else None
+
+
+def run_summary(run: Run, key: str | None, equal_seconds: float, equal_frames: float) -> dict:
+    """One run's row: mean SPS over its records, frames and seconds at its end, and scores."""
+    recs = run.records
+    return {
+        "run": run.name,
+        "seed": run.config.run.seed,
+        "sps": float(np.mean([r["sps"] for r in recs])) if recs else None,
+        "frames": int(recs[-1]["frames"]) if recs else 0,
+        "wall_s": run.elapsed(recs[-1]) if recs else 0.0,
+        "policy_lag": float(np.nanmean([r["policy_lag"] if r.get("policy_lag") is not None else np.nan for r in recs]))
+        if recs else None,
+        "final_score": score_at(run, key) if key else None,
+        "score_at_equal_wall_clock": score_at(run, key, seconds=equal_seconds) if key else None,
+        "score_at_equal_frames": score_at(run, key, frames=equal_frames) if key else None,
+        "final_eval_score": _final_eval_score(run.path),
+    }
+
+
+def _final_eval_score(run_dir: Path) -> float | None:
+    """The score of `final_eval.json` (see `final_evaluation`), if the run has one."""
+    path = run_dir / FINAL_EVAL
+    return float(json.loads(path.read_text())["score"]) if path.is_file() else None
+
+
+def final_evaluation(run_dir: Path, opponent: str, games: int) -> float | None:
+    """Greedy final checkpoint of a multi-seat game against the bot `opponent`, `games` per seat;
+    writes `final_eval.json` and returns the score (wins + draws / 2 over all games). None for a
+    single-seat env or a run without a checkpoint."""
+    from impala_league.agents.policy import load_policy
+    from impala_league.evaluation.evaluate import evaluate
+
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if not checkpoint.is_file():
+        return None
+    policy = load_policy(checkpoint)
+    if len(policy.spec.seats) < 2:
+        return None
+    result = evaluate(policy, opponent, games)
+    score = float(np.mean([r["win_rate"] + 0.5 * r["draw_rate"] for r in result["seats"].values()]))
+    (run_dir / FINAL_EVAL).write_text(json.dumps({"opponent": opponent, "games_per_seat": games, "score": score,
+                                                  "seats": result["seats"]}, indent=2) + "\n")
+    return score
+
+
+def _mean(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def mean_and_interval(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean over the seeds of the values present (None: that seed had no score) and the half-width of
+    its CONFIDENCE interval, Student t with n - 1 degrees of freedom: t(0.975, n - 1) * s / sqrt(n),
+    s the sample standard deviation. The half-width is None below two values (no spread to measure)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    mean = float(np.mean(present))
+    if len(present) < 2:
+        return mean, None
+    from scipy import stats  # here, not at the top: it takes a second to import, and only summaries need it
+
+    t = stats.t.ppf(0.5 + CONFIDENCE / 2, len(present) - 1)
+    return mean, float(t * np.std(present, ddof=1) / np.sqrt(len(present)))
+
+
+def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
+    """The comparison of `runs` (variant -> its runs, one per seed).
+
+    Equal wall clock = the shortest run's last record (seconds from its start); equal frames = the
+    fewest frames any run reached. Variant rows are means over seeds; `sps_ratio` divides each
+    variant's SPS by the first variant's. Each score of SCORES also has `<score>_ci95` (the half-width
+    of its 95% interval, see `mean_and_interval`) and `<score>_per_seed` (in the order of `seeds`).
+    """
+    every = [r for rs in runs.values() for r in rs]
+    key = score_key([rec for r in every for rec in r.records], metric)
+    with_records = [r for r in every if r.records]
+    equal_seconds = min((r.elapsed(r.records[-1]) for r in with_records), default=0.0)
+    equal_frames = min((r.records[-1]["frames"] for r in with_records), default=0)
+    variants = {}
+    for name, rs in runs.items():
+        rows = [run_summary(r, key, equal_seconds, equal_frames) for r in rs]
+        variants[name] = {field: _mean([row[field] for row in rows]) for field in
+                          ("sps", "frames", "wall_s", "policy_lag")}
+        variants[name]["seeds"] = [row["seed"] for row in rows]
+        for field in SCORES:
+            per_seed = [row[field] for row in rows]
+            variants[name][field], variants[name][f"{field}_ci95"] = mean_and_interval(per_seed)
+            variants[name][f"{field}_per_seed"] = per_seed
+        variants[name]["runs"] = rows
+    first = next(iter(variants.values()), {}).get("sps")
+    for v in variants.values():
+        v["sps_ratio"] = v["sps"] / first if v["sps"] is not None and first else None
+    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants}
+
+
+# (key, title, format); format None: a score of SCORES, shown as `mean ± half-width` (see `cell`).
+COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"), ("frames", "frames", "{:,.0f}"),
+           ("policy_lag", "policy lag", "{:.1f}"), ("final_score", "final score", None),
+           ("score_at_equal_wall_clock", "score at equal wall clock", None),
+           ("score_at_equal_frames", "score at equal frames", None),
+           ("final_eval_score", "final score vs bot", None)]
+INTERVAL_NOTE = (f"Scores are means over seeds ± the half-width of the {CONFIDENCE:.0%} confidence interval of "
+                 "the mean (Student t with n - 1 degrees of freedom, n = the seeds with a score); `± -`: one seed, "
+                 "no interval.")
+
+
+def score_text(mean: float, half: float | None) -> str:
+    """`mean ± half`, both with the decimals the larger of the two calls for (none from 100 up, one
+    from 10, else three: returns of 117 and win rates of 0.512 both read well); `mean ± -` without
+    an interval."""
+    size = max(abs(mean), half or 0.0)
+    digits = 0 if size >= 100 else 1 if size >= 10 else 3
+    return f"{mean:.{digits}f} ± " + ("-" if half is None else f"{half:.{digits}f}")
+
+
+def cell(variant: dict, key: str, fmt: str | None) -> str:
+    """The text of column `key` (format `fmt`, see COLUMNS) in a variant's row of a summary; '-' when
+    it has no value."""
+    value = variant.get(key)
+    if value is None:
+        return "-"
+    if fmt is not None:
+        return fmt.format(value)
+    if f"{key}_ci95" not in variant:  # a compare.json written before the intervals: the mean alone
+        return f"{value:.3f}"
+    return score_text(value, variant[f"{key}_ci95"])
+
+
+def markdown_table(summary: dict) -> str:
+    """The variants as a markdown table, with a line saying what the score, the interval and the equal
+    points are; with replay variants also the final scores in Table 2's layout (see `replay_table`)."""
+    head = "| variant | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, v in summary["variants"].items():
+        cells = [cell(v, k, fmt) for k, _, fmt in COLUMNS]
+        lines.append(f"| {name} | {len(v['runs'])} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Score: `{summary['metric'] or 'none recorded'}` from metrics.jsonl, mean of the last {SMOOTH} "
+                 f"records up to the point; equal wall clock = {summary['equal_wall_clock_s']:.0f} s, equal frames "
+                 f"= {summary['equal_frames']:,}. {INTERVAL_NOTE}"
+                 + (f" Final score vs bot: the last checkpoint, greedy, against {summary['eval_opponent']}, wins "
+                    "+ draws / 2 in both seats." if summary.get("eval_opponent") else ""))
+    pairs = replay_table(summary)
+    return "\n".join(lines + ([""] + pairs if pairs else [])) + "\n"
+
+
+def replay_table(summary: dict) -> list[str]:
+    """The final score of each correction without and with replay, one row per correction (the layout
+    of the paper's Table 2), as markdown lines; none when the summary has no `<variant>-replay`."""
+    rows = [(name, v, summary["variants"].get(name + REPLAY_SUFFIX)) for name, v in summary["variants"].items()
+            if not name.endswith(REPLAY_SUFFIX)]
+    if not any(replayed for _, _, replayed in rows):
+        return []
+    fraction = summary.get("replay_fraction")
+    lines = [f"| correction | final score, no replay | final score, with replay"
+             + (f" ({fraction:.0%} of each batch replayed)" if fraction is not None else "") + " |",
+             "|---|---|---|"]
+    for name, v, replayed in rows:
+        lines.append(f"| {name} | {cell(v, 'final_score', None)} | "
+                     f"{'-' if replayed is None else cell(replayed, 'final_score', None)} |")
+    return lines
+
+
+def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[Path]:
+    """Learning curves (`key` against wall-clock seconds and against frames), one line per run,
+    one colour per variant; PNG files in `out`. Returns their paths (none without a metric)."""
+    if key is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for axis, label, fname in (("time", "wall clock (s)", "curves_wall_clock.png"),
+                               ("frames", "agent steps trained", "curves_frames.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k, (name, rs) in enumerate(runs.items()):
+            for j, run in enumerate(rs):
+                recs = [r for r in run.records if key in r]
+                xs = [run.elapsed(r) if axis == "time" else r["frames"] for r in recs]
+                ax.plot(xs, [r[key] for r in recs], ".-", color=f"C{k}", alpha=0.9, label=name if j == 0 else None)
+        ax.set_xlabel(label)
+        ax.set_ylabel(key)
+        ax.set_title(f"{key} against {label}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=100)
+        plt.close(fig)
+        paths.append(out / fname)
+    return paths
+
+
+def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
+    """sps_vs_actors.png: learner-consumed SPS (mean over seeds) against the actor count of each
+    variant (`summary["actors"]`: variant -> count), beside linear scaling from the fewest actors."""
+    points = sorted((summary["actors"][name], v["sps"]) for name, v in summary["variants"].items()
+                    if v["sps"] is not None and name in summary.get("actors", {}))
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs, ys = zip(*points)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, ys, "o-", label="learner-consumed SPS")
+    ax.plot(xs, [ys[0] * x / xs[0] for x in xs], "--", color="grey", label=f"linear from {xs[0]} actor(s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("actor processes")
+    ax.set_ylabel("agent steps trained per second")
+    ax.set_title("SPS against actors")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sps_vs_actors.png", dpi=100)
+    plt.close(fig)
+    return out / "sps_vs_actors.png"
+
+
+def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", meta: dict | None = None) -> dict:
+    """compare.json, compare.md and the curve PNGs in `out` (with `meta["actors"]`, variant -> actor
+    count, also the SPS-against-actors plot); returns the summary."""
+    summary = summarize(runs, metric)
+    summary.update(meta or {})
+    scaling = plot_sps_against_actors(summary, out) if summary.get("actors") else None
+    summary["plots"] = [p.name for p in [*([scaling] if scaling else []), *plot_curves(runs, summary["metric"], out)]]
+    (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "compare.md").write_text(markdown_table(summary), encoding="utf-8")  # the ± of the scores
+    return summary
+
+
+def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
+              minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
+              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100,
+              replay_fraction: float | None = None) -> dict:
+    """Train every variant of `study` (name -> overrides, see `plan`; `replay_fraction` as given to it,
+    for the table) x seed one after another (each `minutes` of wall clock, or `frames`), then
+    evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per
+    seat; 0 = no evaluation) and write the outputs. A run that fails is reported and left out; all
+    failing is a RuntimeError."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    for seed in seeds:
+        for name, overrides in variants.items():
+            run_dir = out / f"{name}-seed{seed}"
+            cmd = train_command(config, run_dir, [*extra, *overrides], seed, minutes, frames, redis_url)
+            log.info("%s, seed %d: %s", name, seed, " ".join(cmd[1:]))
+            start = time.time()
+            with (out / f"{run_dir.name}.log").open("w") as output:
+                code = subprocess.run(cmd, stdout=output, stderr=subprocess.STDOUT, cwd=REPO).returncode
+            if code != 0 or not (run_dir / "config.yaml").is_file():
+                log.error("%s, seed %d failed (exit code %d); see %s", name, seed, code, out / f"{run_dir.name}.log")
+                continue
+            (run_dir / "started").write_text(f"{start}\n")
+            if eval_games:
+                final_evaluation(run_dir, eval_opponent, eval_games)
+            runs[name].append(load_run(run_dir))
+    runs = {name: rs for name, rs in runs.items() if rs}
+    if not runs:
+        raise RuntimeError(f"every run of the study failed; see the logs in {out}")
+    return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
+                                              "minutes": minutes, "lag": lag if study == "corrections" else None,
+                                              "replay_fraction": replay_fraction,
+                                              "eval_opponent": eval_opponent if eval_games else None,
+                                              **({"actors": {name: int(name.removeprefix("actors")) for name in runs}}
+                                                 if study == "actors" else {})})

@@ -1,0 +1,457 @@
+"""`run.py report`: one self-contained HTML page about run directories and compare outputs.
+
+Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is one file that
+opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
+the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and
+payoff heatmap, and the final evaluation with, in board games, how earlier policies played the bots. Per compare output (a folder with compare.json): its table and curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from impala_league.analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
+from impala_league.config import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
+VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Figure | None) -> str | None:
+    """An <img> holding `fig` as a base64 PNG (None for None); closes the figure."""
+    if fig is None:
+        return None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    _pyplot().close(fig)
+    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _mean(records: list[dict], key: str, last: int = 5) -> float | None:
+    values = [r[key] for r in records if key in r][-last:]
+    return float(np.mean(values)) if values else None
+
+
+def figures(run: Run) -> dict[str, float | None]:
+    """The run's own numbers for the diagram (means of the last 5 metrics records): SPS, queue depth,
+    policy lag, and publish rate = weight publishes per second (updates per second between the first
+    and last records, or since the start with one record, / publish_every)."""
+    recs = run.records
+    rate = None
+    if len(recs) >= 2 and run.elapsed(recs[-1]) > run.elapsed(recs[0]):
+        rate = (recs[-1]["step"] - recs[0]["step"]) / (run.elapsed(recs[-1]) - run.elapsed(recs[0]))
+    elif recs and run.elapsed(recs[-1]) > 0:  # one record: updates since the start (a resumed run overstates)
+        rate = recs[-1]["step"] / run.elapsed(recs[-1])
+    if rate is not None:
+        rate /= run.config.learner.publish_every
+    return {"sps": _mean(recs, "sps"), "queue_depth": _mean(recs, "queue_depth"),
+            "policy_lag": _mean(recs, "policy_lag"), "publish_rate": rate}
+
+
+def architecture(run: Run) -> Figure:
+    """Boxes and arrows: actors -> Redis stream -> learner -> weights -> actors (+ league manager),
+    each labelled with the run's figures. A3C runs show workers, the gradient stream and the
+    parameter server instead."""
+    plt = _pyplot()
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    cfg, f = run.config, figures(run)
+    a3c = cfg.learner.algo == "a3c"
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    boxes = {
+        "actors": (0.03, 0.55, f"{'A3C workers' if a3c else 'actors'}\n{cfg.actor.num_actors} processes x "
+                   f"{cfg.actor.num_envs} envs\n{cfg.env.name}, T = {cfg.actor.unroll_length}"),
+        "stream": (0.37, 0.55, f"Redis stream\n{cfg.run.name}:{'grads' if a3c else 'traj'}\nqueue depth "
+                   f"{fmt(f['queue_depth'], '.1f')}"),
+        "learner": (0.71, 0.55, f"{'parameter server' if a3c else 'learner'}\n{cfg.learner.device}, "
+                    f"B = {1 if a3c else cfg.learner.batch_size}\nSPS {fmt(f['sps'], ',.0f')}"),
+        "params": (0.37, 0.12, f"weights ({cfg.run.name}:params)\n{fmt(f['publish_rate'], '.2f')} publishes/s\n"
+                   f"policy lag {fmt(f['policy_lag'], '.1f')} updates"),
+    }
+    if cfg.league.enabled:
+        boxes["league"] = (0.71, 0.12, "league manager\nsnapshots, payoff, Elo, PFSP\n"
+                           f"{cfg.league.main_exploiters} + {cfg.league.league_exploiters} exploiters")
+    w, h = 0.26, 0.3
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    ax.set_axis_off()
+    for name, (x, y, text) in boxes.items():
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.01", fc="#e8f0fe" if name != "stream"
+                                    else "#fdecea", ec="#333"))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
+
+    def arrow(a, b, label):
+        (xa, ya), (xb, yb) = a, b
+        ax.add_patch(FancyArrowPatch((xa, ya), (xb, yb), arrowstyle="-|>", mutation_scale=14, color="#333"))
+        ax.text((xa + xb) / 2, (ya + yb) / 2 + 0.03, label, ha="center", fontsize=8, color="#555")
+
+    arrow((0.03 + w, 0.7), (0.37, 0.7), "gradients" if a3c else "unrolls")
+    arrow((0.37 + w, 0.7), (0.71, 0.7), "XREADGROUP")
+    arrow((0.71 + w / 2, 0.55), (0.37 + w, 0.27), "publish")
+    arrow((0.37, 0.27), (0.03 + w / 2, 0.55), "pull")
+    if cfg.league.enabled:
+        arrow((0.71 + w / 2, 0.42), (0.71 + w / 2, 0.12 + h), "")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0.05, 0.9)
+    ax.set_title(f"{run.name}: {'A3C' if a3c else 'IMPALA'} on {cfg.env.name}")
+    return fig
+
+
+def _broken(run: Run, records: list[dict], x, y) -> tuple[list[float], list[float]]:
+    """x(r), y(r) of `records` with a NaN between the learner processes of a resumed run, so that the
+    time it was stopped is not drawn as a line."""
+    xs, ys = [], []
+    for segment in run.segments(records):
+        if xs:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs += [x(r) for r in segment]
+        ys += [y(r) for r in segment]
+    return xs, ys
+
+
+X_AXES = {"frames": "agent steps trained", "emulator_frames": "emulator frames (Atari: 4 per agent step)",
+          "time": "wall clock (s)"}
+
+
+def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = "") -> Figure | None:
+    """One line per key of `keys` that the records have, against `x` (a key of X_AXES: agent steps
+    trained, emulator frames, or the run's training seconds; a resumed run's learner processes as
+    separate pieces of one line)."""
+    present = [k for k in keys if any(k in r and (x == "time" or x in r) for r in run.records)]
+    if not present:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for k in present:
+        recs = [r for r in run.records if k in r and (x == "time" or x in r)]
+        ax.plot(*_broken(run, recs, run.elapsed if x == "time" else (lambda r: r[x]), lambda r: r[k]),
+                ".-", label=k)
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def throughput(run: Run) -> Figure | None:
+    """SPS and queue depth against wall clock."""
+    if not run.records:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot(*_broken(run, run.records, run.elapsed, lambda r: r["sps"]), ".-", color="C0", label="SPS")
+    ax.set_xlabel("wall clock (s)")
+    ax.set_ylabel("SPS (agent steps trained / s)", color="C0")
+    twin = ax.twinx()
+    twin.plot(*_broken(run, run.records, run.elapsed, lambda r: r.get("queue_depth", 0)), ".-", color="C3",
+              label="queue depth")
+    twin.set_ylabel("queue depth (stream entries)", color="C3")
+    ax.set_title("throughput")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def lag_histogram(run: Run) -> Figure | None:
+    """Unrolls (A3C: gradients) per policy lag, summed over the run's `policy_lag_counts`; runs
+    from before that metric show the distribution of the per-record mean lag instead."""
+    counts = [r["policy_lag_counts"] for r in run.records if "policy_lag_counts" in r]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    if counts:
+        total = np.zeros(max(len(c) for c in counts))
+        for c in counts:
+            total[:len(c)] += c
+        ax.bar(np.arange(len(total)), total, color="C2")
+        ax.set_ylabel("unrolls")
+        ax.set_xlabel("policy lag (learner updates; the last bar: that many or more)")
+    elif run.records:
+        ax.hist([r["policy_lag"] for r in run.records if r.get("policy_lag") is not None], bins=20, color="C2")
+        ax.set_ylabel("metrics records")
+        ax.set_xlabel("mean policy lag of a record")
+    else:
+        plt.close(fig)
+        return None
+    ax.set_title("policy lag")
+    fig.tight_layout()
+    return fig
+
+
+def league_figures(run: Run) -> list[Figure]:
+    """Elo over time (league/ratings.jsonl) and the payoff heatmap (league/state.json), where present."""
+    out = []
+    plt = _pyplot()
+    ratings = read_jsonl(run.path / "league" / "ratings.jsonl")
+    if ratings:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        members = sorted({m for r in ratings for m in r.get("elo", {})})
+        for m in members:
+            rows = [r for r in ratings if m in r.get("elo", {})]
+            ax.plot([max(0.0, r["time"] - run.start) for r in rows], [r["elo"][m] for r in rows], label=m)
+        ax.set_xlabel("wall clock (s)")
+        ax.set_ylabel("Elo")
+        ax.set_title("league Elo over time")
+        ax.grid(alpha=0.3)
+        if len(members) <= 12:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        out.append(fig)
+    state_file = run.path / "league" / "state.json"
+    if state_file.is_file():
+        rows = json.loads(state_file.read_text()).get("payoff", [])
+        players = sorted({row[0] for row in rows} | {row[1] for row in rows})
+        if players:
+            index = {p: i for i, p in enumerate(players)}
+            grid = np.full((len(players), len(players)), np.nan)
+            for a, b, w, d, l in rows:
+                if w + d + l > 0:
+                    grid[index[a], index[b]] = (w + 0.5 * d) / (w + d + l)
+            fig, ax = plt.subplots(figsize=(1.5 + 0.5 * len(players), 1.2 + 0.45 * len(players)))
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn")
+            ax.set_xticks(range(len(players)), players, rotation=60, ha="right", fontsize=7)
+            ax.set_yticks(range(len(players)), players, fontsize=7)
+            ax.set_title("payoff: row's score against column")
+            fig.colorbar(im, ax=ax)
+            fig.tight_layout()
+            out.append(fig)
+    return out
+
+
+def _section(anchor: str, title: str, body: list[str | None]) -> str:
+    parts = [b for b in body if b]
+    if not parts:
+        parts = ["<p class=empty>nothing recorded</p>"]
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
+
+
+def _has(run: Run, key: str) -> bool:
+    return any(key in r for r in run.records)
+
+
+def _seat_keys(run: Run) -> tuple[str, ...]:
+    """The per-seat league score keys (`league_score_seat_<s>`) the run's records have, by seat."""
+    keys = {k for r in run.records for k in r if k.startswith("league_score_seat_")}
+    return tuple(sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1])))
+
+
+def run_figures(run: Run) -> dict[str, list]:
+    """The figures about one run by section: architecture, learning, throughput, lag, vtrace, and
+    league where a league ran. Each list holds matplotlib Figures (or None where nothing was recorded)."""
+    sections = {
+        "architecture": [architecture(run)],
+        # Atari's published curves count emulator frames (and minutes); runs with a frame skip log them.
+        "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
+                     _lines(run, CURVE_KEYS[:2], "emulator_frames", "score against emulator frames"),
+                     _lines(run, CURVE_KEYS[:2], "time", "score against time")
+                     if _has(run, "emulator_frames") else None,
+                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
+                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps"),
+                     _lines(run, _seat_keys(run), "frames", "league score per learner seat (seat 0 moves first)")],
+        "throughput": [throughput(run)],
+        "lag": [lag_histogram(run)],
+        "vtrace": [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")],
+    }
+    if run.config.league.enabled:
+        sections["league"] = league_figures(run)
+    return sections
+
+
+TITLES = {"architecture": "architecture", "learning": "learning curves", "throughput": "throughput",
+          "lag": "policy lag", "vtrace": "V-trace diagnostics", "league": "league"}
+
+
+def run_sections(run: Run, k: int) -> list[str]:
+    """The HTML sections about one run (anchors run{k}-<section>)."""
+    cfg = run.config
+    correction = "none (A3C's own n-step returns)" if cfg.learner.algo == "a3c" else cfg.learner.correction
+    facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {correction}, "
+             f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
+             f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} frames.</p>")
+    out = []
+    for name, figs in run_figures(run).items():
+        body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
+        out.append(_section(f"run{k}-{name}", f"{run.name}: {TITLES[name]}", body))
+    if run.evaluation is not None:
+        out.append(_section(f"run{k}-evaluation", f"{run.name}: final evaluation",
+                            [evaluation_table(run.evaluation), _png(over_training_figure(run.evaluation))]))
+    return out
+
+
+def evaluation_table(record: dict) -> str:
+    """evaluation.json as HTML: the checkpoint's step, frames and the games' seed, then per opponent and
+    seat the win/draw/loss rates and, in board games, the immediate wins taken and forced blocks made
+    (one-agent envs: the episodes' returns)."""
+    head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
+            f"{record.get('frames') or 0:,} frames; greedy, seed {record.get('seed')}, {record.get('games')} "
+            f"{'episodes' if 'episodes' in record else 'games per seat'}</p>")
+    if "episodes" in record:
+        e = record["episodes"]
+        return head + (f"<table><tr><th>mean return</th><th>std</th><th>min</th><th>max</th></tr><tr>"
+                       f"<td>{e['mean_return']:.1f}</td><td>{e['std_return']:.1f}</td><td>{e['min_return']:.1f}</td>"
+                       f"<td>{e['max_return']:.1f}</td></tr></table>")
+    rows = "".join(f"<tr><td>{html.escape(opponent)}</td><td>{html.escape(seat)}</td><td>{r['win_rate']:.1%}</td>"
+                   f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td>"
+                   f"<td>{_mean_return(r)}</td>"
+                   f"<td>{_chances(r.get('tactics'), 'wins_taken', 'win_chances')}</td>"
+                   f"<td>{_chances(r.get('tactics'), 'blocks_made', 'block_chances')}</td></tr>"
+                   for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
+    return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th><th>mean return</th>"
+                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>")
+
+
+def _mean_return(result: dict) -> str:
+    return f"{result['mean_return']:+.1f}" if "mean_return" in result else ""  # older evaluation.json: none
+
+
+def _chances(tactics: dict | None, done: str, chances: str) -> str:
+    """'30/40 (75%)' of one seat's tactics counts (evaluation/tactics.py); '-' without them."""
+    if not tactics:
+        return "-"
+    n, k = tactics[done], tactics[chances]
+    return f"{n}/{k}" + (f" ({n / k:.0%})" if k else "")
+
+
+OVER_TRAINING_RATES = (("win_rate", "win rate"), ("wins_taken_rate", "immediate wins taken"),
+                       ("blocks_made_rate", "forced blocks made"))
+
+
+def _seat_rate(result: dict, key: str) -> float | None:
+    """`win_rate`, `mean_return` or a tactics rate of one seat's `MatchResult.as_dict()`; None where it has none."""
+    return result.get(key) if key in ("win_rate", "mean_return") else (result.get("tactics") or {}).get(key)
+
+
+def over_training_figure(record: dict | None) -> Figure | None:
+    """evaluation.json's `over_training` (earlier policies of the run, then the final one, against the
+    bots): one row per opponent, one column per rate (win rate, immediate wins taken, forced blocks
+    made; in games without one-move tactics: win rate and mean return), against agent steps trained, one line per seat. None where the record has no such entries."""
+    entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
+                     key=lambda e: e["frames"])
+    if not entries:
+        return None
+    opponents = list(dict.fromkeys(o for e in entries for o in e["opponents"]))
+    tactics = any(r.get("tactics") for e in entries for seats in e["opponents"].values() for r in seats.values())
+    rates = OVER_TRAINING_RATES if tactics else (("win_rate", "win rate"), ("mean_return", "mean return per game"))
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(opponents), len(rates), figsize=(10, 0.8 + 2.6 * len(opponents)),
+                             squeeze=False, sharex=True)
+    for row, opponent in enumerate(opponents):
+        seats = list(dict.fromkeys(s for e in entries for s in e["opponents"].get(opponent, {})))
+        for col, (key, label) in enumerate(rates):
+            ax = axes[row][col]
+            for seat in seats:
+                points = [(e["frames"], _seat_rate(e["opponents"][opponent][seat], key)) for e in entries
+                          if seat in e["opponents"].get(opponent, {})]
+                points = [(x, y) for x, y in points if y is not None]  # no chance of that kind in those games
+                if points:
+                    ax.plot(*zip(*points), ".-", label=seat)
+            if key != "mean_return":
+                ax.set_ylim(-0.03, 1.03)
+            ax.set_title(f"vs {opponent}: {label}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if row == len(opponents) - 1:
+                ax.set_xlabel("agent steps trained")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("over training: the greedy policy against the bots (the last point: the final evaluation)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def log_figures(run: Run, tracker) -> None:
+    """Log the report's figures to `tracker` (a tracking.Tracker or one of its sinks) under
+    `report/<section>/<n>`, and the league's payoff as a table (`report/payoff`) where a league ran."""
+    figures = {}
+    for name, figs in run_figures(run).items():
+        for n, fig in enumerate(f for f in figs if f is not None):
+            figures[f"report/{name}/{n}"] = fig
+    try:
+        tracker.log_figures(figures)
+    finally:
+        for fig in figures.values():
+            _pyplot().close(fig)
+    state_file = run.path / "league" / "state.json"
+    if state_file.is_file():
+        rows = json.loads(state_file.read_text()).get("payoff", [])
+        tracker.log_table("report/payoff", ["player", "opponent", "wins", "draws", "losses"], rows)
+
+
+def log_to_wandb(run: Run, wandb_run) -> None:
+    """`log_figures` to one wandb run (from `wandb.init`)."""
+    from impala_league.tracking import WandbSink
+
+    log_figures(run, WandbSink(wandb_run))
+
+
+def log_report(run_dir: str | Path, tracker) -> None:
+    """The figures of `run.py report` for the run in `run_dir`, to `tracker`: what the learner logs at
+    the end of a run (run.py passes this function to it)."""
+    log_figures(load_run(run_dir), tracker)
+
+
+def compare_section(folder: Path, k: int) -> str:
+    """The table of compare.json as HTML and its curve PNGs, embedded."""
+    summary = json.loads((folder / "compare.json").read_text())
+    from impala_league.analysis.compare import COLUMNS, INTERVAL_NOTE, cell
+
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
+    rows = []
+    for name, v in summary["variants"].items():
+        cells = "".join(f"<td>{html.escape(cell(v, key, fmt))}</td>" for key, _, fmt in COLUMNS)
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(v['runs'])}</td>{cells}</tr>")
+    table = (f"<p>study {html.escape(str(summary.get('study')))}, score <code>{html.escape(str(summary['metric']))}"
+             f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal frames "
+             f"{summary['equal_frames']:,}. {html.escape(INTERVAL_NOTE)}</p>"
+             f"<table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
+    images = [f'<img alt="plot" src="data:image/png;base64,{base64.b64encode((folder / p).read_bytes()).decode()}">'
+              for p in summary.get("plots", []) if (folder / p).is_file()]
+    return _section(f"compare{k}", f"comparison: {folder.name}", [table, *images])
+
+
+STYLE = """body{font-family:sans-serif;max-width:1000px;margin:auto;padding:1em;color:#222}
+section{border-top:1px solid #ccc;padding:.5em 0}img{max-width:100%;display:block;margin:.5em 0}
+table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"""
+
+
+def build_report(paths: list[str | Path]) -> str:
+    """The HTML page about `paths`: run directories and/or compare outputs (whose runs are shown
+    too). Raises ConfigError for a path that is neither."""
+    sections, k, compares = [], 0, 0
+    for raw in paths:
+        path = Path(raw)
+        if (path / "compare.json").is_file():
+            sections.append(compare_section(path, compares))
+            compares += 1
+            runs = sorted(p.parent for p in path.glob("*/config.yaml"))
+        elif (path / "config.yaml").is_file():
+            runs = [path]
+        else:
+            raise ConfigError(f"{path} is neither a run directory (config.yaml) nor a compare output (compare.json)")
+        for run_dir in runs:
+            sections += run_sections(load_run(run_dir), k)
+            k += 1
+    title = "training report: " + ", ".join(Path(p).name for p in paths)
+    return (f"<!DOCTYPE html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<p>generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>{''.join(sections)}</body></html>\n")

@@ -1,0 +1,134 @@
+"""`run.py compare`: several configurations trained one after another for the same wall clock and seeds."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from impala_league.analysis.compare import STUDIES, actor_counts, markdown_table, plan, run_study
+from impala_league.cli.common import MAX_EVAL_GAMES, config_args, load
+from impala_league.config import MAX_ACTORS, MAX_WEIGHT_DELAY, ConfigError
+from impala_league.envs.registry import env_spec
+from impala_league.evaluation.bots import make_bot
+from impala_league.experiment import load_config
+
+NAME = "compare"
+
+COMPARE_HELP = """Train several configurations one after another on this machine, each for the same
+wall-clock budget (--minutes) and the same seeds, then compare them.
+
+  --study algos        IMPALA against A3C (learner.algo=impala | a3c), with the config's actor
+                       counts for both: the IMPALA paper's Table 1 question (throughput)
+  --study corrections  learner.correction = vtrace | is1 | epsilon | none, with the actors acting on
+                       weights --lag published versions old (actor.weight_delay): its Table 2;
+                       with --replay each correction also with experience replay (variant
+                       <correction>-replay: learner.replay_fraction = --replay-fraction, default
+                       0.5; the memory is learner.replay_memory_mb, settable with --set)
+  --study actors       actor.num_actors = 1, 2, 4, ... up to this machine's cores (--actors to
+                       choose): learner-consumed SPS against actors, plotted in sps_vs_actors.png
+
+Every variant x seed is a normal `run.py train` run (without a league) in
+OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
+per variant (means over seeds; per-seed rows in the JSON). Scores read `mean ± h`: h is the
+half-width of the 95% confidence interval of the mean over seeds (Student t, n - 1 degrees of
+freedom), "-" with one seed; compare.json has the mean, h (<score>_ci95) and the per-seed values:
+  SPS             agent steps per second the learner (A3C: parameter server) trained on, mean
+  SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
+  frames          agent steps trained on by the end of the budget
+  policy lag      learner updates between acting and learning (A3C: gradient staleness)
+  final score     the score at the end of the run
+  final score vs bot
+                  two-player games: the final checkpoint, greedy, against --eval-opponent in both
+                  seats (wins + draws / 2); self-play returns measure nothing there
+  score at equal wall clock / at equal frames
+                  the score when the shortest run ended, resp. at the fewest frames any run reached
+and curves_wall_clock.png, curves_frames.png (the score of every run against both axes).
+The score is the metric --metric of metrics.jsonl, by default league_score where recorded, else
+episode_return (the learning seat's return: the score of single-agent envs such as gym:CartPole-v1;
+~0 in two-player self-play). `run.py report OUT` shows it all on one page.
+
+  run.py compare --config configs/tictactoe.yaml --minutes 10 --seeds 0 1 2
+  run.py compare --config configs/cartpole.yaml --study corrections --lag 20 --minutes 5 --seeds 0 1 2
+  run.py compare --config configs/cartpole.yaml --study corrections --replay --lag 20 --minutes 1 --seeds 0 1 2 3 4
+"""
+
+
+def add_parser(sub, help: str) -> argparse.ArgumentParser:
+    """The `compare` command's parser, added to the subparsers `sub` of run.py."""
+    p = sub.add_parser(NAME, help=help,
+                       description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_args(p)
+    p.add_argument("--study", default="algos", help="algos (IMPALA vs A3C, default), corrections or actors")
+    p.add_argument("--actors", type=int, nargs="+", help="actors study: the actor counts (default 1, 2, 4, ... "
+                   "up to the cores)")
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
+    p.add_argument("--frames", type=int, help="also end each run at this many agent steps trained (default: only the budget)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
+    p.add_argument("--variants", nargs="+", help="run only these variants of the study (e.g. vtrace is1); "
+                   "default: all")
+    p.add_argument("--lag", type=int, default=20, help="corrections study: actor.weight_delay, in published "
+                   "versions (default 20)")
+    p.add_argument("--replay", action="store_true", help="corrections study: also run each correction with "
+                   "experience replay (variants <correction>-replay), as in the second half of IMPALA's Table 2")
+    p.add_argument("--replay-fraction", type=float, help="with --replay: learner.replay_fraction of the replay "
+                   "variants, the share of each batch drawn from replayed unrolls (default 0.5)")
+    p.add_argument("--metric", default="auto", help="metrics.jsonl key used as the score (default auto: "
+                   "league_score, else episode_return)")
+    p.add_argument("--out", help="output folder (default <run.dir>/compare-<study>-<date>-<time>); must not exist")
+    p.add_argument("--eval-opponent", help="multi-seat games: the bot each final checkpoint plays for the 'final "
+                   "score vs bot' column (random, tactical, minimax:D; default: tactical where the game has it, "
+                   "else random)")
+    p.add_argument("--eval-games", type=int, default=100, help="games per seat of that evaluation (0 = none)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the study and every variant, run them one after another, print the table."""
+    cfg = load(args)  # checks the config and overrides before anything runs
+    if not args.config:
+        raise ConfigError("compare needs --config (the experiment every variant starts from)")
+    if args.study not in STUDIES:
+        raise ConfigError(f"--study must be one of {', '.join(STUDIES)}")
+    if not args.minutes > 0 or (args.frames is not None and args.frames < 1):
+        raise ConfigError("--minutes must be > 0 and --frames >= 1")
+    if not 0 <= args.lag <= MAX_WEIGHT_DELAY:
+        raise ConfigError(f"--lag must be in [0, {MAX_WEIGHT_DELAY}]")
+    if not args.seeds or any(not 0 <= s < 2**31 for s in args.seeds):
+        raise ConfigError("--seeds must be in [0, 2**31)")
+    if args.replay_fraction is not None and not args.replay:
+        raise ConfigError("--replay-fraction needs --replay")
+    replay_fraction = (0.5 if args.replay_fraction is None else args.replay_fraction) if args.replay else None
+    if replay_fraction is not None and not 0 < replay_fraction <= 1:
+        raise ConfigError("--replay-fraction must be in (0, 1]: 0 would be the variant without replay")
+    out = Path(args.out) if args.out else Path(cfg.run.dir) / f"compare-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists():
+        raise ConfigError(f"--out {out} exists; compare writes into a new folder")
+    if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
+    if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats).seats) > 1:
+        if args.eval_opponent is None:
+            args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
+        try:
+            make_bot(args.eval_opponent, cfg.env.name)
+        except ValueError as e:
+            raise ConfigError(f"--eval-opponent: {e}") from None
+    actors = args.actors or actor_counts(os.cpu_count() or 1)
+    if any(not 1 <= n <= MAX_ACTORS for n in actors):
+        raise ConfigError(f"--actors must be in [1, {MAX_ACTORS}]")
+    try:
+        variants = plan(args.study, args.lag, args.variants, sorted(set(actors)), replay_fraction)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for name, overrides in variants.items():  # a variant this code base cannot train fails now, not after hours
+        try:
+            load_config(args.config, [*args.overrides, *overrides])
+        except ConfigError as e:
+            raise ConfigError(f"variant {name}: {e}") from None
+    summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.frames, args.lag,
+                        args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games,
+                        replay_fraction)
+    print(markdown_table(summary))
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and the plots; `run.py report {out}` shows them")
+    return 0

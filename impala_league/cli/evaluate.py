@@ -1,0 +1,134 @@
+"""`run.py evaluate`: a checkpoint against a baseline bot, or a round-robin of players with Elo ratings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from impala_league.agents.policy import load_policy
+from impala_league.cli.common import MAX_EVAL_GAMES, emit_json
+from impala_league.config import ConfigError
+from impala_league.evaluation.bots import make_bot
+from impala_league.evaluation.evaluate import episode_returns, evaluate
+from impala_league.evaluation.final import checkpoint_facts, seat_line
+from impala_league.evaluation.tournament import checkpoint_player, ratings_table, resolve_players, round_robin
+
+NAME = "evaluate"
+
+EVALUATE_HELP = """Play trained policies and baseline bots against each other.
+
+One checkpoint against one baseline bot, in both seats (win/draw/loss rates per seat):
+  run.py evaluate --checkpoint runs/connect_four/checkpoints/latest.safetensors --opponent minimax:2
+
+A round-robin: every pair of players plays --games games in each seat, then a table of win/draw/
+loss percentages and Elo ratings (Bradley-Terry maximum likelihood, draws count half, mean rating
+0, +- one standard error). A player is a bot (random, tactical, minimax:D with D plies of search),
+a .safetensors checkpoint or league snapshot, or a run directory, which stands for its learners'
+latest checkpoints and all its league snapshots:
+  run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
+"""
+
+
+MAX_WORKERS = 64
+
+
+def add_parser(sub, help: str) -> argparse.ArgumentParser:
+    """The `evaluate` command's parser, added to the subparsers `sub` of run.py."""
+    p = sub.add_parser(NAME, help=help,
+                       description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--checkpoint", help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors) "
+                     "to play against --opponent in both seats")
+    who.add_argument("--players", nargs="+", metavar="SPEC",
+                     help="round-robin between these players: bots (random, tactical, minimax:D), "
+                     ".safetensors checkpoints, and run directories (their latest checkpoints and league snapshots)")
+    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D (default random)")
+    p.add_argument("--env", help="with --players: the game (connect_four, tictactoe); needed only when all "
+                   "players are bots, else taken from the checkpoints")
+    p.add_argument("--games", type=int, default=200, help="games per seat (per pair and seat with --players; "
+                   "default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the games and the bots")
+    p.add_argument("--sample", action="store_true", help="sample from the policies instead of playing greedily "
+                   "(two greedy policies play the same game every time)")
+    p.add_argument("--workers", type=int, default=1, help="with --players: pairs played at once, each in its own "
+                   "process (default 1: all in this process)")
+    p.add_argument("--json", "--out", dest="json", nargs="?", const="-", metavar="FILE",
+                   help="write the results as JSON to FILE (with --players: every match and the ratings); "
+                   "without FILE, or with -, print the JSON instead of the table")
+    p.add_argument("--record", metavar="DIR", help="save every game as a JSON replay in DIR "
+                   "(<seat 0>-vs-<seat 1>-<game>.json; see `run.py replay`)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Play a checkpoint against a bot in both seats (one-agent envs: episodes), or a round-robin."""
+    check_evaluate_args(args)
+    if args.players is not None:
+        return tournament(args)
+    opponent = args.opponent or "random"
+    policy = load_policy(args.checkpoint, seed=args.seed)
+    name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
+    if len(policy.spec.seats) == 1:
+        result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample,
+                                 record_dir=args.record, name=name)
+        result.update(checkpoint_facts(args.checkpoint), seed=args.seed)
+        if args.json:
+            emit_json(result, args.json)
+        if args.json != "-":
+            print(f"{result['env']}: {args.games} episodes, mean return {result['mean_return']:.1f} "
+                  f"(std {result['std_return']:.1f}, min {result['min_return']:.1f}, max {result['max_return']:.1f})")
+        return 0
+    try:
+        make_bot(opponent, policy.spec.name)
+    except ValueError as e:
+        raise ConfigError(f"--opponent: {e}") from None
+    result = evaluate(policy, opponent, args.games, seed=args.seed, greedy=not args.sample,
+                      record_dir=args.record, name=name)
+    result.update(checkpoint_facts(args.checkpoint), seed=args.seed)
+    if args.json:
+        emit_json(result, args.json)
+    if args.json != "-":
+        print(f"{result['env']}: checkpoint vs {opponent}, {args.games} games per seat")
+        for seat, r in result["seats"].items():
+            print(f"  {seat_line(seat, r)}")
+    return 0
+
+
+def check_evaluate_args(args: argparse.Namespace) -> None:
+    """Refuse arguments that do not go together or are out of range (ConfigError)."""
+    if not 1 <= args.games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--games must be in [1, {MAX_EVAL_GAMES}]")  # every game is a live env at once
+    if not 0 <= args.seed < 2**31:
+        raise ConfigError("--seed must be in [0, 2**31)")
+    if args.players is not None:
+        if args.opponent is not None:
+            raise ConfigError("--opponent goes with --checkpoint; with --players list the bot among the players")
+        if not 1 <= args.workers <= MAX_WORKERS:
+            raise ConfigError(f"--workers must be in [1, {MAX_WORKERS}]")
+    else:
+        if args.env is not None:
+            raise ConfigError("--env goes with --players; a checkpoint names its own env")
+        if args.workers != 1:
+            raise ConfigError("--workers goes with --players")
+    if args.record:
+        try:
+            Path(args.record).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--record: cannot create the directory {args.record}: {e.strerror}") from None
+
+
+def tournament(args: argparse.Namespace) -> int:
+    """A round-robin of --players with Elo ratings, as a table or JSON."""
+    env_name, players = resolve_players(args.players, args.env)
+    console = Console()
+    json_to_stdout = args.json == "-"
+    result = round_robin(env_name, players, args.games, seed=args.seed, greedy=not args.sample,
+                         workers=args.workers, record_dir=args.record,
+                         show_progress=console.is_terminal and not json_to_stdout)
+    if args.json:
+        emit_json(result, args.json)
+    if not json_to_stdout:
+        console.print(ratings_table(result))
+    return 0

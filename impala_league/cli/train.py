@@ -1,0 +1,158 @@
+"""`run.py train`: a whole training run on this machine, supervised to its end, then evaluated.
+
+Imports no torch before the children start (tests/test_layers.py checks it): `train` only supervises."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from impala_league.cli.common import (MAX_EVAL_GAMES, config_args, connect_waiting, load, redis_url, require_game,
+                        wait_redis_arg)
+from impala_league.config import Config, ConfigError
+from impala_league.distributed.launcher import EmbeddedRedis, supervise
+from impala_league.distributed.live import LiveView
+from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
+                                   write_run_config)
+from impala_league.experiment import load_config
+
+log = logging.getLogger("run")
+
+NAME = "train"
+
+MAX_EVAL_HISTORY = 50  # earlier policies played after training; each 1-2 s in connect four at 50 games per seat
+
+
+def add_parser(sub, help: str) -> argparse.ArgumentParser:
+    """The `train` command's parser, added to the subparsers `sub` of run.py."""
+    p = sub.add_parser(NAME, help=help)
+    config_args(p)
+    p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its checkpoint, with RUN_DIR/config.yaml as the config "
+                   "(--set changes values; the network, env and optimizer must stay); without RUN_DIR, continue "
+                   "<run.dir>/<run.name> of --config")
+    p.add_argument("--eval-games", type=int, default=200,
+                   help="games per seat against each baseline bot after training (default 200; 0 = skip)")
+    p.add_argument("--eval-history", type=int, default=6, metavar="N",
+                   help="games of several seats: also play up to N earlier policies of the run (a league's main "
+                   "snapshots, else checkpoints/history/) against the same bots after training, to see how it "
+                   "learned (default 6; 0 = none)")
+    p.add_argument("--eval-history-games", type=int, default=50, metavar="G",
+                   help="games per seat and bot of each earlier policy (default 50)")
+    wait_redis_arg(p, "a shared Redis (--redis-url) and the trajectory shards' servers")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start (or connect to) Redis, the learners, the league manager and the actors in a fresh run directory
+    (or the one resumed), supervise them to the end, then evaluate the final checkpoint."""
+    # Until the launcher takes over: a SIGTERM or a closed terminal (SIGHUP) stops start-up as Ctrl-C does.
+    # SIGINT too: a shell starts a background job with it ignored, which Python keeps, and the launcher
+    # answers it once it supervises; start-up must not be the one window where it does nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+    resume = args.resume is not None
+    cfg = train_config(args)
+    require_game(cfg)
+    if args.eval_games > MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
+    if not 0 <= args.eval_history <= MAX_EVAL_HISTORY:
+        raise ConfigError(f"--eval-history must be in [0, {MAX_EVAL_HISTORY}]")
+    if not 1 <= args.eval_history_games <= MAX_EVAL_GAMES:
+        raise ConfigError(f"--eval-history-games must be in [1, {MAX_EVAL_GAMES}]")
+    url = redis_url(args, cfg)
+    client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
+    if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
+        from impala_league.distributed.learner import pick_device  # torch: only for a device that can fail
+
+        device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
+        check_learner_gpus(cfg, device)
+    run_dir = new_run_dir(cfg, resume)
+    with run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
+        lock = claim_run_dir(run_dir, resume)
+        code = None
+        try:
+            code, finished = train(args, cfg, run_dir, url, resume)
+        finally:
+            if not resume and (code is None or code >= 128) and not has_checkpoint(run_dir):
+                # Nothing to resume: a directory left here would only push the next run to <name>-2.
+                shutil.rmtree(run_dir, ignore_errors=True)
+                log.info("removed %s: the run stopped before its first checkpoint", run_dir)
+            lock.release()
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if finished and code >= 128:
+        log.info("the run reached its end (the signal came while its learner was closing); no final evaluation: "
+                 "`run.py evaluate --checkpoint %s` plays it", checkpoint)
+    elif not finished and has_checkpoint(run_dir) and code in (0, *range(128, 160)):
+        log.info("stopped before the end of the run; `run.py train --resume %s` continues it", run_dir)
+    if finished and code == 0 and checkpoint.exists() and args.eval_games > 0:
+        if cfg.env.name.startswith("sc2:"):
+            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
+                     "checkpoint: %s", checkpoint)
+        else:
+            from impala_league.evaluation.final import final_evaluation  # torch, after training only
+
+            final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
+    return code
+
+
+def train_config(args: argparse.Namespace) -> Config:
+    """`train`'s config: --config + --set, or with `--resume RUN_DIR` that run's own config.yaml + --set
+    (run.dir and run.name then come from RUN_DIR)."""
+    if not isinstance(args.resume, str):
+        return load(args)
+    if args.help_config:
+        return load(args)
+    run_dir = Path(args.resume)
+    if args.config:
+        raise ConfigError("--resume RUN_DIR reads RUN_DIR/config.yaml: drop --config (change values with --set), "
+                          "or use --config with a bare --resume")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+    cfg = load_config(run_dir / "config.yaml", args.overrides)
+    cfg.run.dir, cfg.run.name = str(run_dir.parent), run_dir.name
+    return cfg
+
+
+def check_learner_gpus(cfg: Config, device) -> None:
+    """`run.py train` starts its K learners on this machine: on CUDA each needs a GPU of its own (NCCL
+    refuses two ranks on one GPU). Raises ConfigError."""
+    import torch  # only with several learners on CUDA
+
+    learners = cfg.learner.num_learners
+    if learners == 1 or device.type != "cuda":
+        return
+    if device.index is not None:
+        raise ConfigError(f"learner.num_learners={learners} on one machine takes one GPU per learner: set "
+                          f"learner.device=cuda (learner rank r takes GPU r), not {cfg.learner.device}")
+    if learners > torch.cuda.device_count():
+        raise ConfigError(f"learner.num_learners={learners} needs one GPU per learner and this machine has "
+                          f"{torch.cuda.device_count()}: lower it, or set learner.device=cpu")
+
+
+def train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None, resume: bool) -> tuple[int, bool]:
+    """The run itself, in its locked directory: config file, Redis, supervision. Returns supervise's
+    (exit code, finished)."""
+    if resume:
+        if not has_checkpoint(run_dir):  # checked once the directory is ours: a live run has none yet
+            raise ConfigError(f"--resume: no checkpoint under {run_dir}: the run stopped before its first one; "
+                              "start it again without --resume")
+        check_resumable(cfg, run_dir)
+    config_path = run_dir / "config.yaml"
+    write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
+    log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
+             cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
+    view = None
+    if sys.stdout.isatty():  # a live progress view on a terminal; plain log lines otherwise
+        view = LiveView(cfg, run_dir / "metrics.jsonl")
+    with view or contextlib.nullcontext():
+        if url:
+            return supervise(cfg, config_path, run_dir, url, resume, view)
+        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
+            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+            return supervise(cfg, config_path, run_dir, server.url, resume, view)

@@ -1,0 +1,157 @@
+"""A learner's checkpoint: when it is written, what goes in it, and what a resumed learner takes back.
+
+The file's format (one safetensors file: tensors, config, meta; atomic writes) is agents/checkpoint.py's.
+`Checkpoints` owns the file and the state of the run that it carries from one learner process to the
+next, beside the model and the optimizer: the training seconds, the stream's trained count (which tells
+a resumed learner how many acked unrolls its model lacks), the delivery counters of metrics.jsonl (so
+that they continue on a new Redis), the league's resets and whether the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from impala_league.agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
+                               save_checkpoint)
+from impala_league.config import Config, to_yaml, without_secrets
+from impala_league.distributed.history import CheckpointHistory
+from impala_league.distributed.ownership import owns_run_dir
+from impala_league.evaluation.bots import GAMES
+from impala_league.league.players import MAIN, checkpoint_dir
+
+log = logging.getLogger("learner")
+
+CHECKPOINT_NAME = "latest.safetensors"
+COUNTERS = ("produced", "trained", "dead_lettered", "env_steps")  # counts that only grow
+
+
+class Checkpoints:
+    """Learner `player`'s checkpoint, `checkpoints/[<player>/]latest.safetensors` under the run directory
+    (`path`), and the run's state it carries across processes (each value is the checkpoint meta's key
+    of the same name):
+
+    elapsed_s (`elapsed()`): the run's training seconds, those of earlier processes (`elapsed_before`,
+      restored) and this one's since `start_clock`; run.max_minutes and the `linear` schedule count them.
+    unrolls_trained: `{ns}:traj:trained` as of the last ack. After a crash, the unrolls acked after the
+      checkpoint was written were trained on by updates the resumed model lacks: `count_rolled_back`
+      counts them (`rolled_back`, see docs/architecture.md).
+    counters: the delivery counters of metrics.jsonl (COUNTERS). On a new Redis (an embedded one is new
+      every run) they start again from 0, so `carry` adds the checkpoint's values (`counter_base`).
+    league_resets: the league's resets of this learner applied to its weights, so that a reset asked for
+      while it was down is applied on resume; None until restored (the learner then reads the league's).
+    finished: the run reached its end (not stopped by a signal).
+
+    Rank 0 alone writes it (`is_main`), and only while the run directory is its launcher's. Without a
+    league, in a board game, the main agent's checkpoints are also copied to the history
+    (distributed/history.py) for the end-of-run evaluation to play.
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, player: str, env: str, is_main: bool, label: str):
+        """env: the env's name, recorded in the meta; label: the learner in log lines."""
+        self.cfg = cfg
+        self.path = checkpoint_dir(Path(run_dir), player) / CHECKPOINT_NAME
+        self.env = env
+        self.is_main = is_main
+        self.label = label
+        self.history = (CheckpointHistory(self.path)
+                        if player == MAIN and not cfg.league.enabled and cfg.env.name in GAMES else None)
+        self.elapsed_before = 0.0  # seconds
+        self.started: float | None = None  # monotonic start of this process's training
+        self.last_saved = 0.0  # monotonic time of the last `due` checkpoint
+        self.unrolls_trained = 0
+        self.restored_trained: int | None = None
+        self.rolled_back = 0
+        self.restored_counters: dict[str, int] = {}
+        self.counter_base: dict[str, int] = {}
+        self.last_counters: dict[str, int] = {}
+        self.league_resets: int | None = None
+        self.finished = False
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+        """Load `model` and `optimizer` and the carried state; returns the update step and frames. The
+        optimizer's hyperparameters stay the config's. Raises CheckpointError if they do not fit this config."""
+        tensors, metadata = read_checkpoint(self.path)
+        check_network(metadata, self.cfg, self.path)
+        fresh_groups = optimizer.state_dict()["param_groups"]
+        try:
+            model.load_state_dict(model_state(tensors))
+            saved_groups = json.loads(metadata.get("optim_groups", "[]"))
+            marker = "betas" if self.cfg.learner.optimizer == "adam" else "alpha"  # Adam's vs RMSprop's own key
+            if len(saved_groups) != len(fresh_groups) or not all(marker in g for g in saved_groups):
+                raise ValueError(f"its optimizer state is not that of learner.optimizer={self.cfg.learner.optimizer}")
+            load_optimizer_state(optimizer, tensors, metadata)
+            meta = json.loads(metadata["meta"])
+            step, frames = int(meta["step"]), int(meta["frames"])
+            self.league_resets = int(meta.get("league_resets", 0))
+            self.restored_trained = int(meta.get("unrolls_trained", 0))
+            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+            self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"--resume: {self.path} does not fit this run's config (were "
+                                  f"env.name, agent.* or learner.optimizer changed?): {e}".splitlines()[0]) from None
+        # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
+        for group, fresh in zip(optimizer.param_groups, fresh_groups):
+            group.update({k: v for k, v in fresh.items() if k != "params"})
+        log.info("resumed from %s at update %d, %d frames", self.path, step, frames)
+        return step, frames
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, frames: int) -> None:
+        """Save model, optimizer, the update step and frames and the carried state, unless the run
+        directory is no longer ours (the launcher that owns it died: a new owner may have resumed the run
+        meanwhile). Rank 0 alone writes it."""
+        if not self.is_main:
+            return
+        if not owns_run_dir():
+            log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label, self.path)
+            return
+        save_checkpoint(self.path, model, optimizer, to_yaml(without_secrets(self.cfg)),
+                        {"step": step, "frames": frames, "params_version": step,
+                         "league_resets": self.league_resets, "unrolls_trained": self.unrolls_trained,
+                         "env": self.env, "time": time.time(), "elapsed_s": self.elapsed(),
+                         "counters": self.last_counters or self.counter_base,
+                         "finished": self.finished})
+        if self.history is not None:
+            self.history.update()
+
+    def start_clock(self, now: float) -> None:
+        """Training starts at `now` (monotonic seconds): this process's seconds count from it, and so
+        does the time to the first `due` checkpoint."""
+        self.started = self.last_saved = now
+
+    def elapsed(self) -> float:
+        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
+        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
+
+    def due(self, now: float) -> bool:
+        """Whether `learner.checkpoint_every_s` has passed since the last checkpoint that was due (at
+        `now`, monotonic seconds); if so, the next one is due that long after `now`."""
+        if now - self.last_saved < self.cfg.learner.checkpoint_every_s:
+            return False
+        self.last_saved = now
+        return True
+
+    def count_rolled_back(self, trained: int) -> None:
+        """After a resume, with the stream's trained count now (`trained`): unrolls acked after the
+        checkpoint was written were trained on by updates that died with the old process. They stay
+        counted as trained; this counts and logs them. A count below the checkpoint's is a new Redis,
+        whose delivery counters start again: the checkpoint's are added to them from now on."""
+        self.unrolls_trained = trained
+        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
+            self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
+        if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
+            self.rolled_back = self.unrolls_trained - self.restored_trained
+            log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
+                        "the resumed model does not have (the previous learner died before checkpointing them)",
+                        self.rolled_back, self.restored_trained, self.unrolls_trained)
+
+    def carry(self, counts: dict[str, float]) -> dict[str, float]:
+        """The stream's `accounting()` with the counters of earlier Redis servers of the run added
+        (COUNTERS); the next checkpoint records them."""
+        counts = {k: v + self.counter_base.get(k, 0) if k in COUNTERS else v for k, v in counts.items()}
+        self.last_counters = {k: counts[k] for k in COUNTERS}
+        return counts

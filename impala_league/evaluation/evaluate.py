@@ -1,0 +1,178 @@
+"""Games between two players (policy vs bot, policy vs policy, bot vs bot), many at once.
+
+A *side* is either a trained `Policy` or a `Bot`; either is asked once per step for every game where
+it is that side's turn (`act_batch`: one forward pass, or one batched search). `play_games` is the one
+game loop; `play_match` / `evaluate` are the policy-vs-baseline-bot summaries that `run.py evaluate
+--checkpoint` and the end of training print, and `evaluation/tournament.py` builds round-robins on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+from impala_league.agents.policy import Policy
+from impala_league.envs.registry import env_spec, make_env
+from impala_league.evaluation.bots import GAMES, Bot, make_bot
+from impala_league.evaluation.tactics import Tactics, count_tactics
+
+Side = Union[Policy, Bot]
+
+
+@dataclass(frozen=True)
+class GameRecord:
+    """One finished game: enough to count it and to re-simulate it (see `evaluation/replays.py`).
+
+    seed: the env seed it was reset with; actions: every action in order of play (in a turn-based
+    game one per move, seat 0 first; in a simultaneous game the acting agents' actions of each step
+    in turn); returns: summed reward per seat; winner: the winning seat by the env's rule, None for a
+    draw; length: env steps (moves, in a turn-based game).
+    """
+
+    seed: int
+    actions: tuple[int, ...]
+    returns: tuple[float, ...]
+    winner: int | None
+    length: int
+
+
+def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0,
+               greedy: bool = True, kwargs: Mapping[str, Any] | None = None,
+               seats: Sequence[Sequence[str]] | None = None, empty_mask: str = "error") -> list[GameRecord]:
+    """Play `games` games of `env_name` (built with `kwargs`, its seats declared by `seats` as in
+    `envs.registry.env_spec`, and `empty_mask` as in `make_env`) with `sides[s]` playing seat `s`.
+
+    Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
+    every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
+    its generator); a bot side is asked for all of them in one call, so results are reproducible.
+    A recurrent policy keeps one core state per game and agent (stream (k, agent)), fed the rewards
+    that agent receives and started afresh at its episode's end, and at this call's start.
+
+    Returns the records of the games in order k = 0 .. games-1.
+    """
+    spec = env_spec(env_name, kwargs, seats)
+    if len(sides) != len(spec.seats):
+        raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
+    envs = [make_env(env_name, seed + k, kwargs, seats=seats, empty_mask=empty_mask) for k in range(games)]
+    policies = list({id(side): side for side in sides if isinstance(side, Policy)}.values())  # each once
+    for policy in policies:
+        policy.reset()
+    steps = [env.advance() for env in envs]
+    actions: list[list[int]] = [[] for _ in range(games)]
+    records: list[GameRecord | None] = [None] * games
+    while True:
+        active = [k for k in range(games) if records[k] is None]
+        if not active:
+            break
+        chosen: dict[tuple[int, int], int] = {}
+        for seat, side in enumerate(sides):
+            mine = [(k, j) for k in active for j, agent in enumerate(steps[k].agents) if spec.agent_seats[agent] == seat]
+            if not mine:
+                continue
+            observations = np.stack([steps[k].observations[j] for k, j in mine])
+            masks = np.stack([steps[k].action_masks[j] for k, j in mine])
+            batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine]) \
+                if isinstance(side, Policy) else side.act_batch(observations, masks)
+            chosen.update(zip(mine, batch.tolist()))
+        for k in active:
+            acts = [chosen[(k, j)] for j in range(len(steps[k].agents))]
+            actions[k] += acts
+            envs[k].act(acts)
+            steps[k] = envs[k].advance()
+            for s in steps[k].settlements:
+                for policy in policies:
+                    policy.settle((k, s.agent), s.reward, s.done or s.truncated)
+            if steps[k].episodes:
+                episode = steps[k].episodes[0]
+                records[k] = GameRecord(seed + k, tuple(actions[k]), episode.returns, episode.winner, episode.length)
+    return records  # type: ignore[return-value]
+
+
+@dataclass
+class MatchResult:
+    """Outcomes of `games` games with the policy in seat `seat` (0 moves first); in connect four and
+    tic-tac-toe also its one-move `tactics` (`evaluation/tactics.py`)."""
+
+    seat: int
+    games: int
+    wins: int
+    draws: int
+    losses: int
+    mean_return: float = 0.0  # the seat's summed reward per game (two-player Atari: its score difference)
+    tactics: Tactics | None = None
+
+    @property
+    def win_rate(self) -> float:
+        return self.wins / self.games
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tactics": self.tactics and self.tactics.as_dict(), "win_rate": self.win_rate,
+                "draw_rate": self.draws / self.games, "loss_rate": self.losses / self.games}
+
+
+def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:
+    """Wins, draws and losses of the player in `seat` over `records`, and its mean return per game."""
+    wins = sum(r.winner == seat for r in records)
+    draws = sum(r.winner is None for r in records)
+    mean_return = float(np.mean([r.returns[seat] for r in records])) if records else 0.0
+    return MatchResult(seat, len(records), wins, draws, len(records) - wins - draws, mean_return)
+
+
+def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int = 0,
+               greedy: bool = True, record_dir: str | Path | None = None,
+               name: str = "checkpoint") -> MatchResult:
+    """Play `games` games of the policy's env, the policy in `seat` and bot `opponent` in every other.
+
+    Game k is seeded `seed + k`; the bot is seeded `seed`. With `record_dir`, every game is saved
+    there as a replay, the policy named `name` (see `evaluation/replays.py`).
+
+    Raises ValueError if `opponent` is not a valid bot spec for the env.
+    """
+    spec = policy.spec
+    bot = make_bot(opponent, spec.name, seed=seed)
+    sides = tuple(policy if s == seat else bot for s in range(len(spec.seats)))
+    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs, policy.config.env.seats,
+                         policy.config.env.empty_mask)
+    if record_dir is not None:
+        from impala_league.evaluation.replays import save_match
+
+        names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
+        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs, policy.config.env.seats)
+    result = count_outcomes(records, seat)
+    if spec.name in GAMES:
+        result.tactics = count_tactics(GAMES[spec.name], (r.actions for r in records), seat)
+    return result
+
+
+def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True,
+                    record_dir: str | Path | None = None, name: str = "checkpoint") -> dict:
+    """The policy alone in a one-seat env (a gymnasium env): `games` episodes, JSON-ready summary of
+    their returns (mean, std, min, max) and lengths. With `record_dir`, every episode is saved there
+    as a replay, the policy named `name`."""
+    records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs,
+                         policy.config.env.seats, policy.config.env.empty_mask)
+    if record_dir is not None:
+        from impala_league.evaluation.replays import save_match
+
+        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs, policy.config.env.seats)
+    returns = np.array([r.returns[0] for r in records])
+    return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
+            "std_return": float(returns.std()), "min_return": float(returns.min()),
+            "max_return": float(returns.max()), "mean_length": float(np.mean([r.length for r in records]))}
+
+
+def evaluate(policy: Policy, opponent: str, games: int, seed: int = 0, greedy: bool = True,
+             record_dir: str | Path | None = None, name: str = "checkpoint") -> dict:
+    """`games` games in each seat against `opponent`; a JSON-ready dict keyed by seat name.
+
+    With `record_dir`, every game is saved there as a replay (see `play_match`).
+    """
+    per_seat = {}
+    for seat, seat_name in enumerate(policy.spec.seats):
+        per_seat[seat_name] = play_match(policy, opponent, games, seat, seed + 1_000_003 * seat, greedy,
+                                         record_dir, name).as_dict()
+    return {"env": policy.spec.name, "opponent": opponent, "games_per_seat": games, "greedy": greedy,
+            "seats": per_seat}

@@ -1,0 +1,143 @@
+"""The evaluation at the end of `run.py train`: the final checkpoint, greedy, against the baseline bots,
+and earlier policies of the run against the same bots (evaluation/over_training.py), kept in
+RUN_DIR/evaluation.json and the run's trackers; and the lines that show a match's results per seat."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from impala_league.agents.checkpoint import read_checkpoint
+from impala_league.agents.policy import load_policy
+from impala_league.analysis.runs import EVALUATION_FILE
+from impala_league.config import Config
+from impala_league.distributed.history import history_files
+from impala_league.evaluation.evaluate import episode_returns, evaluate
+from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
+from impala_league.league.players import MAIN, checkpoint_dir
+from impala_league.tracking import log_final_evaluation
+
+log = logging.getLogger("run")  # lines of `run.py train`, as the rest of its output
+
+
+def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, history: int = 0,
+                      history_games: int = 50) -> None:
+    """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone),
+    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`). Games of several
+    seats with `history` > 0: also up to `history` earlier policies, `history_games` per seat, against the
+    bots the final policy played (`play_earlier_policies`)."""
+    policy = load_policy(checkpoint)
+    record = {**checkpoint_facts(checkpoint), "seed": 0, "games": games}
+    if len(policy.spec.seats) == 1:
+        r = episode_returns(policy, games)
+        record["episodes"] = r
+        log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,
+                 r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
+        log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
+        record_final_evaluation(cfg, run_dir, record)
+        return
+    strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
+    board = policy.spec.name in strongest
+    record["opponents"] = {}
+    for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
+        result = evaluate(policy, opponent, games)
+        record["opponents"][opponent] = result["seats"]
+        log.info("greedy policy vs %s over %d games per seat:", opponent, games)
+        for seat, r in result["seats"].items():
+            log.info("  %s", seat_line(seat, r))
+    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
+             "tactical" if board else "random")
+    if history > 0:
+        opponents = ("tactical", strongest[policy.spec.name]) if board else ("random",)
+        record["over_training"] = play_earlier_policies(cfg, run_dir, record, opponents, history, history_games)
+    record_final_evaluation(cfg, run_dir, record)
+
+
+def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: tuple[str, ...], count: int,
+                   games: int) -> list[dict]:
+    """Up to `count` earlier policies of the run (a league's snapshots of the main agent, else the copies in
+    checkpoints/history/) against `opponents`, `games` per seat (evaluation/over_training.py), then the
+    final checkpoint's results from `record`: the list kept as `over_training` in evaluation.json."""
+    if cfg.league.enabled:
+        candidates = sorted((run_dir / "league" / "snapshots").glob(f"{MAIN}-*.safetensors"))
+    else:
+        candidates = history_files(checkpoint_dir(run_dir, MAIN))
+    start = time.monotonic()
+    entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games)
+    final = {"checkpoint": record["checkpoint"], "step": record["step"], "frames": record["frames"],
+             "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
+    if entries:
+        log.info("over training: %d earlier policies, %d games per seat and bot, in %.1f s (first / second seat):",
+                 len(entries), games, time.monotonic() - start)
+    else:
+        log.info("over training: no earlier policy of this run to play (%s)", "no snapshot of the main agent"
+                 if cfg.league.enabled else "no copy in checkpoints/history/")
+    for entry in entries + [final]:
+        for opponent, seats in entry["opponents"].items():
+            log.info("  update %s%s, %s frames, vs %s: %s", entry["step"], " (final)" if entry is final else "",
+                     f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
+    return entries + [final]
+
+
+def seats_summary(seats: dict) -> str:
+    """'won 90% / 80%, took 70% / 65% of immediate wins, made 50% / 55% of forced blocks' over the seats
+    of one match (`MatchResult.as_dict()` per seat; '-' where a seat had no chance); in games without
+    one-move tactics 'won 90% / 80%, mean return +12.5 / +9.0'."""
+    def rates(key: str) -> str:
+        return " / ".join("-" if r["tactics"][key] is None else f"{r['tactics'][key]:.0%}" for r in seats.values())
+
+    won = " / ".join(f"{r['win_rate']:.0%}" for r in seats.values())
+    if any(r.get("tactics") is None for r in seats.values()):
+        return f"won {won}, mean return " + " / ".join(f"{r.get('mean_return', 0.0):+.1f}" for r in seats.values())
+    return f"won {won}, took {rates('wins_taken_rate')} of immediate wins, made {rates('blocks_made_rate')} of forced blocks"
+
+
+def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
+    """The one place the final evaluation of `train` is kept: RUN_DIR/evaluation.json (shown by
+    `run.py report`), and its numbers in the run's trackers (wandb, TensorBoard) as
+    `final_evaluation/<opponent>/<seat>/<rate>` (one-agent envs: `final_evaluation/episodes/<stat>`)."""
+    (run_dir / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    log.info("final evaluation saved to %s", run_dir / EVALUATION_FILE)
+    results = {"episodes": record["episodes"]} if "episodes" in record else record.get("opponents", {})
+    log_final_evaluation(cfg, run_dir, flat(results), step=record.get("step"))
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, float]:
+    """{"a": {"b": 1}} -> {"a/b": 1}: the numbers of a nested dict under slash-joined keys."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def checkpoint_facts(checkpoint: str | Path) -> dict:
+    """The checkpoint's path, update step and frames (from its metadata; None where it has none)."""
+    meta = json.loads(read_checkpoint(checkpoint)[1]["meta"])
+    return {"checkpoint": str(checkpoint), "step": meta.get("step"), "frames": meta.get("frames")}
+
+
+def seat_line(seat: str, result: dict) -> str:
+    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%  mean return +0.9' and the seat's tactics
+    (`tactics_line`), for one seat's `MatchResult.as_dict()`."""
+    mean_return = f"  mean return {result['mean_return']:+.1f}" if "mean_return" in result else ""
+    return (f"as {seat}: won {result['win_rate']:.1%}  drew {result['draw_rate']:.1%}  lost {result['loss_rate']:.1%}"
+            + mean_return + tactics_line(result["tactics"]))
+
+
+def tactics_line(tactics: dict | None) -> str:
+    """'; took 30/40 immediate wins (75%), made 9/12 forced blocks (75%)' (evaluation/tactics.py; no rate
+    where there was no chance); '' for games without a board model."""
+    if tactics is None:
+        return ""
+
+    def part(done: int, chances: int, what: str) -> str:
+        # Rounded down: 200 of 201 reads 99%, never the 100% that means every one.
+        return f"{done}/{chances} {what}" + (f" ({100 * done // chances}%)" if chances else "")
+
+    return (f"; took {part(tactics['wins_taken'], tactics['win_chances'], 'immediate wins')}, "
+            f"made {part(tactics['blocks_made'], tactics['block_chances'], 'forced blocks')}")

@@ -1,0 +1,187 @@
+"""The league's opponents as an actor plays them: the policies by league id, loaded on first use and
+cached (`Opponents`), and the match of each episode drawn from the distribution the league manager
+publishes for the actor's learner (`Opponents.draw` -> `Match`)."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import redis
+import torch
+from safetensors import SafetensorError
+
+from impala_league.agents.model import make_model
+from impala_league.config import Config
+from impala_league.distributed.codec import WeightsCorrupt, decode_weights
+from impala_league.distributed.params import ParamStore
+from impala_league.league.matchmaking import SELF
+from impala_league.league.players import PLAYER_ID, namespace
+from impala_league.league.store import LeagueStore
+
+log = logging.getLogger("actor")
+
+# (league member id, env name, seed) -> that member's bot, or None when the id names no bot kind.
+BotFactory = Callable[[str, str, int], object | None]
+
+
+@dataclass
+class Match:
+    """Who plays an env's other seats in the episode under way: drawn at its start (`Actor.start_episode`)
+    and kept until it ends, so that a weight swap waits for the next episode."""
+
+    opponent: str = SELF  # a league member's id, or SELF: every seat is the learner's
+    policy: object | None = None  # the network or bot that moves for the opponent; None in self-play
+    version: str = SELF  # the exact weights it plays (`Opponents.version`)
+    learner_seat: int = -1  # the seat the learner plays and learns from; -1 = every seat (self-play)
+
+
+class Opponents:
+    """The policies that play a learner's opponents, by id, loaded on first use and cached.
+
+    Ids: a learner id (`main`, ...) = that learner's latest published weights, re-read by `refresh`
+    into a new model (the one a running game holds is never changed under it); a snapshot id = frozen
+    weights from the league store (beyond `league.opponent_cache` of them, the least recently used
+    one is dropped from the cache); an id that `bots` makes a bot of (`random`, `tactical`, `minimax:D`:
+    evaluation.bots.league_bot, handed in by run.py) = that bot.
+    `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
+    and logs why once; the actor then plays that episode as self-play. `version` names the exact
+    weights `get` returns: the snapshot id or bot spec itself, or `<learner>@<version>`.
+
+    The draws: `distribution` is the league's opponent distribution for learner `player` as last read
+    (`read_distribution`; None before the first, or while none is published), and `rng` draws every
+    episode's opponent and seat from it (seeded by `draw_seed`, the actor's `ActorSeeds.opponents`).
+    """
+
+    def __init__(self, client: redis.Redis, cfg: Config, spec, player: str, seed: int,
+                 draw_seed: np.random.SeedSequence, bots: BotFactory | None = None,
+                 replica: redis.Redis | None = None, replica_name: str = "replica"):
+        self.r = client
+        self.replica, self.replica_name = replica, replica_name  # other learners' weights come from there too
+        self.cfg = cfg
+        self.spec = spec
+        self.player = player
+        self.seed = seed  # of the bots
+        self.rng = np.random.default_rng(draw_seed)
+        self.distribution: dict[str, float] | None = None
+        self.make_bot = bots
+        self.store = LeagueStore(client, cfg.run.name)
+        self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
+        self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
+        self.digests: dict[str, bytes | None] = {}  # per learner id: SHA-256 of the weights loaded (ParamStore.name)
+        self.bots: dict[str, object] = {}
+        self.failed: set[str] = set()
+        self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
+
+    def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+        model = make_model(self.spec, self.cfg.agent)
+        model.load_state_dict(state_dict)
+        return model.eval()
+
+    def _fail(self, opponent_id: str, why: str) -> None:
+        if opponent_id not in self.failed:
+            log.warning("opponent %r cannot be played (%s); playing those episodes against the latest weights",
+                        opponent_id, why)
+            self.failed.add(opponent_id)
+
+    def version(self, opponent_id: str) -> str:
+        """The exact weights `get(opponent_id)` returns now: `<learner>@<version>` for a learner, the
+        id itself for a snapshot (frozen) or a bot."""
+        if opponent_id in self.learners:
+            return f"{opponent_id}@{self.learners[opponent_id][1]}"
+        return opponent_id
+
+    def get(self, opponent_id: str, in_use: set[str] = frozenset()):
+        """A network or a bot for `opponent_id`, or None (see the class doc). Snapshots in
+        `in_use` are kept in the cache (a running game holds its own reference either way)."""
+        if opponent_id in self.snapshots:
+            self.snapshots.move_to_end(opponent_id)
+            return self.snapshots[opponent_id]
+        if opponent_id in self.learners:
+            return self.learners[opponent_id][2]
+        if opponent_id in self.bots:
+            return self.bots[opponent_id]
+        if opponent_id in self.failed:
+            return None
+        try:
+            bot = self.make_bot(opponent_id, self.spec.name, self.seed) if self.make_bot is not None else None
+            if bot is not None:
+                self.bots[opponent_id] = bot
+                return bot
+            if PLAYER_ID.fullmatch(opponent_id):
+                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id), replica=self.replica,
+                                   replica_name=self.replica_name)
+                try:
+                    fetched = store.fetch()
+                except WeightsCorrupt as e:
+                    self.corrupt += 1
+                    log.warning("opponent %r not loaded: %s", opponent_id, e)
+                    return None  # tried again at its next draw
+                if fetched is None:
+                    return None  # that learner has not published yet: not a failure
+                self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
+                self.digests[opponent_id] = store.fetched_digest
+                return self.learners[opponent_id][2]
+            try:
+                data = self.store.snapshot(opponent_id)
+            except WeightsCorrupt:
+                self.corrupt += 1
+                raise
+            if data is None:
+                self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
+                return None
+            self.snapshots[opponent_id] = self._model(decode_weights(data))
+        except (ValueError, RuntimeError, SafetensorError) as e:
+            self._fail(opponent_id, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+        idle = [s for s in self.snapshots if s not in in_use and s != opponent_id]
+        for dropped in idle[:max(0, len(self.snapshots) - self.cfg.league.opponent_cache)]:
+            del self.snapshots[dropped]
+        return self.snapshots[opponent_id]
+
+    def refresh(self) -> None:
+        """Load the latest weights of the learners played against, where their name changed, into
+        new models: games in progress keep the model they started with (one opponent per game).
+        Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
+        for opponent_id, (store, version, _) in list(self.learners.items()):
+            # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
+            if store.name() != (version, self.digests.get(opponent_id)):
+                try:
+                    fetched = store.fetch()
+                except WeightsCorrupt as e:
+                    self.corrupt += 1
+                    log.warning("opponent %r keeps version %d: %s", opponent_id, version, e)
+                    continue
+                if fetched is not None:
+                    try:
+                        model = self._model(fetched[1])
+                    except RuntimeError as e:
+                        self._fail(opponent_id, f"weights do not fit: {str(e).splitlines()[0]}")
+                        del self.learners[opponent_id]
+                        continue
+                    self.learners[opponent_id] = (store, fetched[0], model)
+                    self.digests[opponent_id] = store.fetched_digest
+
+    def read_distribution(self) -> None:
+        """Re-read the league's opponent distribution for `player`. Raises ValueError when the stored one
+        is malformed (LeagueStore.opponents); the previous one is then kept."""
+        self.distribution = self.store.opponents(self.player)
+
+    def draw(self, in_use: set[str]) -> Match:
+        """The match of an episode that starts now: an opponent id drawn from `distribution` (None or
+        empty: self-play) and a seat for the learner drawn uniformly. Self-play when the draw is `self`
+        or the learner itself, or when the drawn member cannot be played (`get` returns None).
+        `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
+        if not self.distribution:
+            return Match()
+        ids = list(self.distribution)
+        drawn = ids[self.rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
+        if drawn in (SELF, self.player):
+            return Match()
+        policy = self.get(drawn, in_use)
+        if policy is None:
+            return Match()
+        return Match(drawn, policy, self.version(drawn), int(self.rng.integers(len(self.spec.seats))))
