@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from impala_league import REPO
 from impala_league.config import SECTIONS, Config, ConfigError, describe, to_yaml
 from impala_league.experiment import from_yaml_text, load_config
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
 ALL_KEYS = [(s, f) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 

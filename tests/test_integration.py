@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from impala_league import REPO
 from impala_league.config import from_yaml_text
 from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
 from impala_league.distributed.transport import GROUP
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 
 
 def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> subprocess.CompletedProcess:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from impala_league import REPO
+
 PACKAGE = "impala_league"  # every module but run.py sits in it
 NOT_PACKAGE = {"tests", "bench", "scripts", ".venv", "venv", ".git", "runs", "wandb", "__pycache__"}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from impala_league import REPO
+
 SKIP_DIRS = {".venv", "venv", ".git", "__pycache__", "runs", "wandb", "node_modules", "site-packages", ".pytest_cache"}
 # Modules whose import alone is a finding: each exists to turn bytes into arbitrary objects.
 PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "shelve", "joblib", "pickletools"}

@@ -13,15 +13,16 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+from impala_league import REPO
 from impala_league.analysis.report import _broken, build_report
 from impala_league.analysis.runs import load_run
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
+
 LR = 1e-3
 BUDGET_S = 6.0  # the run's time budget in all: run.max_minutes=0.1; the first run stops at half of it
 

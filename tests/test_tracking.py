@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from impala_league import REPO
 from impala_league.config import load_config
-from tests.test_report import _run_dir
+from tests.analysis.test_report import _run_dir
 from impala_league.tracking import TensorBoardSink, Tracker, log_final_evaluation, offline_segments, start_tracking
 
-REPO = Path(__file__).resolve().parent.parent
 
 RECORDS = [  # two metrics records as the learner writes them (metrics.jsonl), at updates 4 and 8
     {"loss": 0.5, "entropy": 1.9, "sps": 1200.0, "policy_lag": 0.75, "skipped_updates": 0, "step": 4,

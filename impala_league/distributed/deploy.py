@@ -39,7 +39,7 @@ from impala_league.distributed.launcher import REDIS_URL_ENV, learner_rank_args,
 from impala_league.distributed.ownership import USER_ERROR_EXIT
 from impala_league.league.players import MAIN
 
-K8S_VERSION = "1.34.0"  # the Kubernetes version whose schemas tests/test_deploy.py validates against
+K8S_VERSION = "1.34.0"  # the Kubernetes version whose schemas tests/distributed/test_deploy.py validates against
 REDIS_IMAGE = "redis:7.4.2"
 REDIS_PORT = 6379
 RENDEZVOUS_PORT = 29500

@@ -1,0 +1,81 @@
+"""A trained policy from Python, as the README shows it: `from agents import load_policy`, then `act`
+on what PettingZoo gives (its observation dict), refusing masks and shapes that cannot be played."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pettingzoo.classic import tictactoe_v3
+
+from impala_league import REPO
+from impala_league.agents.network import ActorCritic
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import save_checkpoint
+from impala_league.envs.registry import env_spec
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    cfg = load_config(None, ["env.name=tictactoe", "agent.hidden=8", "agent.channels=4"])
+    spec = env_spec("tictactoe")
+    path = tmp_path_factory.mktemp("policy") / "latest.safetensors"
+    save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent), None, to_yaml(cfg),
+                    {"step": 0, "frames": 0})
+    return path
+
+
+def test_load_policy_imports_from_agents_as_documented(checkpoint):
+    code = f"from impala_league.agents import load_policy; print(type(load_policy({str(checkpoint)!r})).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Policy"
+
+
+def test_act_plays_a_whole_pettingzoo_game_from_its_observation_dicts(checkpoint):
+    from impala_league.agents import load_policy
+
+    policy = load_policy(checkpoint)
+    env = tictactoe_v3.env()
+    env.reset(seed=3)
+    moves = 0
+    for agent in env.agent_iter():
+        observation, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+            continue
+        action = policy.act(observation)  # the dict itself: its mask is applied
+        assert observation["action_mask"][action] == 1
+        # Same answer as the array and mask given apart (greedy: deterministic).
+        assert action == policy.act(observation["observation"], observation["action_mask"])
+        env.step(action)
+        moves += 1
+    assert 5 <= moves <= 9
+
+
+def test_act_refuses_an_all_zero_mask_a_wrong_shape_and_a_mask_given_twice(checkpoint):
+    from impala_league.agents import load_policy
+
+    policy = load_policy(checkpoint)
+    env = tictactoe_v3.env()
+    env.reset(seed=0)
+    waiting = env.observe("player_2")  # not its turn: PettingZoo gives it an all-zero mask
+    assert not waiting["action_mask"].any()
+    with pytest.raises(ValueError, match="has no legal action"):
+        policy.act(waiting)
+    with pytest.raises(ValueError, match="has no legal action"):
+        policy.act(waiting["observation"], np.zeros(9, np.int8))
+    with pytest.raises(ValueError, match=r"observation of shape \(9,\); this policy plays tictactoe, whose "
+                                         r"observations have shape \(3, 3, 2\)"):
+        policy.act(np.zeros(9, np.int8))
+    with pytest.raises(ValueError, match=r"action mask of shape \(7,\); tictactoe has 9 actions"):
+        policy.act(waiting["observation"], np.ones(7, np.int8))
+    with pytest.raises(ValueError, match="given twice"):
+        policy.act(env.observe("player_1"), np.ones(9, np.int8))
+    with pytest.raises(ValueError, match="must have the keys"):
+        policy.act({"obs": waiting["observation"]})
+    with pytest.raises(ValueError, match="action mask 1 has no legal action"):
+        policy.act_batch(np.zeros((2, 3, 3, 2), np.int8), np.array([[1] * 9, [0] * 9]))

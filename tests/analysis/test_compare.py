@@ -1,0 +1,212 @@
+"""run.py compare: the plans of the studies (corrections with and without replay), the table and its
+confidence intervals against hand-computed values on written metrics, and a seconds-long real
+IMPALA-vs-A3C comparison on tictactoe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from impala_league import REPO
+from impala_league.agents.network import ActorCritic
+from impala_league.analysis.compare import actor_counts, cell, mean_and_interval, plan, score_text, summarize, write_outputs
+from impala_league.analysis.report import compare_section
+from impala_league.analysis.runs import load_run
+from impala_league.config import load_config, to_yaml
+from impala_league.agents.checkpoint import model_state, read_checkpoint
+from impala_league.envs.registry import env_spec
+import run
+
+
+def _fake_run(root: Path, name: str, start: float, rows: list[tuple[float, int, float, float]], seed: int = 0):
+    """A run directory whose metrics records are (seconds after start, frames, sps, episode_return)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(load_config(None, ["env.name=tictactoe", f"run.seed={seed}"])))
+    (run_dir / "started").write_text(str(start))
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"time": start + t, "frames": f, "sps": sps, "policy_lag": 1.0, "episode_return": ret}) + "\n"
+        for t, f, sps, ret in rows))
+    return load_run(run_dir)
+
+
+def test_plans_of_both_studies():
+    assert plan("algos", 5) == {"impala": ["learner.algo=impala", "league.enabled=false"],
+                                "a3c": ["learner.algo=a3c", "league.enabled=false"]}
+    corrections = plan("corrections", 30)
+    assert list(corrections) == ["vtrace", "is1", "epsilon", "none"]
+    assert all("actor.weight_delay=30" in o and "league.enabled=false" in o for o in corrections.values())
+    assert "learner.correction=is1" in corrections["is1"]
+    for overrides in [*corrections.values(), *plan("algos", 0).values()]:
+        load_config(REPO / "configs/tictactoe.yaml", overrides)  # every variant is a valid config
+    with pytest.raises(ValueError, match="unknown study"):
+        plan("nope", 1)
+    assert list(plan("corrections", 30, ["none", "vtrace"])) == ["vtrace", "none"]  # the study's order
+    with pytest.raises(ValueError, match="--variants retrace: the corrections study has vtrace, is1"):
+        plan("corrections", 30, ["retrace"])
+
+
+def test_the_corrections_study_with_replay_pairs_each_correction_with_its_replay_variant():
+    variants = plan("corrections", 20, replay_fraction=0.5)
+    assert list(variants) == ["vtrace", "vtrace-replay", "is1", "is1-replay", "epsilon", "epsilon-replay",
+                              "none", "none-replay"]
+    base = ["learner.algo=impala", "league.enabled=false", "learner.correction=epsilon", "actor.weight_delay=20"]
+    assert variants["epsilon"] == base
+    assert variants["epsilon-replay"] == [*base, "learner.replay_fraction=0.5"]
+    assert not any("replay" in o for name in ("vtrace", "is1", "epsilon", "none") for o in variants[name])
+    # --variants takes the new names, in the study's order, with the fraction given.
+    assert plan("corrections", 20, ["is1-replay", "vtrace"], replay_fraction=0.25) == {
+        "vtrace": ["learner.algo=impala", "league.enabled=false", "learner.correction=vtrace", "actor.weight_delay=20"],
+        "is1-replay": ["learner.algo=impala", "league.enabled=false", "learner.correction=is1", "actor.weight_delay=20",
+                       "learner.replay_fraction=0.25"]}
+    with pytest.raises(ValueError, match="--variants vtrace-replay: the corrections study has vtrace, is1"):
+        plan("corrections", 20, ["vtrace-replay"])  # no replay variants without --replay
+    for study in ("algos", "actors"):
+        with pytest.raises(ValueError, match=f"--replay belongs to the corrections study .*not to '{study}'"):
+            plan(study, 20, replay_fraction=0.5)
+
+
+def test_replay_with_another_study_is_an_error_before_anything_runs(tmp_path, capsys):
+    common = ["compare", "--config", str(REPO / "configs/tictactoe.yaml"), "--out", str(tmp_path / "cmp")]
+    assert run.main([*common, "--study", "algos", "--replay"]) == 2
+    assert "--replay belongs to the corrections study (IMPALA's Table 2), not to 'algos'" in capsys.readouterr().err
+    assert run.main([*common, "--study", "corrections", "--replay-fraction", "0.5"]) == 2
+    assert "--replay-fraction needs --replay" in capsys.readouterr().err
+    assert run.main([*common, "--study", "corrections", "--replay", "--replay-fraction", "0"]) == 2
+    assert "--replay-fraction must be in (0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_confidence_interval_matches_a_hand_computation():
+    # Scores 1, 2, 3: mean 2, s = 1, half-width t(0.975, 2) * s / sqrt(3) = 4.303 * 1 / 1.732 = 2.484
+    # (4.303: Student's t table, 2 degrees of freedom).
+    mean, half = mean_and_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 / 3**0.5, abs=1e-3) and half == pytest.approx(2.484, abs=1e-3)
+    assert mean_and_interval([1.0, None, 2.0, 3.0]) == (mean, half)  # a seed without a score is left out
+    # Scores 10, 14: mean 12, s = sqrt(8), t(0.975, 1) = 12.706: 12.706 * 2.828 / 1.414 = 25.41.
+    assert mean_and_interval([10.0, 14.0])[1] == pytest.approx(25.41, abs=1e-2)
+    assert mean_and_interval([5.0]) == (5.0, None)  # one seed: no interval
+    assert mean_and_interval([None]) == (None, None) and mean_and_interval([]) == (None, None)
+
+
+def test_score_cells_show_the_mean_and_the_interval():
+    assert score_text(117.2, 41.6) == "117 ± 42"
+    assert score_text(32.44, 5.06) == "32.4 ± 5.1"
+    assert score_text(0.5123, 0.0468) == "0.512 ± 0.047"
+    assert score_text(9.5, 12.0) == "9.5 ± 12.0"  # the larger of the two sets the decimals
+    assert score_text(0.5123, None) == "0.512 ± -"
+    assert cell({"final_score": None, "final_score_ci95": None}, "final_score", None) == "-"
+    assert cell({"final_score": 0.25}, "final_score", None) == "0.250"  # a compare.json from before the intervals
+    assert cell({"sps": 1234.4}, "sps", "{:.0f}") == "1234"
+
+
+def test_table_with_intervals_and_replay_pairs(tmp_path):
+    # vtrace: 3 seeds, each with a constant return of 1, 2, 3; vtrace-replay: 1 seed, return 7;
+    # is1: 2 seeds, returns 10 and 14 (no replay variant).
+    def runs(name, returns):
+        return [_fake_run(tmp_path, f"{name}-seed{seed}", 1000.0, [(t, 100 * t, 10, r) for t in (10, 20, 30)], seed)
+                for seed, r in enumerate(returns)]
+
+    study = {"vtrace": runs("vtrace", [1, 2, 3]), "vtrace-replay": runs("vtrace-replay", [7]),
+             "is1": runs("is1", [10, 14])}
+    summary = summarize(study)
+    v, r = summary["variants"]["vtrace"], summary["variants"]["vtrace-replay"]
+    assert v["seeds"] == [0, 1, 2] and v["final_score_per_seed"] == [1, 2, 3]
+    for score in ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames"):
+        assert v[score] == 2 and v[f"{score}_ci95"] == pytest.approx(2.484, abs=1e-3)
+        assert r[score] == 7 and r[f"{score}_ci95"] is None and r[f"{score}_per_seed"] == [7]
+    assert v["final_eval_score"] is None and v["final_eval_score_ci95"] is None  # no final_eval.json
+
+    write_outputs(study, tmp_path, meta={"study": "corrections", "replay_fraction": 0.5})
+    table = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    rows = [line for line in table.splitlines() if line.startswith("| vtrace") or line.startswith("| is1")]
+    assert rows[0].endswith("| 2.000 ± 2.484 | 2.000 ± 2.484 | 2.000 ± 2.484 | - |")
+    assert rows[0].startswith("| vtrace | 3 |") and rows[1].startswith("| vtrace-replay | 1 |")
+    assert rows[1].endswith("| 7.000 ± - | 7.000 ± - | 7.000 ± - | - |")
+    assert rows[2].startswith("| is1 | 2 |") and "| 12.0 ± 25.4 |" in rows[2]
+    assert "95% confidence interval of the mean (Student t with n - 1 degrees of freedom" in table
+    # Table 2's layout: one row per correction, without and with replay side by side.
+    assert "| correction | final score, no replay | final score, with replay (50% of each batch replayed) |" in table
+    assert "| vtrace | 2.000 ± 2.484 | 7.000 ± - |" in table and "| is1 | 12.0 ± 25.4 | - |" in table
+    saved = json.loads((tmp_path / "compare.json").read_text())["variants"]["vtrace"]
+    assert saved["final_score"] == 2 and saved["final_score_ci95"] == pytest.approx(2.484, abs=1e-3)
+    assert saved["final_score_per_seed"] == [1, 2, 3]
+    assert "<td>2.000 ± 2.484</td>" in compare_section(tmp_path, 0)
+    write_outputs({"vtrace": study["vtrace"]}, tmp_path)  # without replay variants: no second table
+    assert "no replay" not in (tmp_path / "compare.md").read_text(encoding="utf-8")
+
+
+def test_table_values_match_a_hand_computation(tmp_path):
+    # impala: 4 records at 10..40 s, 1000 frames each 10 s, sps 100; returns 0.1, 0.2, 0.3, 0.4.
+    impala = _fake_run(tmp_path, "impala-seed0", 1000.0,
+                       [(10, 1000, 100, 0.1), (20, 2000, 100, 0.2), (30, 3000, 100, 0.3), (40, 4000, 100, 0.4)])
+    # a3c: ends at 30 s with 600 frames, sps 20; returns 0.0, 0.3, 0.6.
+    a3c = _fake_run(tmp_path, "a3c-seed0", 5000.0, [(10, 200, 20, 0.0), (20, 400, 20, 0.3), (30, 600, 20, 0.6)])
+    summary = summarize({"impala": [impala], "a3c": [a3c]})
+    assert summary["metric"] == "episode_return"
+    assert summary["equal_wall_clock_s"] == 30 and summary["equal_frames"] == 600
+    i, a = summary["variants"]["impala"], summary["variants"]["a3c"]
+    assert i["sps"] == 100 and a["sps"] == 20 and a["sps_ratio"] == pytest.approx(0.2)
+    assert i["final_score"] == pytest.approx((0.2 + 0.3 + 0.4) / 3)  # mean of the last 3 records
+    assert i["score_at_equal_wall_clock"] == pytest.approx((0.1 + 0.2 + 0.3) / 3)  # records up to 30 s
+    assert i["score_at_equal_frames"] is None  # impala's first record already had 1000 > 600 frames
+    assert a["score_at_equal_frames"] == pytest.approx(0.3) and a["frames"] == 600
+    out = write_outputs({"impala": [impala], "a3c": [a3c]}, tmp_path)
+    table = (tmp_path / "compare.md").read_text()
+    assert "| impala | 1 | 100 | 1.00 | 4,000 |" in table and "| a3c | 1 | 20 | 0.20 | 600 |" in table
+    assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["frames"] == 600
+    assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png"]
+    assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
+
+
+def test_the_actors_study_plots_sps_against_actors_and_the_report_shows_it(tmp_path):
+    assert actor_counts(1) == [1] and actor_counts(2) == [1, 2] and actor_counts(6) == [1, 2, 4, 6]
+    variants = plan("actors", 0, actors=[1, 2, 4])
+    assert list(variants) == ["actors1", "actors2", "actors4"] and "actor.num_actors=4" in variants["actors4"]
+    for overrides in variants.values():
+        assert load_config(REPO / "configs/tictactoe.yaml", overrides).actor.num_actors == int(overrides[-1][-1])
+    runs = {f"actors{n}": [_fake_run(tmp_path, f"actors{n}-seed0", 1000.0, [(10, 100 * n, 10 * n, 0.0),
+                                                                              (20, 200 * n, 10 * n, 0.0)])]
+            for n in (1, 2, 4)}
+    out = write_outputs(runs, tmp_path, meta={"study": "actors", "actors": {f"actors{n}": n for n in (1, 2, 4)}})
+    assert [out["variants"][f"actors{n}"]["sps"] for n in (1, 2, 4)] == [10, 20, 40]
+    assert out["plots"][0] == "sps_vs_actors.png" and (tmp_path / "sps_vs_actors.png").read_bytes()[:4] == b"\x89PNG"
+    page = compare_section(tmp_path, 0)
+    assert page.count("<img") == len(out["plots"]) == 3 and "study actors" in page
+
+
+def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, str(REPO / "run.py"), "compare", "--config", str(REPO / "configs/tictactoe.yaml"),
+           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--frames", "640",
+           "--eval-games", "2", "--eval-opponent", "random",
+           "--set", "run.wandb_mode=disabled", "--set", "run.log_every_s=1", "--set", "actor.num_actors=1",
+           "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4",
+           "--set", "actor.high_water_mark=16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "compare.json").read_text())
+    assert list(summary["variants"]) == ["impala", "a3c"]
+    for name, v in summary["variants"].items():
+        assert v["sps"] > 0 and v["frames"] >= 640, name
+        assert 0.0 <= v["final_eval_score"] <= 1.0
+        assert (out / f"{name}-seed0" / "checkpoints" / "latest.safetensors").is_file()
+    assert "| impala | 1 |" in (out / "compare.md").read_text()
+    assert (out / "curves_wall_clock.png").is_file()
+    # The A3C run: its parameter server applied pushed gradients (one update each) and the weights moved.
+    a3c_dir = out / "a3c-seed0"
+    assert "started the parameter server" in (out / "a3c-seed0.log").read_text()
+    tensors, metadata = read_checkpoint(a3c_dir / "checkpoints" / "latest.safetensors")
+    assert json.loads(metadata["meta"])["step"] >= 2
+    cfg = load_run(a3c_dir).config
+    torch.manual_seed(cfg.run.seed)  # the parameter server's initial weights
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    initial = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in model_state(tensors).items())
+    records = load_run(a3c_dir).records
+    assert records and records[-1]["dead_letters"] == 0 and all(r["policy_lag"] >= 0 for r in records)
