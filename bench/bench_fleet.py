@@ -138,13 +138,77 @@ def sync_weights(store, held: tuple[int, bytes | None], weights: dict[str, int])
 
 
 # -- one configuration ------------------------------------------------------------------------------------
+def _fleet_config(args: argparse.Namespace, run: str, shards: int, urls: list[str], params_urls: list[str],
+                  tmp: str):
+    """The run's config for one point of the table: `shards` trajectory shards on `urls` (none: the run's
+    Redis), weights replicas at `params_urls`, no time or frame limit."""
+    from impala_league.config import load_config
+
+    overrides = [*args.overrides, f"run.name={run}", f"run.dir={tmp}", "run.wandb_mode=disabled",
+                 f"transport.shards={shards}", "run.total_frames=1000000000000"]
+    if urls:
+        overrides.append(f"transport.shard_urls=[{','.join(urls)}]")
+    if params_urls:
+        overrides.append(f"transport.params_urls=[{','.join(params_urls)}]")
+    return load_config(REPO / args.config, overrides)
+
+
+def _start_worker(args: argparse.Namespace, cfg, w: int, actors: int, url: str, urls: list[str],
+                  params_urls: list[str], payload_file: str, stop_file: Path) -> subprocess.Popen:
+    """Worker process `w` of args.workers, playing the simulated actors w, w + workers, ... of `actors`."""
+    ids = ",".join(str(i) for i in range(w, actors, args.workers))
+    return subprocess.Popen(
+        [sys.executable, __file__, "--worker", "--url", url, "--urls", ",".join(urls),
+         "--params-urls", ",".join(params_urls),
+         "--run", cfg.run.name, "--shards", str(cfg.transport.shards), "--ids", ids, "--rate", str(args.rate),
+         "--hwm", str(-(-cfg.actor.high_water_mark // cfg.actor.send_batch)),  # in entries, as actors wait
+         "--send-batch", str(cfg.actor.send_batch), "--sync-every", str(cfg.actor.param_sync_every),
+         "--delay", str(cfg.actor.weight_delay),
+         "--payloads", payload_file, "--stop-file", str(stop_file)],
+        stdout=subprocess.PIPE, text=True)
+
+
+def _sent_by(url: str) -> tuple[int, int, int]:
+    """What the Redis at `url` has sent: (output bytes, replication offset, full syncs)."""
+    import redis
+
+    info = redis.Redis.from_url(url).info()
+    return info["total_net_output_bytes"], info["master_repl_offset"], info["sync_full"]
+
+
+def _row(cfg, point: tuple[int, int, int, int], consumed: int, elapsed: float, window: float, peak: int,
+         counts: dict, reports: list[dict], published: int, blob: int, before: tuple, after: tuple) -> dict:
+    """One row of the table: `point` = (actors, shards, servers, replicas); `consumed` unrolls trained in
+    `elapsed` s; the workers' `reports` over their `window` s; `peak` bytes of Redis memory; the primary's
+    (output bytes, replication offset, full syncs) `before` and `after`."""
+    actors, shards, servers, replicas = point
+    out_before, repl_before, full_before = before
+    out_after, repl_after, full_after = after
+    sent = sum(r["sent"] for r in reports)
+    total = {k: sum(r[k] for r in reports) for k in ("unroll_bytes", "unroll_bytes_run", "primary", "replica",
+                                                     "fetches", "replica_fetches", "fallbacks")}
+    # The backlog counts entries: send_batch unrolls each.
+    balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + \
+        counts["backlog"] * cfg.actor.send_batch and counts["produced"] == sent
+    return {"actors": actors, "shards": shards, "servers": servers, "replicas": replicas,
+            "sps": consumed * cfg.actor.unroll_length / elapsed, "unrolls_per_s": consumed / elapsed,
+            "peak_mb": peak / 2**20, "backlog": counts["backlog"], "counts": counts, "sent": sent,
+            "balanced": balanced, "window_s": window, "published": published, "blob": blob,
+            "unroll_bps": total["unroll_bytes"] / window, "unroll_run_bps": total["unroll_bytes_run"] / window,
+            "weights_primary_bps": total["primary"] / window,
+            "weights_replica_bps": total["replica"] / window, "fetches": total["fetches"],
+            "replica_fetches": total["replica_fetches"], "fallbacks": total["fallbacks"],
+            "primary_out_bps": (out_after - out_before) / window,
+            "primary_repl_bps": (repl_after - repl_before) * replicas / window,
+            "full_syncs": full_after - full_before}
+
+
 def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int, publish_hz: float,
               weights: dict, payload_file: str, tmp: str) -> dict:
     """Actors, learner, and a publisher of `weights` (a state_dict) at `publish_hz`, for one point of
     the table (actors, shards, replicas); returns its row."""
     import redis
 
-    from impala_league.config import load_config
     from impala_league.distributed.codec import encode_weights
     from impala_league.distributed.ingest import Prefetcher
     from impala_league.distributed.launcher import EmbeddedRedis
@@ -158,13 +222,7 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
     urls = [f"redis://127.0.0.1:{s.port}/0" for s in servers] if len(servers) > 1 else []
     params_urls = [f"redis://127.0.0.1:{s.port}/0" for s in copies]
     run = f"fleet{actors}-{shards}-{replicas}"
-    overrides = [*args.overrides, f"run.name={run}", f"run.dir={tmp}", "run.wandb_mode=disabled",
-                 f"transport.shards={shards}", "run.total_frames=1000000000000"]
-    if urls:
-        overrides.append(f"transport.shard_urls=[{','.join(urls)}]")
-    if params_urls:
-        overrides.append(f"transport.params_urls=[{','.join(params_urls)}]")
-    cfg = load_config(REPO / args.config, overrides)
+    cfg = _fleet_config(args, run, shards, urls, params_urls, tmp)
     (Path(tmp) / run).mkdir(exist_ok=True)
     stop_file = Path(tmp) / f"stop-{run}"
     peak = [0]
@@ -185,29 +243,15 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
             store.publish(weights, published[0])
             publishing.wait(max(0.0, start + published[0] / publish_hz - time.monotonic()))
 
-    def sent_by_primary() -> tuple[int, int, int]:
-        info = redis.Redis.from_url(servers[0].url).info()
-        return info["total_net_output_bytes"], info["master_repl_offset"], info["sync_full"]
-
     publisher = threading.Thread(target=publish, daemon=True)
     try:
         learner = Learner(cfg, servers[0].url, Path(tmp) / run)
         learner.ingest.trajectories.ensure_group()
         publisher.start()
-        out_before, repl_before, full_before = sent_by_primary()
+        out_before, repl_before, full_before = _sent_by(servers[0].url)
         began = time.monotonic()
-        procs = []
-        for w in range(args.workers):
-            ids = ",".join(str(i) for i in range(w, actors, args.workers))
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--worker", "--url", servers[0].url, "--urls", ",".join(urls),
-                 "--params-urls", ",".join(params_urls),
-                 "--run", run, "--shards", str(shards), "--ids", ids, "--rate", str(args.rate),
-                 "--hwm", str(-(-cfg.actor.high_water_mark // cfg.actor.send_batch)),  # in entries, as actors wait
-                 "--send-batch", str(cfg.actor.send_batch), "--sync-every", str(cfg.actor.param_sync_every),
-                 "--delay", str(cfg.actor.weight_delay),
-                 "--payloads", payload_file, "--stop-file", str(stop_file)],
-                stdout=subprocess.PIPE, text=True))
+        procs = [_start_worker(args, cfg, w, actors, servers[0].url, urls, params_urls, payload_file, stop_file)
+                 for w in range(args.workers)]
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()
         depth = cfg.learner.prefetch_batches
@@ -221,10 +265,9 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
         stop_file.touch()
         reports = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
         window = time.monotonic() - began  # the workers' whole life, as their counts
-        out_after, repl_after, full_after = sent_by_primary()
+        out_after, repl_after, full_after = _sent_by(servers[0].url)
         publishing.set()
         publisher.join()
-        sent = sum(r["sent"] for r in reports)
         learner.ingest.reading = False  # what the ingest thread prefetched stays pending: the backlog counts it
         if batches:
             batches.close()
@@ -236,23 +279,9 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
         publishing.set()
         for s in copies + servers:
             s.stop()
-    total = {k: sum(r[k] for r in reports) for k in ("unroll_bytes", "unroll_bytes_run", "primary", "replica",
-                                                     "fetches", "replica_fetches", "fallbacks")}
-    # The backlog counts entries: send_batch unrolls each.
-    balanced = counts["produced"] == counts["trained"] + counts["dead_lettered"] + \
-        counts["backlog"] * cfg.actor.send_batch and counts["produced"] == sent
-    blob = len(encode_weights(weights))
-    return {"actors": actors, "shards": shards, "servers": len(servers), "replicas": replicas,
-            "sps": consumed * cfg.actor.unroll_length / elapsed, "unrolls_per_s": consumed / elapsed,
-            "peak_mb": peak[0] / 2**20, "backlog": counts["backlog"], "counts": counts, "sent": sent,
-            "balanced": balanced, "window_s": window, "published": published[0], "blob": blob,
-            "unroll_bps": total["unroll_bytes"] / window, "unroll_run_bps": total["unroll_bytes_run"] / window,
-            "weights_primary_bps": total["primary"] / window,
-            "weights_replica_bps": total["replica"] / window, "fetches": total["fetches"],
-            "replica_fetches": total["replica_fetches"], "fallbacks": total["fallbacks"],
-            "primary_out_bps": (out_after - out_before) / window,
-            "primary_repl_bps": (repl_after - repl_before) * replicas / window,
-            "full_syncs": full_after - full_before}
+    return _row(cfg, (actors, shards, len(servers), replicas), consumed, elapsed, window, peak[0], counts, reports,
+                published[0], len(encode_weights(weights)), (out_before, repl_before, full_before),
+                (out_after, repl_after, full_after))
 
 
 def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes], tmp: str,
