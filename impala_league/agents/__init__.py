@@ -1,6 +1,6 @@
 """Policy networks (torsos, heads, action masking) and trained policies.
 
-`from agents import load_policy` gives `agents.policy.load_policy`: a checkpoint's policy, played
+`from impala_league.agents import load_policy` gives `agents.policy.load_policy`: a checkpoint's policy, played
 without Redis. It is imported on first use, so importing a network module stays light.
 """
 

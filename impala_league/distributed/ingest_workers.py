@@ -20,7 +20,7 @@ at offset), {"end": true} (an exploiter's run is over) or {"error": text, "redis
 Redis}. Every reply is a few dozen bytes, so a worker never
 waits on a full pipe.
 
-    python -m distributed.ingest_workers   # started by the learner, never by hand
+    python -m impala_league.distributed.ingest_workers   # started by the learner, never by hand
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def test_pysc2_imports_from_a_clean_interpreter_and_builds_its_palettes():
 def test_rest_of_the_project_does_not_import_pysc2_or_switch_protobuf():
     result = _run(
         "import json, os, sys\n"
-        "import run, config, envs.registry, distributed.actor, distributed.learner, agents.network\n"
+        "import run, impala_league.config, impala_league.envs.registry, impala_league.distributed.actor\n"
+        "import impala_league.distributed.learner, impala_league.agents.network\n"
         "import google.protobuf\n"
         "from google.protobuf.internal import api_implementation\n"
         "print(json.dumps({'pysc2': any(m.startswith('pysc2') for m in sys.modules),\n"
@@ -56,7 +57,7 @@ def test_rest_of_the_project_does_not_import_pysc2_or_switch_protobuf():
 
 
 def test_importing_after_fast_protobuf_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-c", "import google.protobuf.message\nimport envs.sc2_wrappers"],
+    out = subprocess.run([sys.executable, "-c", "import google.protobuf.message\nimport impala_league.envs.sc2_wrappers"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "before anything that imports protobuf" in out.stderr
