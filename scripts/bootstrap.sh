@@ -18,6 +18,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   quiet .venv/bin/python -m pip install --quiet --upgrade pip
   quiet .venv/bin/python -m pip install --quiet -r requirements.txt
   quiet .venv/bin/python -m pip install --quiet --no-deps -r requirements-sc2.txt
-  quiet .venv/bin/python -m pip install --quiet --no-deps --editable .
+  # setuptools prints a notice on every editable build; pip's output is shown only when it fails.
+  if ! out=$(.venv/bin/python -m pip install --quiet --no-deps --editable . 2>&1); then echo "$out" >&2; exit 1; fi
   echo "$want" > "$stamp"
 fi
