@@ -570,6 +570,18 @@ def check_fields(cfg: Config) -> None:
             raise ConfigError(f"{key} must be {rule.describe()}{' or null' if nullable else ''}{got}")
 
 
+def check_arguments(args: Any, rules: dict[str, Rule]) -> None:
+    """A command's own arguments against their `Rule`s, as `check_fields` checks the config's: `rules`
+    maps an argparse dest (e.g. "eval_games") to its rule; None passes (an option not given), and every
+    element of a list must pass. Raises ConfigError naming the option (--eval-games), what it must be and
+    what it was."""
+    for dest, rule in rules.items():
+        value = getattr(args, dest)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and not rule.ok(v):
+                raise ConfigError(f"--{dest.replace('_', '-')} must be {rule.describe()} (got {v!r})")
+
+
 def _core_size_ok(cfg: Config) -> bool:
     """The LSTM's size is bounded only where there is an LSTM."""
     return cfg.agent.core == "none" or 1 <= cfg.agent.core_size <= 65536

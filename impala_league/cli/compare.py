@@ -9,7 +9,7 @@ from pathlib import Path
 
 from impala_league.analysis.compare import STUDIES, actor_counts, markdown_table, plan, run_study
 from impala_league.cli.common import MAX_EVAL_GAMES, config_args, load
-from impala_league.config import MAX_ACTORS, MAX_WEIGHT_DELAY, ConfigError
+from impala_league.config import MAX_ACTORS, MAX_WEIGHT_DELAY, ConfigError, Rule, check_arguments
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import make_bot
 from impala_league.experiment import load_config
@@ -55,6 +55,14 @@ episode_return (the learning seat's return: the score of single-agent envs such 
 """
 
 
+# The options' own rules (config.check_arguments); the config's are beside its fields. --replay-fraction
+# excludes 0: that would be the variant without replay.
+ARGUMENT_RULES = {"study": Rule(choices=STUDIES), "minutes": Rule(low=0, low_open=True, finite=True),
+                  "frames": Rule(low=1), "lag": Rule(low=0, high=MAX_WEIGHT_DELAY),
+                  "seeds": Rule(low=0, high=2**31, high_open=True), "replay_fraction": Rule(low=0, high=1, low_open=True),
+                  "eval_games": Rule(low=0, high=MAX_EVAL_GAMES), "actors": Rule(low=1, high=MAX_ACTORS)}
+
+
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `compare` command's parser, added to the subparsers `sub` of run.py."""
     p = sub.add_parser(NAME, help=help,
@@ -89,24 +97,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = load(args)  # checks the config and overrides before anything runs
     if not args.config:
         raise ConfigError("compare needs --config (the experiment every variant starts from)")
-    if args.study not in STUDIES:
-        raise ConfigError(f"--study must be one of {', '.join(STUDIES)}")
-    if not args.minutes > 0 or (args.frames is not None and args.frames < 1):
-        raise ConfigError("--minutes must be > 0 and --frames >= 1")
-    if not 0 <= args.lag <= MAX_WEIGHT_DELAY:
-        raise ConfigError(f"--lag must be in [0, {MAX_WEIGHT_DELAY}]")
-    if not args.seeds or any(not 0 <= s < 2**31 for s in args.seeds):
-        raise ConfigError("--seeds must be in [0, 2**31)")
+    check_arguments(args, ARGUMENT_RULES)
     if args.replay_fraction is not None and not args.replay:
         raise ConfigError("--replay-fraction needs --replay")
     replay_fraction = (0.5 if args.replay_fraction is None else args.replay_fraction) if args.replay else None
-    if replay_fraction is not None and not 0 < replay_fraction <= 1:
-        raise ConfigError("--replay-fraction must be in (0, 1]: 0 would be the variant without replay")
     out = Path(args.out) if args.out else Path(cfg.run.dir) / f"compare-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists():
         raise ConfigError(f"--out {out} exists; compare writes into a new folder")
-    if not 0 <= args.eval_games <= MAX_EVAL_GAMES:
-        raise ConfigError(f"--eval-games must be in [0, {MAX_EVAL_GAMES}]")
     if args.eval_games and len(env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats).seats) > 1:
         if args.eval_opponent is None:
             args.eval_opponent = "tactical" if cfg.env.name in ("connect_four", "tictactoe") else "random"
@@ -115,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise ConfigError(f"--eval-opponent: {e}") from None
     actors = args.actors or actor_counts(os.cpu_count() or 1)
-    if any(not 1 <= n <= MAX_ACTORS for n in actors):
-        raise ConfigError(f"--actors must be in [1, {MAX_ACTORS}]")
     try:
         variants = plan(args.study, args.lag, args.variants, sorted(set(actors)), replay_fraction)
     except ValueError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from impala_league.cli.common import (MAX_EVAL_GAMES, config_args, connect_waiting, load, redis_url, require_game,
                         wait_redis_arg)
-from impala_league.config import Config, ConfigError
+from impala_league.config import Config, ConfigError, Rule, check_arguments
 from impala_league.distributed.launcher import EmbeddedRedis, supervise
 from impala_league.distributed.live import LiveView
 from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
@@ -26,6 +26,11 @@ log = logging.getLogger("run")
 NAME = "train"
 
 MAX_EVAL_HISTORY = 50  # earlier policies played after training; each 1-2 s in connect four at 50 games per seat
+
+
+# The options' own rules (config.check_arguments); the config's are beside its fields.
+ARGUMENT_RULES = {"eval_games": Rule(high=MAX_EVAL_GAMES), "eval_history": Rule(low=0, high=MAX_EVAL_HISTORY),
+                  "eval_history_games": Rule(low=1, high=MAX_EVAL_GAMES)}
 
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
@@ -59,12 +64,7 @@ def run(args: argparse.Namespace) -> int:
     resume = args.resume is not None
     cfg = train_config(args)
     require_game(cfg)
-    if args.eval_games > MAX_EVAL_GAMES:
-        raise ConfigError(f"--eval-games must be <= {MAX_EVAL_GAMES}")
-    if not 0 <= args.eval_history <= MAX_EVAL_HISTORY:
-        raise ConfigError(f"--eval-history must be in [0, {MAX_EVAL_HISTORY}]")
-    if not 1 <= args.eval_history_games <= MAX_EVAL_GAMES:
-        raise ConfigError(f"--eval-history-games must be in [1, {MAX_EVAL_GAMES}]")
+    check_arguments(args, ARGUMENT_RULES)
     url = redis_url(args, cfg)
     client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
