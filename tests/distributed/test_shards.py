@@ -237,6 +237,27 @@ def _free_cluster_port() -> int:
 CLUSTER_NODES = 3
 
 
+def _start_cluster_node(password: str, tmp_path) -> tuple[int, subprocess.Popen]:
+    """One cluster-enabled redis-server on a free loopback port, answering PING: (port, process). A node
+    that exits before it answers (its port taken between the choice and its bind, by another test) is
+    started again on another port."""
+    for _ in range(5):
+        port = _free_cluster_port()
+        proc = subprocess.Popen(
+            [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
+             "--masterauth", password, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+             "--cluster-node-timeout", "2000", "--dir", str(tmp_path), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _answers(port, password):
+                return port, proc
+            time.sleep(0.1)
+        proc.terminate()
+        proc.wait(10)
+    raise AssertionError("no cluster node answered in five starts")
+
+
 @pytest.fixture
 def cluster_node(redis_server, tmp_path):
     """A three-node Redis Cluster on loopback, the slots split in three, with the run's password:
@@ -244,16 +265,11 @@ def cluster_node(redis_server, tmp_path):
     ports, procs = [], []
     try:
         for _ in range(CLUSTER_NODES):
-            port = _free_cluster_port()
+            port, proc = _start_cluster_node(redis_server.password, tmp_path)
             ports.append(port)
-            procs.append(subprocess.Popen(
-                [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
-                 redis_server.password, "--masterauth", redis_server.password, "--cluster-enabled", "yes",
-                 "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000",
-                 "--dir", str(tmp_path), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
+            procs.append(proc)
         nodes = []
         for i, port in enumerate(ports):
-            wait_for(lambda: _answers(port, redis_server.password), 10, "a cluster node")
             node = connect(f"redis://:{redis_server.password}@127.0.0.1:{port}/0")
             node.execute_command("CLUSTER", "ADDSLOTS", *range(i * 16384 // CLUSTER_NODES, (i + 1) * 16384 // CLUSTER_NODES))
             nodes.append(node)
@@ -261,7 +277,7 @@ def cluster_node(redis_server, tmp_path):
             nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
         wait_for(lambda: all(n.cluster("info")["cluster_state"] == "ok" and
                              int(n.cluster("info")["cluster_known_nodes"]) == CLUSTER_NODES for n in nodes),
-                 20, "the cluster state")
+                 30, "the cluster state")
         for node in nodes:
             node.close()
         yield f"redis://127.0.0.1:{ports[0]}/0"
