@@ -229,6 +229,9 @@ class LearnerConfig:
                      rule=(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                            "auto, cpu, mps, cuda or cuda:N"))
     batch_size: int = _f(32, "B: unrolls per update", low=1, high=MAX_BATCH_SIZE)
+    num_threads: int = _f(1, "torch's threads for the learner's update on CPU (torch.set_num_threads). 1 leaves "
+                          "the other cores to the actors; more lets the update use cores the actors leave idle "
+                          "while they wait at actor.high_water_mark (pixels on a few cores)", low=1, high=256)
     optimizer: str = _f("adam", "adam or rmsprop", choices=("adam", "rmsprop"))
     learning_rate: float = _f(6e-4, "optimizer learning rate", low=0, low_open=True, finite=True)
     lr_schedule: str = _f("constant", "constant, or linear: anneal the learning rate linearly to 0 at the end of "

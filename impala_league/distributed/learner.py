@@ -808,7 +808,7 @@ def run_learner(cfg: Config, redis_url: str, run_dir: Path, resume: bool = False
     (`stopped_exit_code`; a rank stopped by another rank's signal: 143, as if by SIGTERM).
     Raises RedisUnavailable, DataParallelError (a peer rank died; rank 0 writes its checkpoint first),
     IngestWorkerError (an ingest worker failed; the checkpoint is written first)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.learner.num_threads)
     keep_freed_memory()
     learner = learner_class(cfg, redis_url, run_dir, resume, player, rank=rank, dist_url=dist_url)
     learner.metrics.report = report
