@@ -411,7 +411,7 @@ def test_a_learner_exits_with_redis_unavailable_and_a_checkpoint_when_redis_stay
 
     from impala_league.distributed.learner import run_learner
 
-    cfg = small_config(run_name, tmp_path, "run.redis_retry_s=1")
+    cfg = small_config(run_name, tmp_path, "run.redis_retry_s=1", "learner.num_threads=3")
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     threads = torch.get_num_threads()
     def stop_once_training() -> None:  # the learner holds its lease: it is past start-up
@@ -428,6 +428,7 @@ def test_a_learner_exits_with_redis_unavailable_and_a_checkpoint_when_redis_stay
         with pytest.raises(RedisUnavailable, match=r"the learner lost Redis \(RedisGaveUp: .*run.redis_retry_s=1\)"
                                                    r".*checkpoint at update 0 written"):
             run_learner(cfg, own_redis.url, tmp_path / run_name)
+        assert torch.get_num_threads() == 3  # learner.num_threads
     finally:
         stopper.join()
         signal.signal(signal.SIGTERM, handlers[0])
