@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from impala_league.agents.core import LSTMCore, Network
-from impala_league.agents.torsos import PIXEL_TORSOS, orthogonal_init, pixel_torso
+from impala_league.agents.spec import PIXEL_TORSOS
+from impala_league.agents.torsos import orthogonal_init, pixel_torso
 from impala_league.config import AgentConfig
 
 # Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay

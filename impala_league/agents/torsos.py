@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from impala_league.agents.spec import PIXEL_TORSOS, check_frames
+from impala_league.agents.spec import check_frames
 
 def orthogonal_init(module: nn.Module, gain: float) -> nn.Module:
     """Orthogonal weights scaled by `gain` and zero biases for every conv and linear layer of `module`, the

@@ -253,7 +253,7 @@ def replay_table(summary: dict) -> list[str]:
     if not any(replayed for _, _, replayed in rows):
         return []
     fraction = summary.get("replay_fraction")
-    lines = [f"| correction | final score, no replay | final score, with replay"
+    lines = ["| correction | final score, no replay | final score, with replay"
              + (f" ({fraction:.0%} of each batch replayed)" if fraction is not None else "") + " |",
              "|---|---|---|"]
     for name, v, replayed in rows:
