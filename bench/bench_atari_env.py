@@ -45,19 +45,21 @@ per frame):
 envpool: as ale_vector (its C++ is the same design: gray frames, max, resize, stack, one copy out).
 Both paths, in the actor (distributed/actor.py) and the wire format (distributed/codec.py):
   a. 1 x stack: `UnrollBuffer.observe` writes the observation into the unroll's [T+1, ...] array
-     (learning streams only);
-  b. 1 x stack: `Actor.stack` `np.stack`s the acting agents' observations for the forward pass
-     (`torch.from_numpy`: no copy); a bot opponent's moves are stacked once more for the bot;
-  c. (T+1)/T x stack: a finished unroll is `array.copy()`d out of the buffer, and step T copied to
-     step 0 (1/T);
-  d. 1 x stack: `encode_unrolls` `np.stack`s the `send_batch` unrolls of an entry;
-  e. 1 x stack: without compression `bytes()` of that array (with zstd: the compressor reads it and
-     writes the compressed bytes instead);
-  f. 1 x the payload: `msgpack.packb` copies each array's bytes (raw or compressed) into the message.
-     redis-py hands large arguments to the socket without joining them (not counted).
+     (learning streams only). This is the one copy between the emulator and the wire:
+  b. the forward pass reads the acting agents' observations as one batch: with ale_vector, whose
+     slots' observations are the rows of the array `step` returned, that array itself (`stacked`, no
+     copy); otherwise `np.stack` makes the batch (a copy for the network, not on the way to the wire);
+     a bot opponent's moves are stacked for the bot;
+  c. a finished unroll keeps the buffer's arrays (no copy); the next unroll gets new ones, and step T
+     is written to its step 0 (1/T of a stack per agent step);
+  d. `encode_unrolls` hands each unroll's array to the zstd compressor in place, as one frame for the
+     entry's `send_batch` unrolls (no stacked array is built); without compression the arrays' bytes are
+     joined into the message's bytes once;
+  e. `msgpack.packb` copies the (compressed) bytes into the message: with zstd about 0.005 of the
+     frames' bytes. redis-py hands large arguments to the socket without joining them (not counted).
 So per agent step: gymnasium ~ 6 gray screens + 1 frame + 2 stacks before the actor;
-ale_vector ~ 2 gray screens + 1 frame + 2 stacks, in C++; then 5-6 stack copies in the actor and codec
-for either (~ 150 KB at T=20, uncompressed).
+ale_vector ~ 2 gray screens + 1 frame + 2 stacks, in C++; then 1 stack copy in the actor (+ 1/T), and
+with zstd the compressed bytes only (without compression: 2 more, the join and msgpack's).
 """
 
 from __future__ import annotations

@@ -30,17 +30,18 @@ import torch  # noqa: E402
 
 from impala_league.agents.heads import sample_actions  # noqa: E402
 from impala_league.agents.core import zero_core_input  # noqa: E402
-from impala_league.agents.network import ActorCritic  # noqa: E402
+from impala_league.agents.model import make_model  # noqa: E402
 from impala_league.experiment import load_config  # noqa: E402
-from impala_league.envs.registry import env_spec, make_env  # noqa: E402
+from impala_league.envs.registry import env_spec, make_envs  # noqa: E402
 
 
 def raw_sps(cfg, seconds: float) -> float:
     """Env steps per second of one process: batched inference over num_envs envs, no transport."""
     torch.set_num_threads(1)
     spec = env_spec(cfg.env.name, cfg.env.kwargs, cfg.env.seats)
-    model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent, spec.obs_image).eval()
-    envs = [make_env(cfg.env.name, i, cfg.env.kwargs, seats=cfg.env.seats) for i in range(cfg.actor.num_envs)]
+    model = make_model(spec, cfg.agent).eval()
+    # The actor's envs: for atari:<Game> with env.kwargs.emulator=ale_vector one vector env of all the games.
+    envs = make_envs(cfg.env.name, list(range(cfg.actor.num_envs)), cfg.env.kwargs, seats=cfg.env.seats)
     steps_now = [env.advance() for env in envs]
     steps, start = 0, time.perf_counter()  # steps: agent-steps (one per acting agent)
     while time.perf_counter() - start < seconds:
@@ -52,12 +53,12 @@ def raw_sps(cfg, seconds: float) -> float:
             logits, _, _ = model.step(obs, masks, core)
         actions = sample_actions(logits).tolist()
         k = 0
-        for i, env in enumerate(envs):
+        for i, env in enumerate(envs):  # every env acts, then every env advances (the actor's order)
             n = len(steps_now[i].agents)
             env.act(actions[k:k + n])
             k += n
             steps += n
-            steps_now[i] = env.advance()
+        steps_now = [env.advance() for env in envs]
     return steps / (time.perf_counter() - start)
 
 
@@ -99,7 +100,7 @@ def main() -> None:
     raw = raw_sps(cfg, min(args.seconds, 20.0))
     e2e, extra = end_to_end_sps(args.config, args.overrides, args.seconds, args.warmup)
     cores = os.cpu_count()
-    print(f"env {cfg.env.name}, torso {cfg.agent.torso}, {cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, "
+    print(f"env {cfg.env.name}, torso {cfg.agent.torso} (learner on {cfg.learner.device}), {cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, "
           f"T={cfg.actor.unroll_length}, B={cfg.learner.batch_size}, {cores} cores")
     print(f"  raw env + batched inference, 1 process : {raw:10,.0f} steps/s")
     print(f"  end-to-end, learner-consumed           : {e2e:10,.0f} steps/s  "

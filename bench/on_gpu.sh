@@ -9,11 +9,15 @@
 #   3. run.py compare --study algos with the conv network: IMPALA's and A3C's throughput side by side;
 #   4. bench_core.py: the update with and without the LSTM core on CUDA (cuDNN's LSTM), and the core's
 #      unroll as nn.LSTM calls per run of steps against a step-by-step loop;
-#   5. bench_pixels.py: the learner's update on Pong's frames (configs/atari_pong.yaml, T x B = 20 x 16 and
-#      20 x 32) with IMPALA's deep (resnet) and shallow torsos on CUDA, frames/s.
-# Everything goes to OUT (default /tmp/on_gpu) and to standard output.
+#   5. bench_pixels.py: the learner's update on Pong's frames (configs/atari_pong.yaml, T x B = 20 x 4, the
+#      config's, and 20 x 32) with IMPALA's deep (resnet) and shallow torsos on CUDA, agent steps/s;
+#   6. bench_sps.py on configs/atari_pong.yaml, ACTORS actors, the learner on CUDA at B = 32, with the
+#      resnet torso and then the shallow one: learner-consumed SPS against the actors' unthrottled rate.
+# STEPS chooses the parts (default all: "ingest sps algos core pixels pong"); about 14 minutes in all,
+# "pixels pong" about 7. Everything goes to OUT (default /tmp/on_gpu) and to standard output.
 #
 #   bash bench/on_gpu.sh [OUT]
+#   STEPS="pixels pong" bash bench/on_gpu.sh          # the Atari parts only
 #   DEVICE=cpu ACTORS=2 WORKERS=1 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,13 +28,15 @@ ACTORS=${ACTORS:-14}
 WORKERS=${WORKERS:-4}
 SECONDS_MEASURED=${SECONDS_MEASURED:-45}
 MINUTES=${MINUTES:-2}
+STEPS=${STEPS:-ingest sps algos core pixels pong}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 "$PY" -c "import os, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), os.cpu_count(), 'cores')"
-for W in 0 "$WORKERS"; do
+want ingest && for W in 0 "$WORKERS"; do
   "$PY" bench/bench_ingest.py --unrolls 16000 --rounds 2 --set learner.ingest_workers="$W" \
     --set learner.prefetch_batches=$((2 * W + 2)) | tee "$OUT/bench_ingest_W$W.txt"
 done
-for run in "32 thread" "32 workers" "128 workers"; do
+want sps && for run in "32 thread" "32 workers" "128 workers"; do
   set -- $run
   # Workers: two slots each, and a high-water mark (default 256) with room for every slot read in part.
   mark=$((2 * WORKERS * $1 > 256 ? 2 * WORKERS * $1 : 256))
@@ -41,11 +47,20 @@ for run in "32 thread" "32 workers" "128 workers"; do
     --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --set learner.batch_size="$1" \
     "${ingest[@]}" | tee "$OUT/bench_sps_B$1_$2.txt"
 done
-"$PY" run.py compare --study algos --config configs/connect_four.yaml --minutes "$MINUTES" --seeds 0 \
+want algos && "$PY" run.py compare --study algos --config configs/connect_four.yaml --minutes "$MINUTES" --seeds 0 \
   --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" --out "$OUT/algos" | tee "$OUT/compare.txt"
-"$PY" bench/bench_core.py --device "$DEVICE" --B 32 | tee "$OUT/bench_core_B32.txt"
-"$PY" bench/bench_core.py --device "$DEVICE" --B 128 | tee "$OUT/bench_core_B128.txt"
-for B in 16 32; do
+if want core; then
+  "$PY" bench/bench_core.py --device "$DEVICE" --B 32 | tee "$OUT/bench_core_B32.txt"
+  "$PY" bench/bench_core.py --device "$DEVICE" --B 128 | tee "$OUT/bench_core_B128.txt"
+fi
+want pixels && for B in 4 32; do
   "$PY" bench/bench_pixels.py --device "$DEVICE" --torsos resnet shallow --skip-wire --reps 10 \
     --set learner.batch_size="$B" | tee "$OUT/bench_pixels_B$B.txt"
 done
+want pong && for torso in resnet shallow; do
+  "$PY" bench/bench_sps.py --config configs/atari_pong.yaml --seconds "$SECONDS_MEASURED" --warmup 20 \
+    --set agent.torso="$torso" --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" \
+    --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
+    | tee "$OUT/bench_sps_pong_$torso.txt"
+done
+true

@@ -41,14 +41,15 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
                    help="continue the run in RUN_DIR from its checkpoint, with RUN_DIR/config.yaml as the config "
                    "(--set changes values; the network, env and optimizer must stay); without RUN_DIR, continue "
                    "<run.dir>/<run.name> of --config")
-    p.add_argument("--eval-games", type=int, default=200,
-                   help="games per seat against each baseline bot after training (default 200; 0 = skip)")
-    p.add_argument("--eval-history", type=int, default=6, metavar="N",
+    p.add_argument("--eval-games", type=int,
+                   help="games per seat against each baseline bot after training (default 200, Atari games 20; "
+                   "0 = skip)")
+    p.add_argument("--eval-history", type=int, metavar="N",
                    help="games of several seats: also play up to N earlier policies of the run (a league's main "
                    "snapshots, else checkpoints/history/) against the same bots after training, to see how it "
-                   "learned (default 6; 0 = none)")
-    p.add_argument("--eval-history-games", type=int, default=50, metavar="G",
-                   help="games per seat and bot of each earlier policy (default 50)")
+                   "learned (default 6, Atari games 3; 0 = none)")
+    p.add_argument("--eval-history-games", type=int, metavar="G",
+                   help="games per seat and bot of each earlier policy (default 50, Atari games 5)")
     wait_redis_arg(p, "a shared Redis (--redis-url) and the trajectory shards' servers")
     return p
 
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     require_game(cfg)
     check_arguments(args, ARGUMENT_RULES)
+    evaluation_defaults(args, cfg.env.name)
     url = redis_url(args, cfg)
     client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
@@ -99,6 +101,16 @@ def run(args: argparse.Namespace) -> int:
 
             final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
     return code
+
+
+def evaluation_defaults(args: argparse.Namespace, env: str) -> None:
+    """Fill the evaluation options not given: 200 games per seat, 6 earlier policies at 50 games; for Atari
+    games (atari:, atari2p:), whose games last thousands of steps (a 200-game evaluation of Pong would
+    take over an hour on 2 cores), 20, 3 and 5."""
+    atari = env.startswith(("atari:", "atari2p:"))
+    for name, board, screen in (("eval_games", 200, 20), ("eval_history", 6, 3), ("eval_history_games", 50, 5)):
+        if getattr(args, name) is None:
+            setattr(args, name, screen if atari else board)
 
 
 def train_config(args: argparse.Namespace) -> Config:

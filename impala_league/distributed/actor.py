@@ -104,6 +104,20 @@ class ActorSeeds:
                    opponents, int(bots.generate_state(1)[0]))
 
 
+def stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """`np.stack(arrays)`, without its copy where `arrays` are the rows, in order, of one C-contiguous
+    array: a vector env's observations (ale-py's AtariVectorEnv returns its N games' frame stacks as
+    one [N, ...] array, and each slot's observation is a view of its row)."""
+    base = arrays[0].base
+    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous and len(base) == len(arrays)
+            and base.shape[1:] == arrays[0].shape and base.dtype == arrays[0].dtype):
+        return np.stack(arrays)
+    start, row = base.ctypes.data, base.strides[0]
+    if all(a.base is base and a.ctypes.data == start + i * row for i, a in enumerate(arrays)):
+        return base
+    return np.stack(arrays)
+
+
 class UnrollBuffer:
     """Builds the unrolls of one learning stream (one seat of one env), episodes concatenated.
 
@@ -143,11 +157,15 @@ class UnrollBuffer:
         self.n += 1
         if self.n <= self.T:
             return None
-        unroll = {name: array.copy() for name, array in a.items()}
+        # The finished unroll keeps these arrays (no copy); the next one gets new ones, whose every row
+        # is written before it is returned: the stepped arrays' rows 0..T (row 0 below), the others' by
+        # record_action and _keep_core.
+        unroll = a
+        self.arrays = {name: np.empty_like(array) for name, array in a.items()}
+        for name in self.stepped:
+            self.arrays[name][0] = a[name][self.T]
         unroll.update(self._final_arrays())
         self.finished_version = self.first_version
-        for name in self.stepped:
-            a[name][0] = a[name][self.T]
         self.n = 1
         self.finals = {}
         if core is not None:
@@ -524,7 +542,7 @@ class Actor:
         if isinstance(observations[0], dict):
             obs = {name: torch.from_numpy(np.stack([o[name] for o in observations])) for name in observations[0]}
         else:
-            obs = torch.from_numpy(np.stack(observations))
+            obs = torch.from_numpy(stacked(observations))
         return obs, torch.from_numpy(np.stack([steps[i].action_masks[k] for i, k in pairs]))
 
     def core_keys(self, steps: list, pairs: list[tuple[int, int]]) -> list[tuple[int, int]] | None:

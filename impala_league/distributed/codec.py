@@ -171,15 +171,33 @@ def encode_unrolls(unrolls: list[dict[str, np.ndarray]], *, unroll_id: str, poli
     header = {"schema": SCHEMA, "unroll_id": unroll_id, "unrolls": len(unrolls), "policy_version": int(policy_version),
               "actor_id": int(actor_id), "opponent_id": opponent_id, "env": env, "created_at": time.time(),
               "compression": compression}
-    pack = _compressor(level).compress if compression == "zstd" else bytes
     body = {}
     for name in dict.fromkeys(k for u in unrolls for k in u):  # every unroll's names, in order
-        if name.startswith("final_obs"):  # [N_i, ...] each; an unroll without any leaves them out
-            joined = np.concatenate([u[name] for u in unrolls if name in u])
+        parts = [np.ascontiguousarray(u[name]) for u in unrolls if name in u]
+        first = parts[0]
+        if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] for p in parts):
+            raise ValueError(f"the unrolls' arrays '{name}' differ in dtype or shape: "
+                             f"{sorted({(p.dtype.str, p.shape) for p in parts})}")
+        if name.startswith("final_obs"):  # [N_i, ...] each, concatenated; an unroll without any leaves them out
+            shape = [sum(len(p) for p in parts), *first.shape[1:]]
         else:
-            joined = np.stack([u[name] for u in unrolls])
-        body[name] = [joined.dtype.str, list(joined.shape), pack(np.ascontiguousarray(joined).data)]
+            if any(p.shape != first.shape for p in parts):
+                raise ValueError(f"the unrolls' arrays '{name}' differ in shape: {sorted({p.shape for p in parts})}")
+            shape = [len(parts), *first.shape]
+        body[name] = [first.dtype.str, shape, _joined_bytes(parts, compression, level)]
     return msgpack.packb({"header": header, "arrays": body}, use_bin_type=True)
+
+
+def _joined_bytes(parts: list[np.ndarray], compression: str, level: int) -> bytes:
+    """The bytes of the C-contiguous arrays `parts` one after the other (those of their stack or
+    concatenation), as one zstd frame that records its size, or raw: read from each array in place,
+    so that no joined array is built first (a frame stack is written once, into its unroll, between
+    the emulator and the wire)."""
+    views = [memoryview(p.reshape(-1).view(np.uint8)) for p in parts]
+    if compression != "zstd":
+        return b"".join(views)
+    stream = _compressor(level).compressobj(size=sum(v.nbytes for v in views))
+    return b"".join([*(stream.compress(v) for v in views), stream.flush()])
 
 
 def encode_unroll(arrays: dict[str, np.ndarray], **header: Any) -> bytes:

@@ -137,12 +137,15 @@ def time_limited(unroll: dict[str, np.ndarray], fill: int) -> dict[str, np.ndarr
             "final_obs": np.full((ends, *SPEC.obs_shape), fill, SPEC.obs_dtype)}
 
 
-def test_an_entry_of_several_unrolls_round_trips_splits_and_stacks_as_the_unrolls_do():
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_an_entry_of_several_unrolls_round_trips_splits_and_stacks_as_the_unrolls_do(compression):
     """Three unrolls in one entry, the middle one time-limited: arrays come back stacked [3, ...], the
-    final observations [N, ...] in unroll order; split_unrolls gives each unroll back bit for bit, and
-    the entry's batch is the batch of the three unrolls stacked one by one."""
+    final observations [N, ...] in unroll order (the encoder joins the unrolls' bytes, or compresses
+    them as one frame, without stacking them first); split_unrolls gives each unroll back bit for bit,
+    and the entry's batch is the batch of the three unrolls stacked one by one."""
     unrolls = [play_unroll(1), time_limited(play_unroll(2), 1), play_unroll(3)]
-    [(header, arrays)] = decode_unrolls([encode_unrolls(unrolls, **HEADER)], USPEC)
+    [(header, arrays)] = decode_unrolls([encode_unrolls(unrolls, compression=compression, **HEADER)], USPEC)
+    assert header["compression"] == compression
     assert header["unrolls"] == 3 and header["unroll_id"] == HEADER["unroll_id"]
     assert arrays["obs"].shape == (3, T + 1, *SPEC.obs_shape) and arrays["action"].shape == (3, T)
     assert arrays["final_obs"].shape == (int(unrolls[1]["done"].sum()), *SPEC.obs_shape) and len(arrays["final_obs"])
@@ -348,6 +351,16 @@ def test_huge_declared_shape_is_refused_without_allocating(shape):
 
 
 # -- compression ------------------------------------------------------------------------------------
+
+def test_unrolls_that_disagree_on_an_array_s_dtype_or_shape_are_refused_by_the_encoder():
+    """Their bytes are joined as they are, so one entry's unrolls must agree (np.stack would have cast)."""
+    other_dtype = {**UNROLL, "reward": UNROLL["reward"].astype(np.float64)}
+    with pytest.raises(ValueError, match="'reward' differ in dtype or shape"):
+        encode_unrolls([UNROLL, other_dtype], **HEADER)
+    shorter = {**UNROLL, "action": UNROLL["action"][:-1]}
+    with pytest.raises(ValueError, match="'action' differ in shape"):
+        encode_unrolls([UNROLL, shorter], **HEADER)
+
 
 def test_zstd_round_trip_bit_for_bit_and_smaller():
     data = encode(compression="zstd", level=3)
