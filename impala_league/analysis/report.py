@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
 VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
+MAX_PAYOFF_PLAYERS = 40  # the payoff figure's rows and columns: wider is unreadable (and megapixels per snapshot)
 
 
 def _pyplot():
@@ -220,8 +221,16 @@ def league_figures(run: Run) -> list[Figure]:
         out.append(fig)
     state_file = run.path / "league" / "state.json"
     if state_file.is_file():
-        rows = json.loads(state_file.read_text()).get("payoff", [])
+        state = json.loads(state_file.read_text())
+        rows = state.get("payoff", [])
         players = sorted({row[0] for row in rows} | {row[1] for row in rows})
+        snapshots = [p for p in players if state.get("members", {}).get(p, {}).get("kind") == "snapshot"]
+        if len(players) > MAX_PAYOFF_PLAYERS and snapshots:
+            # A long league holds hundreds of snapshots: the figure keeps the others and the newest snapshots.
+            newest = sorted(snapshots, key=lambda p: state["members"][p].get("step", 0))
+            keep = set(players) - set(snapshots) | set(newest[-max(1, MAX_PAYOFF_PLAYERS - len(players) + len(snapshots)):])
+            players = [p for p in players if p in keep]
+            rows = [row for row in rows if row[0] in keep and row[1] in keep]
         if players:
             index = {p: i for i, p in enumerate(players)}
             grid = np.full((len(players), len(players)), np.nan)

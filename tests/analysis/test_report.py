@@ -149,3 +149,20 @@ def test_the_report_plots_the_policies_over_training_beside_the_final_evaluation
     # Without over-training entries (older runs, one-agent envs): no plot, no error.
     assert over_training_figure({k: v for k, v in record.items() if k != "over_training"}) is None
     assert over_training_figure({**record, "over_training": []}) is None
+
+
+def test_the_payoff_figure_of_a_league_of_hundreds_of_snapshots_keeps_the_newest(tmp_path):
+    """300 snapshots would make a 14,000-pixel-wide figure: it shows main, random and the newest 38."""
+    from impala_league.analysis.report import MAX_PAYOFF_PLAYERS, league_figures
+
+    run_dir = _run_dir(tmp_path, "long-league", ["league.enabled=true"])
+    (run_dir / "league").mkdir()
+    snapshots = [f"main-{step:07d}" for step in range(0, 300 * 200, 200)]
+    members = {"main": {"kind": "learner"}, "random": {"kind": "bot"},
+               **{s: {"kind": "snapshot", "step": int(s[5:])} for s in snapshots}}
+    payoff = [["main", s, 5, 0, 5] for s in snapshots] + [["main", "random", 8, 1, 1]]
+    (run_dir / "league" / "state.json").write_text(json.dumps({"members": members, "payoff": payoff}))
+    (fig,) = league_figures(load_run(run_dir))
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert len(labels) == MAX_PAYOFF_PLAYERS and {"main", "random", snapshots[-1]} <= set(labels)
+    assert snapshots[-MAX_PAYOFF_PLAYERS + 2] in labels and snapshots[-MAX_PAYOFF_PLAYERS + 1] not in labels
