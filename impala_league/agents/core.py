@@ -111,6 +111,10 @@ class Network(nn.Module):
 
     core: LSTMCore | None
 
+    def feature_layer(self) -> nn.Module:
+        """The module whose output is `encode`'s features [N, F]: ReLU units, read by `dead_units`."""
+        raise NotImplementedError
+
     def forward(self, obs, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feedforward networks: (policy logits [N, ...], baseline [N]) of obs [N, ...]. A network with a
         core is stepped with `step` (one step, state carried) or unrolled by the learner."""
@@ -168,6 +172,13 @@ class CoreStates:
     def reset(self, key) -> None:
         """Stream `key`'s episode ended: its next step starts from zeros."""
         self.streams.pop(key, None)
+
+
+def dead_units(features: torch.Tensor) -> float:
+    """The share of the F ReLU units of features [N, F] that are 0 on all N rows: units that pass no gradient
+    on this batch. Near 1, the torso no longer tells states apart and the policy is one for all of them
+    ("dead ReLUs", Lu et al. 2019; dormant neurons with threshold 0, Sokar et al. 2023)."""
+    return float((features <= 0).all(0).float().mean())
 
 
 def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -62,6 +62,9 @@ class FullyConv(Network):
         self.head_layers = nn.ModuleList(nn.Linear(out, h.size) for h in codec.heads if not h.side)
         self.baseline = nn.Linear(out, 1)
 
+    def feature_layer(self) -> nn.Module:
+        return self.fc
+
     def encode(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """obs: screen [N, C_s, S, S] and minimap [N, C_m, S, S] integer layers, player float [N, 11]
         (envs/sc2_wrappers/observation.py) -> (the flat path's features [N, hidden], the spatial heads'

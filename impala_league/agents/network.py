@@ -122,6 +122,9 @@ class ActorCritic(Network):
             orthogonal_init(self.policy, 0.01)
             orthogonal_init(self.baseline, 1.0)
 
+    def feature_layer(self) -> nn.Module:
+        return self.pixels if self.pixels is not None else self.fc
+
     def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
         """The torso: obs [N, *obs_shape] (any numeric dtype; scaled by 1/255 only where the env's space
         is an image, `image`: a uint8 Box of bounds 0..255) -> features [N, hidden]."""

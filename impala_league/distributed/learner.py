@@ -23,7 +23,7 @@ import numpy as np
 import redis
 import torch
 
-from impala_league.agents.core import forward_batch
+from impala_league.agents.core import dead_units, forward_batch
 from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch
@@ -249,26 +249,32 @@ def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                head: Head | None = None,
                reduce_gradients: Callable[[torch.nn.Module], None] | None = None) -> dict[str, float]:
     """One IMPALA update on `batch` (loss: losses.actor_critic.actor_critic_loss; `head` default one
-    Discrete action). Returns the losses, grad_norm,
-    skipped_update and the V-trace diagnostics as floats (the losses and diagnostics: of this batch).
+    Discrete action). Returns the losses, grad_norm, skipped_update, the V-trace diagnostics and
+    `dead_units` (agents.core.dead_units of the torso's features) as floats, of this batch.
 
     `reduce_gradients(model)`, with several learners (distributed/data_parallel.py), averages the
     gradients over them between the backward pass and the clip, so the clip and the step see the
     gradient of the union of their batches."""
-    loss, parts = actor_critic_loss(*forward_batch(model, batch), batch, cfg, head or DiscreteHead())
+    features = []
+    hook = model.feature_layer().register_forward_hook(lambda _module, _input, out: features.append(out.detach()))
+    try:
+        loss, parts = actor_critic_loss(*forward_batch(model, batch), batch, cfg, head or DiscreteHead())
+    finally:
+        hook.remove()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if reduce_gradients is not None:
         reduce_gradients(model)
     step = optimizer_step(model, optimizer, cfg)
-    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step}
+    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step,
+            "dead_units": dead_units(features[0])}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "rmsprop":
         return torch.optim.RMSprop(model.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha,
                                    eps=cfg.rmsprop_eps)
-    return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
 
 
 def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float:

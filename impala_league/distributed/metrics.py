@@ -35,6 +35,11 @@ log = logging.getLogger("learner")
 LAG_BINS = 64  # policy_lag_counts: unrolls per lag 0..62, and 63 or more
 
 
+# A healthy torso has dead units too (IMPALA's shallow torso after learning Pong: about 60% of its 256 FC units
+# are 0 on every step of a batch of 84); 99% was the Boxing league whose policy stayed uniform for 15M frames.
+DEAD_UNITS_WARNING = 0.9
+
+
 @dataclass
 class MetricsWindow:
     """What the updates since `start` (monotonic seconds) trained on and measured."""
@@ -118,6 +123,7 @@ class LearnerMetrics:
         self.report: Callable[[Path, Tracker], None] | None = None
         self.started_at = time.time()
         self.window = MetricsWindow(time.monotonic())
+        self.warned_dead_units = False
 
     @property
     def tracking_name(self) -> str:
@@ -172,7 +178,19 @@ class LearnerMetrics:
         self.file.flush()
         self.tracker.log(record, step)
         self.log_line(record)
+        self.warn_dead_units(record)
         self.window = MetricsWindow(now)
+
+    def warn_dead_units(self, record: dict) -> None:
+        """Once a run: most of the torso's units are dead (agents.core.dead_units above DEAD_UNITS_WARNING
+        on the window's mean): the network has stopped telling states apart, which no later update undoes."""
+        if self.warned_dead_units or record.get("dead_units", 0.0) <= DEAD_UNITS_WARNING:
+            return
+        self.warned_dead_units = True
+        log.warning("%.0f%% of the torso's output units were 0 on every step of each batch (dead ReLUs, "
+                    "metrics.jsonl's dead_units): the policy hardly depends on the state any more and these units "
+                    "get no gradient; a smaller learner.learning_rate or a larger learner.adam_eps keeps them "
+                    "alive (configs/atari_boxing_league.yaml says how it died there)", 100 * record["dead_units"])
 
     def log_line(self, record: dict) -> None:
         """The record's numbers a person follows, as one log line."""

@@ -3,16 +3,20 @@ the learning-rate schedule."""
 
 from __future__ import annotations
 
+import logging
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from impala_league.agents.core import dead_units
 from impala_league.agents.network import MASKED_LOGIT, ActorCritic, mask_logits
 from impala_league.config import AgentConfig, Config, LearnerConfig, RunConfig
 from impala_league.distributed.learner import Batch, learn_step, make_optimizer, scheduled_learning_rate
+from impala_league.distributed.metrics import DEAD_UNITS_WARNING, LearnerMetrics
 from impala_league.envs.registry import env_spec
 
 
@@ -23,9 +27,13 @@ class TableModel(nn.Module):
         super().__init__()
         self.logits = nn.Parameter(logits.clone())
         self.values = nn.Parameter(values.clone())
+        self.index = nn.Identity()  # its "torso": the time index, as it is
+
+    def feature_layer(self) -> nn.Module:
+        return self.index
 
     def forward(self, obs, action_mask):  # obs [(T+1) * B, 1] holds the time index
-        t = obs[:, 0].long()
+        t = self.index(obs)[:, 0].long()
         return mask_logits(self.logits[t], action_mask), self.values[t]
 
 
@@ -208,3 +216,37 @@ def test_linear_schedule_anneals_to_zero_over_whichever_budget_ends_first():
     assert scheduled_learning_rate(cfg, 100_000, 1e6) == pytest.approx(3.6e-4)
     cfg.learner.lr_schedule = "constant"
     assert scheduled_learning_rate(cfg, 900_000, 1e6) == 4e-4
+
+
+def test_dead_units_are_the_units_off_on_every_row():
+    features = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    assert dead_units(features) == 0.5  # units 0 and 3 are 0 on all three rows; 1 and 2 are on somewhere
+
+
+def test_learn_step_reports_the_torsos_dead_units():
+    spec = env_spec("connect_four")
+    T, B, A = 4, 2, spec.num_actions
+    torch.manual_seed(0)
+    model = ActorCritic(spec.obs_shape, A, AgentConfig(torso="conv", channels=8, hidden=16))
+    batch = Batch(obs=torch.randint(0, 2, (T + 1, B, *spec.obs_shape), dtype=torch.int8),
+                  action_mask=torch.ones(T + 1, B, A, dtype=torch.uint8), action=torch.zeros(T, B, dtype=torch.int64),
+                  reward=torch.ones(T, B), done=torch.zeros(T, B, dtype=torch.bool), behaviour_logits=torch.zeros(T, B, A))
+    cfg = LearnerConfig()
+    with torch.no_grad():
+        expected = dead_units(model.feature_layer()(model.conv(batch.obs.flatten(0, 1).float().permute(0, 3, 1, 2)).flatten(1)))
+    stats = learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)
+    assert stats["dead_units"] == expected < 1.0
+    with torch.no_grad():
+        model.fc[0].bias.fill_(-1e3)  # every unit's ReLU off on every input
+    assert learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)["dead_units"] == 1.0
+
+
+def test_dead_units_warn_once_above_the_threshold(caplog):
+    metrics = SimpleNamespace(warned_dead_units=False)
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        LearnerMetrics.warn_dead_units(metrics, {"dead_units": DEAD_UNITS_WARNING})  # not above: quiet
+        assert not caplog.records
+        LearnerMetrics.warn_dead_units(metrics, {"dead_units": 0.99})
+        LearnerMetrics.warn_dead_units(metrics, {"dead_units": 0.99})
+    assert len(caplog.records) == 1 and "99% of the torso's output units" in caplog.text
+    assert "learner.learning_rate" in caplog.text and "learner.adam_eps" in caplog.text
