@@ -245,7 +245,7 @@ class LearnerConfig:
                              "its first steps are up to 10x the learning rate", low=0)
     adam_eps: float = _f(1e-8, "Adam epsilon, added to the root of each parameter's mean squared gradient: "
                          "where it is larger than the gradients, the steps shrink below the learning rate "
-                         "(PyTorch's default 1e-8; CleanRL's and the PPO paper's Atari runs 1e-5)", low=0)
+                         "(PyTorch's default 1e-8; OpenAI Baselines' and CleanRL's PPO on Atari 1e-5)", low=0)
     discount: float = _f(0.99, "gamma", low=0, high=1)
     pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
                                       "(the value targets keep learner.discount): below it, a move that wins now "

@@ -250,3 +250,9 @@ def test_dead_units_warn_once_above_the_threshold(caplog):
         LearnerMetrics.warn_dead_units(metrics, {"dead_units": 0.99})
     assert len(caplog.records) == 1 and "99% of the torso's output units" in caplog.text
     assert "learner.learning_rate" in caplog.text and "learner.adam_eps" in caplog.text
+
+
+def test_the_optimizers_take_their_epsilon_from_the_config():
+    model = nn.Linear(2, 1)
+    assert make_optimizer(model, LearnerConfig(adam_eps=1e-5)).param_groups[0]["eps"] == 1e-5
+    assert make_optimizer(model, LearnerConfig(optimizer="rmsprop", rmsprop_eps=0.01)).param_groups[0]["eps"] == 0.01
