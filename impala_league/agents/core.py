@@ -174,11 +174,12 @@ class CoreStates:
         self.streams.pop(key, None)
 
 
-def dead_units(features: torch.Tensor) -> float:
-    """The share of the F ReLU units of features [N, F] that are 0 on all N rows: units that pass no gradient
-    on this batch. Near 1, the torso no longer tells states apart and the policy is one for all of them
-    ("dead ReLUs", Lu et al. 2019; dormant neurons with threshold 0, Sokar et al. 2023)."""
-    return float((features <= 0).all(0).float().mean())
+def dead_units(features: torch.Tensor) -> torch.Tensor:
+    """The share of the F ReLU units of features [N, F] that are 0 on all N rows (a 0-dim float tensor on
+    their device): units that pass no gradient on this batch. Near 1, the torso no longer tells states apart
+    and the policy is one for all of them ("dead ReLUs", Lu et al. 2019; dormant neurons with threshold 0,
+    Sokar et al. 2023)."""
+    return (features <= 0).all(0).float().mean()
 
 
 def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

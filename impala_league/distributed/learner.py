@@ -266,8 +266,8 @@ def learn_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     if reduce_gradients is not None:
         reduce_gradients(model)
     step = optimizer_step(model, optimizer, cfg)
-    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step,
-            "dead_units": dead_units(features[0])}
+    parts["dead_units"] = dead_units(features[0])  # read with the losses: one device-to-host copy
+    return {**dict(zip(parts, torch.stack(list(parts.values())).tolist())), **step}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Optimizer:

@@ -220,7 +220,7 @@ def test_linear_schedule_anneals_to_zero_over_whichever_budget_ends_first():
 
 def test_dead_units_are_the_units_off_on_every_row():
     features = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 0.0]])
-    assert dead_units(features) == 0.5  # units 0 and 3 are 0 on all three rows; 1 and 2 are on somewhere
+    assert float(dead_units(features)) == 0.5  # units 0 and 3 are 0 on all three rows; 1 and 2 are on somewhere
 
 
 def test_learn_step_reports_the_torsos_dead_units():
@@ -233,7 +233,7 @@ def test_learn_step_reports_the_torsos_dead_units():
                   reward=torch.ones(T, B), done=torch.zeros(T, B, dtype=torch.bool), behaviour_logits=torch.zeros(T, B, A))
     cfg = LearnerConfig()
     with torch.no_grad():
-        expected = dead_units(model.feature_layer()(model.conv(batch.obs.flatten(0, 1).float().permute(0, 3, 1, 2)).flatten(1)))
+        expected = float(dead_units(model.feature_layer()(model.conv(batch.obs.flatten(0, 1).float().permute(0, 3, 1, 2)).flatten(1))))
     stats = learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)
     assert stats["dead_units"] == expected < 1.0
     with torch.no_grad():
