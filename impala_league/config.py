@@ -246,6 +246,13 @@ class LearnerConfig:
     adam_eps: float = _f(1e-8, "Adam epsilon, added to the root of each parameter's mean squared gradient: "
                          "where it is larger than the gradients, the steps shrink below the learning rate "
                          "(PyTorch's default 1e-8; OpenAI Baselines' and CleanRL's PPO on Atari 1e-5)", low=0)
+    redo_every: int = _f(0, "recycle the torso's dormant ReLU units every N updates (ReDo, Sokar et al. 2023: "
+                         "fresh incoming weights, outgoing weights and optimizer moments 0), scored on that "
+                         "update's batch; 0 = never. For a torso whose units die (the metric dead_units near 1); "
+                         "impala only", low=0)
+    redo_threshold: float = _f(0.0, "ReDo's tau: a unit is dormant when its mean output over the batch is at most tau "
+                               "times its layer's mean output; 0 = only units that are 0 on every step (Sokar et al. "
+                               "use 0.025 to 0.1)", low=0, high=1)
     discount: float = _f(0.99, "gamma", low=0, high=1)
     pg_discount: Optional[float] = _f(None, "gamma of the policy-gradient advantage only, r + gamma * v_{s+1} - V(x_s) "
                                       "(the value targets keep learner.discount): below it, a move that wins now "
@@ -253,6 +260,9 @@ class LearnerConfig:
     reward_clipping: str = _f("none", "rewards as the loss sees them: none, abs_one (clip to [-1, 1]: Atari) or "
                               "soft_asymmetric (0.3 min(tanh r, 0) + 5 max(tanh r, 0): IMPALA's DMLab-30). Episode "
                               "statistics always report the game's own score", choices=REWARD_CLIPPINGS)
+    normalize_advantages: bool = _f(False, "standardize the policy gradient's advantages over each batch (zero mean, "
+                                    "unit std; Sample Factory's APPO and PPO do): the policy's step no longer "
+                                    "shrinks with sparse rewards while the baseline's gradient stays")
     entropy_cost: float = _f(0.01, "weight of the entropy bonus", low=0)
     baseline_cost: float = _f(0.5, "weight of the baseline loss 0.5 * sum (vs - V)^2 (IMPALA: 0.5)", low=0)
     grad_norm_clip: float = _f(40.0, "clip the global gradient norm to this (IMPALA: 40)", low=0, low_open=True)
@@ -647,6 +657,8 @@ def validate(cfg: Config) -> None:
          "replayed): a batch takes whole stream entries of send_batch unrolls; set it to a divisor of that"),
         (cfg.learner.num_learners == 1 or cfg.learner.algo == "impala",
          "learner.num_learners > 1 needs learner.algo=impala (A3C's parameter server is one process)"),
+        (cfg.learner.redo_every == 0 or cfg.learner.algo == "impala",
+         "learner.redo_every > 0 needs learner.algo=impala (A3C's workers step the weights themselves)"),
         (cfg.learner.replay_fraction == 0 or cfg.learner.algo == "impala",
          "learner.replay_fraction > 0 needs learner.algo=impala (A3C's workers push gradients, not unrolls: "
          "there is nothing to replay)"),

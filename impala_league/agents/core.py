@@ -115,6 +115,16 @@ class Network(nn.Module):
         """The module whose output is `encode`'s features [N, F]: ReLU units, read by `dead_units`."""
         raise NotImplementedError
 
+    def recyclable_layers(self) -> list:
+        """The torso's layers whose ReLU units ReDo may recycle (agents.redo.Recyclable, in order; the last
+        one's units are the features)."""
+        raise NotImplementedError
+
+    def feature_readers(self) -> list[torch.Tensor]:
+        """The weights [out, in] whose first F input columns read the features [N, F]: the core's input
+        weights, or else every head's."""
+        raise NotImplementedError
+
     def forward(self, obs, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feedforward networks: (policy logits [N, ...], baseline [N]) of obs [N, ...]. A network with a
         core is stepped with `step` (one step, state carried) or unrolled by the learner."""
@@ -172,6 +182,11 @@ class CoreStates:
     def reset(self, key) -> None:
         """Stream `key`'s episode ended: its next step starts from zeros."""
         self.streams.pop(key, None)
+
+
+def feature_readers(core: LSTMCore | None, heads: list[nn.Linear]) -> list[torch.Tensor]:
+    """`Network.feature_readers` of a network whose features feed `core`, or, without one, `heads`."""
+    return [core.lstm.weight_ih_l0] if core is not None else [head.weight for head in heads]
 
 
 def dead_units(features: torch.Tensor) -> torch.Tensor:

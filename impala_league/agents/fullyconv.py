@@ -17,8 +17,9 @@ import torch
 from pysc2.lib import features
 from torch import nn
 
-from impala_league.agents.core import Network
+from impala_league.agents.core import Network, feature_readers
 from impala_league.agents.network import make_core, mask_logits
+from impala_league.agents.redo import Recyclable, default_init
 from impala_league.config import AgentConfig
 from impala_league.envs.sc2_wrappers.actions import FunctionCallCodec
 from impala_league.envs.sc2_wrappers.observation import (MINIMAP, NUM_PLAYER_FEATURES, PLAYER, SCREEN,
@@ -64,6 +65,12 @@ class FullyConv(Network):
 
     def feature_layer(self) -> nn.Module:
         return self.fc
+
+    def recyclable_layers(self) -> list[Recyclable]:
+        return [Recyclable(self.fc[0], default_init)]  # the towers feed the spatial heads too: not recycled
+
+    def feature_readers(self) -> list[torch.Tensor]:
+        return feature_readers(self.core, [*self.head_layers, self.baseline])
 
     def encode(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """obs: screen [N, C_s, S, S] and minimap [N, C_m, S, S] integer layers, player float [N, 11]

@@ -8,7 +8,8 @@ import math
 import torch
 from torch import nn
 
-from impala_league.agents.core import LSTMCore, Network
+from impala_league.agents.core import LSTMCore, Network, feature_readers
+from impala_league.agents.redo import Recyclable, default_init
 from impala_league.agents.spec import PIXEL_TORSOS
 from impala_league.agents.torsos import orthogonal_init, pixel_torso
 from impala_league.config import AgentConfig
@@ -124,6 +125,15 @@ class ActorCritic(Network):
 
     def feature_layer(self) -> nn.Module:
         return self.pixels if self.pixels is not None else self.fc
+
+    def recyclable_layers(self) -> list[Recyclable]:
+        if self.pixels is not None:
+            return self.pixels.recyclable_layers()
+        return [Recyclable(m, default_init) for m in (*(self.conv or ()), *self.fc)
+                if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+    def feature_readers(self) -> list[torch.Tensor]:
+        return feature_readers(self.core, [self.policy, self.baseline])
 
     def encode(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
         """The torso: obs [N, *obs_shape] (any numeric dtype; scaled by 1/255 only where the env's space

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from impala_league.agents.redo import Recyclable
 from impala_league.agents.spec import check_frames
 
 def orthogonal_init(module: nn.Module, gain: float) -> nn.Module:
@@ -36,6 +37,10 @@ def orthogonal_init(module: nn.Module, gain: float) -> nn.Module:
 
 
 RELU_GAIN = 2 ** 0.5  # the gain of a layer followed by a ReLU (He et al. 2015)
+
+
+def _relu_init(layer: nn.Module) -> None:
+    orthogonal_init(layer, RELU_GAIN)
 
 
 def _flat_size(trunk: nn.Module, c: int, h: int, w: int) -> int:
@@ -60,6 +65,9 @@ class ShallowTorso(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.fc(self.trunk(frames.float() / 255.0))
+
+    def recyclable_layers(self) -> list[Recyclable]:
+        return [Recyclable(m, _relu_init) for m in (self.trunk[0], self.trunk[2], self.fc[0])]
 
 
 class ResidualBlock(nn.Module):
@@ -99,6 +107,10 @@ class ResNetTorso(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.fc(self.trunk(frames.float() / 255.0))
+
+    def recyclable_layers(self) -> list[Recyclable]:
+        # The convs write into a residual stream (x + block(x)), whose channels a ReLU does not end.
+        return [Recyclable(self.fc[0], _relu_init)]
 
 
 def pixel_torso(torso: str, obs_shape: Sequence[int], hidden: int, resnet_channels: Sequence[int]) -> nn.Module:

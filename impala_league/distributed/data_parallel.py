@@ -146,6 +146,16 @@ def average_gradients(model: torch.nn.Module, group: Group) -> None:
         offset += n
 
 
+def average_tensor(tensor: torch.Tensor, group: Group) -> torch.Tensor:
+    """The mean of `tensor` over the ranks (one all-reduce; `tensor` itself with one learner). Raises
+    DataParallelError."""
+    if not group.distributed:
+        return tensor
+    total = tensor.clone()
+    _collective(dist.all_reduce, total, op=dist.ReduceOp.SUM)
+    return total / group.size
+
+
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
                     group: Group, device: torch.device) -> dict:
     """Make every rank's model and optimizer state (Adam's or RMSProp's moments, steps) rank 0's, and

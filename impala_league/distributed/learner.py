@@ -26,13 +26,14 @@ import torch
 from impala_league.agents.core import dead_units, forward_batch
 from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
+from impala_league.agents.redo import recycle_dormant_units
 from impala_league.config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch
 from impala_league.distributed import keys
 from impala_league.distributed.allocator import keep_freed_memory
 from impala_league.distributed.checkpoints import Checkpoints
 from impala_league.distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
-from impala_league.distributed.data_parallel import (DataParallelError, Group, average_gradients, broadcast_state, cuda_device_for,
-                                       join)
+from impala_league.distributed.data_parallel import (DataParallelError, Group, average_gradients, average_tensor,
+                                                     broadcast_state, cuda_device_for, join)
 from impala_league.distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
 from impala_league.distributed.ingest_workers import (IngestWorkerError, IngestWorkers, slot_nbytes, worker_consumer,
                                         worker_settings)
@@ -774,9 +775,21 @@ class Learner:
                         self.step + 1, stats["loss"])
         self.step += 1
         self.frames += self.cfg.actor.unroll_length * unrolls * self.group.size
+        if self.cfg.learner.redo_every and self.step % self.cfg.learner.redo_every == 0:
+            self.recycle(batch)
         if self.step % self.cfg.learner.publish_every == 0 and self.group.is_main:
             self.params.publish(self.model.state_dict(), self.step, self.frames)
         return stats
+
+    def recycle(self, batch: Batch) -> None:
+        """ReDo (agents.redo) over the observations of the batch just trained on: every learner recycles
+        the same units (scores averaged over them, the same seed)."""
+        obs = {k: v.flatten(0, 1) for k, v in batch.obs.items()} if isinstance(batch.obs, dict) else batch.obs.flatten(0, 1)
+        recycled, units = recycle_dormant_units(self.model, self.optimizer, obs, self.cfg.learner.redo_threshold,
+                                                seed=self.cfg.run.seed * 7919 + self.step,
+                                                average=partial(average_tensor, group=self.group))
+        if self.group.is_main:
+            log.info("%s update %d: recycled %d of %d torso units (ReDo)", self.label, self.step, recycled, units)
 
     def finish(self) -> None:
         """Checkpoint and publish the final weights; tell actors the run is over unless interrupted.

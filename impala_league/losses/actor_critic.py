@@ -30,6 +30,7 @@ class ActionHead(Protocol):
 
 
 EPSILON_CORRECTION = 1e-6  # the epsilon of the paper's epsilon-correction: log(pi + epsilon)
+ADVANTAGE_EPS = 1e-8  # normalize_advantages: a batch of equal advantages gives 0, not nan
 
 
 class Targets(NamedTuple):
@@ -116,7 +117,8 @@ def actor_critic_loss(logits: torch.Tensor, values: torch.Tensor, final_values: 
     log_rho = log pi(a|x) - log mu(a|x) is the sum of the per-head log-ratios.
 
     loss = policy_gradient_loss + baseline_cost * baseline_loss + entropy_cost * entropy_loss, with
-      policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),
+      policy_gradient_loss = -mean(pg_advantage_t * log pi(a_t|x_t)),  (pg_advantage standardized over the
+                             batch, (A - mean A) / (std A + 1e-8), with cfg.normalize_advantages)
       baseline_loss        = mean(0.5 * (v_t - V(x_t))^2),
       entropy_loss         = -mean(H(pi(.|x_t))),
     v_t and pg_advantage_t from the off-policy correction `cfg.correction` (see `off_policy_targets`;
@@ -127,7 +129,10 @@ def actor_critic_loss(logits: torch.Tensor, values: torch.Tensor, final_values: 
     truncated_fraction is the share of steps a time limit ended (bootstrapped, not terminal).
     """
     vt = off_policy_targets(logits, values, batch, cfg, head, final_values)
-    policy_gradient_loss = -(vt.log_pi * vt.pg_advantages).mean()
+    pg_advantages = vt.pg_advantages
+    if cfg.normalize_advantages:  # Sample Factory's APPO: the pg term's scale no longer follows the rewards'
+        pg_advantages = (pg_advantages - pg_advantages.mean()) / (pg_advantages.std() + ADVANTAGE_EPS)
+    policy_gradient_loss = -(vt.log_pi * pg_advantages).mean()
     baseline_loss = 0.5 * (vt.vs - values[:-1]).pow(2).mean()
     entropy = head.entropy(logits[:-1], batch.action).mean()
     loss = policy_gradient_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy

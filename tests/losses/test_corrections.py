@@ -129,3 +129,16 @@ def test_a_float64_reference_agrees_on_a_random_off_policy_batch():
 def test_an_unknown_correction_is_a_config_error():
     with pytest.raises(ConfigError, match="learner.correction must be vtrace, is1, epsilon or none"):
         load_config(None, ["learner.correction=retrace"])
+
+
+def test_normalized_advantages_are_standardized_over_the_batch():
+    # pi(1|x0) = 0.5 now (rho_0 = 1, clipped as before): the V-trace advantages stay [0.49, 1.3]; standardized
+    # (torch's unbiased std of two values, |1.3 - 0.49| / sqrt 2) they are [-1/sqrt 2, 1/sqrt 2].
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])
+    log_pi = np.log([0.5, 0.75])
+    plain = run_step("vtrace", pi_logits=logits)
+    normalized = run_step("vtrace", pi_logits=logits, normalize_advantages=True)
+    assert math.isclose(plain["policy_gradient_loss"], -(log_pi * np.array([0.49, 1.3])).mean(), rel_tol=1e-5)
+    expected = -(log_pi * np.array([-1, 1]) / math.sqrt(2)).mean()
+    assert math.isclose(normalized["policy_gradient_loss"], expected, rel_tol=1e-5)
+    assert normalized["baseline_loss"] == plain["baseline_loss"]  # the value targets are not touched
