@@ -183,14 +183,15 @@ class LearnerMetrics:
 
     def warn_dead_units(self, record: dict) -> None:
         """Once a run: most of the torso's units are dead (agents.core.dead_units above DEAD_UNITS_WARNING
-        on the window's mean): the network has stopped telling states apart, which no later update undoes."""
+        on the window's mean): the network has stopped telling states apart, which no gradient step undoes."""
         if self.warned_dead_units or record.get("dead_units", 0.0) <= DEAD_UNITS_WARNING:
             return
         self.warned_dead_units = True
         log.warning("%.0f%% of the torso's output units were 0 on every step of each batch (dead ReLUs, "
                     "metrics.jsonl's dead_units): the policy hardly depends on the state any more and these units "
                     "get no gradient; a smaller learner.learning_rate or a larger learner.adam_eps keeps them "
-                    "alive (configs/atari_boxing_league.yaml says how it died there)", 100 * record["dead_units"])
+                    "alive longer, learner.redo_every recycles them (ReDo); configs/atari_boxing_league.yaml "
+                    "says how it died there", 100 * record["dead_units"])
 
     def log_line(self, record: dict) -> None:
         """The record's numbers a person follows, as one log line."""

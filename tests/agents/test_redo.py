@@ -3,12 +3,18 @@ and zero optimizer state, and the network computes the same function afterwards.
 
 from __future__ import annotations
 
+import logging
+import re
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from impala_league.agents.network import ActorCritic
 from impala_league.agents.redo import recycle_dormant_units, unit_scores
-from impala_league.config import AgentConfig
+from impala_league.config import AgentConfig, ConfigError, load_config
+from impala_league.distributed.data_parallel import Group
+from impala_league.distributed.learner import Learner
 
 
 def frames(n: int = 16) -> torch.Tensor:
@@ -142,3 +148,27 @@ def test_mlp_and_conv_torsos_chain_their_layers():
         block = second.weight.shape[1] // first.weight.shape[0]
         assert (second.weight[:, block:2 * block] == 0).all()
         torch.testing.assert_close(model(x, torch.ones(10, 3))[0], before)
+
+
+def test_the_learner_recycles_over_its_batchs_observations(caplog):
+    model = shallow()
+    with torch.no_grad():
+        model.pixels.fc[0].bias[:3] = -1e3
+    T, B = 3, 2
+    batch = SimpleNamespace(obs=frames((T + 1) * B).view(T + 1, B, 4, 52, 52))
+    learner = SimpleNamespace(model=model, optimizer=None, step=1000, group=Group.single(), label="learner",
+                              cfg=load_config(None, ["learner.redo_every=1000", "run.seed=5"]))
+    with caplog.at_level(logging.INFO, logger="learner"):
+        Learner.recycle(learner, batch)
+    assert (model.policy.weight[:, :3] == 0).all()
+    assert re.search(r"learner update 1000: recycled \d+ of 64 torso units \(ReDo\)", caplog.text)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["learner.redo_every=100", "learner.algo=a3c"], r"learner.redo_every > 0 needs learner.algo=impala"),
+    (["learner.redo_threshold=2"], r"learner.redo_threshold must be in \[0, 1\]"),
+    (["learner.redo_every=-1"], r"learner.redo_every must be >= 0"),
+])
+def test_bad_redo_settings_are_refused_by_name(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -250,6 +250,7 @@ def test_dead_units_warn_once_above_the_threshold(caplog):
         LearnerMetrics.warn_dead_units(metrics, {"dead_units": 0.99})
     assert len(caplog.records) == 1 and "99% of the torso's output units" in caplog.text
     assert "learner.learning_rate" in caplog.text and "learner.adam_eps" in caplog.text
+    assert "learner.redo_every" in caplog.text
 
 
 def test_the_optimizers_take_their_epsilon_from_the_config():
