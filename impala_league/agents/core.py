@@ -197,6 +197,11 @@ def dead_units(features: torch.Tensor) -> torch.Tensor:
     return (features <= 0).all(0).float().mean()
 
 
+def flatten_steps(obs):
+    """A batch's observations [T+1, B, ...] (a tensor, or a dict of them) as [(T+1) B, ...], time-major."""
+    return {k: v.flatten(0, 1) for k, v in obs.items()} if isinstance(obs, dict) else obs.flatten(0, 1)
+
+
 def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward pass of `model` over a learner batch's (distributed.learner.Batch) T+1 observations and
     its final observations together.
@@ -211,9 +216,7 @@ def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, to
     its own episode after that step.
     """
     T, B = batch.reward.shape
-    flat = (lambda x: {k: v.flatten(0, 1) for k, v in x.items()}) if isinstance(batch.obs, dict) else (
-        lambda x: x.flatten(0, 1))
-    obs, masks = flat(batch.obs), batch.action_mask.flatten(0, 1)
+    obs, masks = flatten_steps(batch.obs), batch.action_mask.flatten(0, 1)
     n = 0 if batch.final_t is None else len(batch.final_t)
     if n:
         if isinstance(obs, dict):

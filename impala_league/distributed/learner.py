@@ -23,7 +23,7 @@ import numpy as np
 import redis
 import torch
 
-from impala_league.agents.core import dead_units, forward_batch
+from impala_league.agents.core import dead_units, flatten_steps, forward_batch
 from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.agents.redo import recycle_dormant_units
@@ -784,8 +784,8 @@ class Learner:
     def recycle(self, batch: Batch) -> None:
         """ReDo (agents.redo) over the observations of the batch just trained on: every learner recycles
         the same units (scores averaged over them, the same seed)."""
-        obs = {k: v.flatten(0, 1) for k, v in batch.obs.items()} if isinstance(batch.obs, dict) else batch.obs.flatten(0, 1)
-        recycled, units = recycle_dormant_units(self.model, self.optimizer, obs, self.cfg.learner.redo_threshold,
+        recycled, units = recycle_dormant_units(self.model, self.optimizer, flatten_steps(batch.obs),
+                                                self.cfg.learner.redo_threshold,
                                                 seed=self.cfg.run.seed * 7919 + self.step,
                                                 average=partial(average_tensor, group=self.group))
         if self.group.is_main:
