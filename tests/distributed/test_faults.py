@@ -376,9 +376,6 @@ def test_ctrl_c_checkpoints_skips_evaluation_and_leaves_nothing_running(tmp_path
 
 
 def test_sigkilled_launcher_takes_its_embedded_redis_and_children_along(tmp_path, run_name):
-    import tempfile
-
-    before = set(Path(tempfile.gettempdir()).glob("impala-redis-*"))
     proc = _start_train(tmp_path, run_name)  # embedded redis-server
     lines: list[str] = []
     try:
@@ -386,10 +383,13 @@ def test_sigkilled_launcher_takes_its_embedded_redis_and_children_along(tmp_path
         time.sleep(0.5)
         children = _descendants(proc.pid)
         assert len(children) >= 3, children  # redis-server, learner, actor
+        # No temp dir to leave behind: the run's redis-server works in the run's own folder (it chdirs to its
+        # --dir). A listing of /tmp would race with other tests' launchers under -n.
+        cwds = {Path(os.readlink(f"/proc/{p}/cwd")) for p in children}
+        assert tmp_path / run_name / "redis" in cwds, cwds
         proc.kill()
         proc.wait(10)
     finally:
         proc.kill()
     assert not _wait_gone(children), "orphans: " + " ".join(Path(f"/proc/{p}/cmdline").read_text()
                                                             for p in _alive(children))
-    assert set(Path(tempfile.gettempdir()).glob("impala-redis-*")) <= before  # no temp dir left behind
