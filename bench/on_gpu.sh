@@ -12,12 +12,18 @@
 #   5. bench_pixels.py: the learner's update on Pong's frames (configs/atari_pong.yaml, T x B = 20 x 4, the
 #      config's, and 20 x 32) with IMPALA's deep (resnet) and shallow torsos on CUDA, agent steps/s;
 #   6. bench_sps.py on configs/atari_pong.yaml, ACTORS actors, the learner on CUDA at B = 32, with the
-#      resnet torso and then the shallow one: learner-consumed SPS against the actors' unthrottled rate.
-# STEPS chooses the parts (default all: "ingest sps algos core pixels pong"); about 14 minutes in all,
-# "pixels pong" about 7. Everything goes to OUT (default /tmp/on_gpu) and to standard output.
+#      resnet torso and then the shallow one: learner-consumed SPS against the actors' unthrottled rate;
+#   7. boxing (not in the default set): configs/atari_boxing_league.yaml trained for BOXING_MINUTES
+#      (default 7) with ACTORS actors and the learner on CUDA at B = 32, then its greedy final policy
+#      against `random` (evaluation.json: wins, draws, losses per seat); the run in OUT/runs.
+# STEPS chooses the parts (default all but boxing: "ingest sps algos core pixels pong"); about 14 minutes
+# in all, "pixels pong" about 7, "boxing" about BOXING_MINUTES + 3. Everything goes to OUT (default
+# /tmp/on_gpu) and to standard output. The Atari parts need ale-py, multi-agent-ale-py, opencv-python-headless
+# and zstandard among the machine's wheels (requirements.txt pins them).
 #
 #   bash bench/on_gpu.sh [OUT]
 #   STEPS="pixels pong" bash bench/on_gpu.sh          # the Atari parts only
+#   STEPS=boxing BOXING_MINUTES=7 bash bench/on_gpu.sh # the Boxing league with 14 actors, then against random
 #   DEVICE=cpu ACTORS=2 WORKERS=1 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +34,7 @@ ACTORS=${ACTORS:-14}
 WORKERS=${WORKERS:-4}
 SECONDS_MEASURED=${SECONDS_MEASURED:-45}
 MINUTES=${MINUTES:-2}
+BOXING_MINUTES=${BOXING_MINUTES:-7}
 STEPS=${STEPS:-ingest sps algos core pixels pong}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
@@ -63,4 +70,8 @@ want pong && for torso in resnet shallow; do
     --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
     | tee "$OUT/bench_sps_pong_$torso.txt"
 done
+want boxing && "$PY" run.py train --config configs/atari_boxing_league.yaml --set run.dir="$OUT/runs" \
+  --set run.max_minutes="$BOXING_MINUTES" --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" \
+  --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
+  --eval-history 0 2>&1 | tee "$OUT/boxing.txt"
 true
