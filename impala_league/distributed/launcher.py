@@ -32,6 +32,7 @@ from impala_league.config import Config
 from impala_league.distributed import keys
 from impala_league.distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT, stopped_exit_code
 from impala_league.distributed.params import ParamStore
+from impala_league.distributed.restarts import RestartBudget
 from impala_league.distributed.transport import LearnerLease, RedisUnavailable, connect, run_is_over
 from impala_league.league.players import MAIN, learner_players, namespace
 from impala_league.league.store import LeagueStore
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("launcher")
 
 REDIS_URL_ENV = "IMPALA_REDIS_URL"
-MAX_ACTOR_RESTARTS = 20
 
 
 def redis_server_binary() -> str:
@@ -389,6 +389,11 @@ def _restart_args(role: str, args: list[str]) -> list[str]:
     return args if role == "actor" or "--resume" in args else args + ["--resume"]
 
 
+def restart_budget(cfg: Config) -> RestartBudget:
+    """The supervisors' restart rule from the config (run.max_restarts per run.restart_window_s)."""
+    return RestartBudget(cfg.run.max_restarts, cfg.run.restart_window_s)
+
+
 class Stop(NamedTuple):
     """Why every supervised child must be stopped: the exit code for it and a one-line reason."""
 
@@ -409,16 +414,14 @@ class Workers:
     """
 
     def __init__(self, commands: dict[str, tuple[str, list[str], int]], config_path: Path | None, redis_url: str,
-                 client: redis.Redis, run: str, view: "LiveView | None" = None,
-                 max_restarts: int = MAX_ACTOR_RESTARTS) -> None:
+                 client: redis.Redis, run: str, budget: RestartBudget, view: "LiveView | None" = None) -> None:
         self.commands = dict(commands)
         self.config_path = config_path
         self.redis_url = redis_url
         self.client = client
         self.run = run
         self.view = view
-        self.max_restarts = max_restarts  # restarts of all children together
-        self.restarts = 0
+        self.budget = budget  # restarts of all children together, per window of time
         self.procs: dict[str, subprocess.Popen] = {}
         self.ended: set[str] = set()  # names of children that exited once the run was over
 
@@ -434,7 +437,7 @@ class Workers:
     def poll(self) -> Stop | None:
         """Look at every child once and restart those that exited before the run is over. Returns a Stop
         when every child must be stopped: one exited with USER_ERROR_EXIT (a config or file error, which
-        a restart would meet again: code USER_ERROR_EXIT), more than `max_restarts` restarts were needed,
+        a restart would meet again: code USER_ERROR_EXIT), a restart was over the budget (a crash loop),
         or Redis, which says whether the run is over, did not answer (code 1); else None."""
         for name, proc in list(self.procs.items()):
             code = proc.poll()
@@ -451,9 +454,9 @@ class Workers:
             if code == USER_ERROR_EXIT:  # a config or file error: restarting won't help
                 return Stop(USER_ERROR_EXIT,
                             f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)")
-            self.restarts += 1
-            if self.restarts > self.max_restarts:
-                return Stop(1, f"workers crashed {self.restarts} times; giving up (see their errors above)")
+            if not self.budget.take():
+                return Stop(1, f"{name} (pid {proc.pid}) {_describe_exit(code)}: {self.budget.describe()}; "
+                               "giving up on a crash loop (see the errors above)")
             # Redis unreachable at start (an embedded one restarting) is worth a restart too.
             log.warning("%s (pid %d) exited with code %s%s; restarting it", name, proc.pid, code,
                         f" ({EXIT_NAMES[code]})" if code in EXIT_NAMES else "")
@@ -522,7 +525,8 @@ def supervise(cfg: Config, config_path: Path, run_dir: Path, redis_url: str, res
     # SIGTERM or a closed terminal (SIGHUP) must never leave children running in their own sessions.
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     learner = None
-    workers = Workers(worker_commands(cfg, run_dir, resume), config_path, redis_url, client, cfg.run.name, view)
+    workers = Workers(worker_commands(cfg, run_dir, resume), config_path, redis_url, client, cfg.run.name,
+                      restart_budget(cfg), view)
     ranks: list[subprocess.Popen] = []  # learner ranks 1..K-1 of learner.num_learners (rank 0 is `learner`)
     try:
         learner_args = learner_rank_args(cfg, run_dir, resume)
@@ -565,7 +569,7 @@ def supervise_actors(cfg: Config, config_path: Path | None, overrides: list[str]
 
     Returns the exit code: 0 when the run is over (its done key set: the actors end by themselves);
     USER_ERROR_EXIT when an actor exits with it (a config error: restarting is no remedy), 1 when the
-    actors crashed more than MAX_ACTOR_RESTARTS times in all or Redis was lost, after stopping the
+    actors crashed faster than run.max_restarts per run.restart_window_s or Redis was lost, after stopping the
     others; 128 + N after stop signal N (SIGINT, SIGTERM, SIGHUP) before the run was over: every actor
     gets SIGTERM, and SIGKILL STOP_TIMEOUT_S["actor"] later or at a second signal. The actors die with
     this process, also when it is killed (`die_with_parent`)."""
@@ -580,7 +584,7 @@ def supervise_actors(cfg: Config, config_path: Path | None, overrides: list[str]
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}  # before the first child exists
     args = [arg for kv in overrides for arg in ("--set", kv)] + ["--player", player, "--wait-redis", f"{wait_redis_s:g}"]
     workers = Workers({f"actor #{i}": ("actor", args, 0) for i in range(1, count + 1)}, config_path, redis_url,
-                      client, cfg.run.name)
+                      client, cfg.run.name, restart_budget(cfg))
     stop = None
     try:
         workers.start()
