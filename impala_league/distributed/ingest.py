@@ -178,11 +178,16 @@ def stack_entries(entries: list[dict[str, np.ndarray]],
 
     alloc(name, shape, dtype) gives each output array, in the order of the entries' arrays (default:
     new memory; an ingest worker places them in a shared-memory slot). Each array is copied twice (concatenate, then the time-major copy): two
-    numpy calls per array whatever the number of entries."""
+    numpy calls per array whatever the number of entries.
+
+    An entry without final observations (an actor's own unrolls leave them out when no step is
+    truncated: N_e = 0) adds no rows to them, whichever entry comes first. Raises KeyError when an entry
+    lacks any other array."""
     out = {}
-    for name in entries[0]:
-        joined = np.concatenate([e[name] for e in entries])
-        target = joined if name.startswith("final_obs") else joined.swapaxes(0, 1)
+    for name in dict.fromkeys(name for e in entries for name in e):  # every entry's names, first seen first
+        finals = name.startswith("final_obs")
+        joined = np.concatenate([e[name] for e in entries if not finals or name in e])
+        target = joined if finals else joined.swapaxes(0, 1)
         out[name] = alloc(name, target.shape, target.dtype) if alloc else np.empty(target.shape, target.dtype)
         np.copyto(out[name], target)
     return out

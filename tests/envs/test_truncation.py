@@ -360,3 +360,31 @@ def test_starcraft_step_limit_is_truncated_and_its_final_observations_reach_the_
         _, expected = model(final_obs, torch.ones(n, spec.num_actions))
     t = np.flatnonzero(decoded["truncated"])
     np.testing.assert_allclose(final_values[t, 0].numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _unroll(truncated_at: int | None, T: int = 3) -> dict[str, np.ndarray]:
+    """An actor's own unroll of T steps (observation [t, 0]); the step `truncated_at` cut with the final
+    observation [t, 99], or none truncated (then the unroll carries no `final_obs` at all)."""
+    buffer = UnrollBuffer(UnrollSpec(SPEC, T))
+    for t in range(T + 1):
+        unroll = buffer.observe(np.array([t, 0], np.float32), np.ones(A, np.uint8))
+        if t == T:
+            return unroll
+        buffer.record_action(0, np.zeros(A, np.float32))
+        cut = t == truncated_at
+        buffer.settle(0.0, cut, truncated=cut, final_observation=np.array([t, 99], np.float32) if cut else None)
+
+
+@pytest.mark.parametrize("order", ["truncated first", "untruncated first"])
+def test_a_batch_of_truncated_and_untruncated_unrolls_stacks_in_either_order(order):
+    """An A3C worker's batch (actor.send_batch > 1) mixes an unroll with a cut step and one without."""
+    unrolls = [_unroll(1), _unroll(None)]
+    assert "final_obs" in unrolls[0] and "final_obs" not in unrolls[1]
+    if order == "untruncated first":
+        unrolls.reverse()
+    batch = Batch.stack(unrolls, torch.device("cpu"))
+    b = 0 if order == "truncated first" else 1
+    assert batch.final_obs.tolist() == [[1.0, 99.0]]
+    assert batch.final_t.tolist() == [1] and batch.final_b.tolist() == [b]
+    assert batch.truncated[:, b].tolist() == [False, True, False] and not batch.truncated[:, 1 - b].any()
+    assert batch.obs[:, 1 - b, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
