@@ -341,6 +341,15 @@ class LeagueConfig:
     manager_every_s: float = _f(2.0, "seconds between league manager passes (results, snapshots, matchmaking)",
                                 low=0, low_open=True)
     opponent_cache: int = _f(16, "snapshots an actor keeps in memory, least recently used dropped first", low=1)
+    redis_snapshots: int = _f(64, "the most snapshots whose weights Redis holds (the newest of each learner, those "
+                              "actors asked for, then those the opponent distributions weigh most); the others "
+                              "stay members, their files are loaded back when actors draw them (league/residency.py). "
+                              "64 x a 2.6 MB Atari network is 167 MB", low=1, high=100_000)
+    redis_budget_mb: float = _f(1024.0, "the league manager warns, with the numbers, when Redis's used_memory passes "
+                                "this many MB", low=0, low_open=True)
+    disk_budget_mb: float = _f(20480.0, "the league manager warns, with the numbers, when the run directory (snapshot "
+                               "files, checkpoints, metrics, the embedded Redis's append-only file) passes this many MB",
+                               low=0, low_open=True)
     opponent_temperature: float = _f(1.0, "league opponents that are networks (snapshots, other learners) play "
                                      "softmax(logits / T): 1 samples their policy (AlphaStar), 0 plays its argmax",
                                      low=0, high=100)
@@ -698,6 +707,12 @@ def _league_rules(cfg: Config) -> list[tuple[bool, str]]:
         (cfg.learner.num_learners == 1 or not (league.main_exploiters or league.league_exploiters),
          "learner.num_learners > 1 is not supported with league exploiters (league.main_exploiters, "
          "league.league_exploiters): set them to 0 or learner.num_learners=1"),
+        # Redis holds each learner's newest snapshot, and as many as one actor caches.
+        (not league.enabled or league.redis_snapshots >= max(league.opponent_cache,
+                                                               1 + league.main_exploiters + league.league_exploiters),
+         f"league.redis_snapshots={league.redis_snapshots} is below league.opponent_cache={league.opponent_cache} "
+         f"or the {1 + league.main_exploiters + league.league_exploiters} learning players (Redis keeps each one's "
+         "newest snapshot): raise league.redis_snapshots"),
     ]
 
 

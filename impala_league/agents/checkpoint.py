@@ -49,7 +49,10 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     config_yaml: str, meta: dict[str, Any]) -> None:
-    """Write model, optimizer state, config and `meta` to `path` atomically, with the tensors' digest."""
+    """Write model, optimizer state, config and `meta` to `path` atomically, with the tensors' digest.
+
+    A failed write (a full disk: OSError, or SafetensorError from the serializer) removes its temporary
+    file and raises; the file already at `path` stays whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -63,12 +66,16 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     metadata = {"config": config_yaml, "meta": json.dumps(meta), "optim_groups": json.dumps(groups),
                 DIGEST_KEY: tensors_digest(tensors)}
     tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    durable_replace(tmp, path)
     sidecar = path.with_suffix(".json")
-    tmp = sidecar.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    durable_replace(tmp, sidecar)
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        durable_replace(tmp, path)
+        tmp = sidecar.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        durable_replace(tmp, sidecar)
+    except (OSError, SafetensorError):
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def durable_replace(tmp: Path, path: Path) -> None:

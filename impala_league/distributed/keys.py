@@ -60,5 +60,6 @@ def deadletter(prefix: str, count: bool = False) -> str:
 
 def league(run: str, part: str, member: str = "") -> str:
     """The league's keys: `opponents` (a learner's opponent distribution), `snap` (a snapshot's weights),
-    `reset` (a learner's reset count), each for `member` ("*": a pattern); `corrupt` (a count)."""
+    `reset` (a learner's reset count), each for `member` ("*": a pattern); `corrupt` (a count), `resident`
+    (the set of snapshots whose weights Redis holds), `wanted` (snapshots actors asked to be loaded)."""
     return f"{run}:league:{part}" + (f":{member}" if member else "")

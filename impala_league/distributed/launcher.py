@@ -94,6 +94,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+AOF_REWRITE_PERCENTAGE = 50
+"""The embedded Redis rewrites its append-only file after it grew this much (%) since the last rewrite
+(Redis's default is 100): a week-long league's file stays near its data set (league/usage.py)."""
+AOF_REWRITE_MIN_MB = 32
+"""... and only once it is at least this large (Redis's default: 64 MB)."""
+
+
 class EmbeddedRedis:
     """A private redis-server on a free loopback port with a random password; stopped on `stop()`.
 
@@ -103,7 +110,8 @@ class EmbeddedRedis:
     and password with its streams, groups and pending entries, and actors and learner carry on (they
     retry a lost connection, see transport.RetryPolicy). A killed server loses what it acknowledged in
     its last second or two: everysec postpones a write while the previous fsync runs. `stop()` removes
-    the folder.
+    the folder. Redis rewrites the file once it has grown by AOF_REWRITE_PERCENTAGE % since the last
+    rewrite and is past AOF_REWRITE_MIN_MB, so it stays below (1 + that / 100) x the data set.
 
     On Linux it also dies with the thread that created it (see `die_with_parent`): create it from a
     thread that outlives it, such as the main thread.
@@ -154,7 +162,8 @@ class EmbeddedRedis:
             self.proc = subprocess.Popen(
                 [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass",
                  self.password, "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync",
-                 "everysec", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning",
+                 "everysec", "--auto-aof-rewrite-percentage", str(AOF_REWRITE_PERCENTAGE), "--auto-aof-rewrite-min-size",
+                 f"{AOF_REWRITE_MIN_MB}mb", "--dir", self.dir, "--protected-mode", "yes", "--loglevel", "warning",
                  *(["--replicaof", "127.0.0.1", str(self.replica_of.port), "--masterauth", self.password]
                    if self.replica_of is not None else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,

@@ -5,10 +5,14 @@ One pass every `league.manager_every_s` seconds:
      the Elo ratings (only games one opponent version played throughout, see `single_opponent`);
   2. freeze snapshots of learners that are due (see `due_snapshot`), reset exploiters that earned it;
   3. publish each learner's opponent distribution (league/matchmaking.py) for its actors;
-  4. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line.
+  4. choose the snapshots whose weights Redis holds, at most `league.redis_snapshots`, evicting and
+     loading back from files (league/residency.py);
+  5. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line;
+     every 30 s, measure the run directory and Redis against their budgets (league/usage.py).
 
-Snapshots are checkpoint files (`league/snapshots/<id>.safetensors`, loadable by `load_policy`) and
-weights in Redis for the actors. `--resume` reloads the state and puts the snapshots back into Redis.
+Snapshots are checkpoint files (`league/snapshots/<id>.safetensors`, loadable by `load_policy`), every
+one a member for the run's life, and weights in Redis for the actors while resident. `--resume` reloads
+the state, adopts snapshot files written after the state was last saved, and fills Redis again.
 """
 
 from __future__ import annotations
@@ -26,25 +30,26 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from impala_league.agents.checkpoint import CheckpointError, model_state, read_checkpoint, save_checkpoint
+from impala_league.agents.checkpoint import CheckpointError, read_meta, save_checkpoint
 from impala_league.agents.model import make_model
 from impala_league.config import Config, ConfigError, to_yaml, without_secrets
 from impala_league.distributed import keys
-from impala_league.distributed.codec import WeightsCorrupt, decode_weights, encode_weights
+from impala_league.distributed.codec import WeightsCorrupt, decode_weights
 from impala_league.distributed.ownership import owns_run_dir, run_role
 from impala_league.distributed.params import ParamStore
 from impala_league.distributed.transport import LearnerLease, ResultsStream, connect, run_is_over
 from impala_league.envs.registry import env_spec
 from impala_league.league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from impala_league.league.payoff import EloRatings, PayoffTable, episode_score
-from impala_league.league.players import MAIN, PLAYER_ID, learner_players, namespace, role
+from impala_league.league.players import MAIN, PLAYER_ID, SNAPSHOT_ID, learner_players, namespace, role
+from impala_league.league.residency import SnapshotResidency
 from impala_league.league.store import LeagueStore
+from impala_league.league.usage import RATINGS_MAX_BYTES, Usage, thin_jsonl
 
 log = logging.getLogger("league")
 
 GROUP = "league"
 STATE_VERSION = 1
-SNAPSHOT_ID = re.compile(r"(main|(main_exploiter|league_exploiter)_\d+)-\d{7,}")  # also a safe file name
 
 
 def single_opponent(result: dict) -> bool:
@@ -98,6 +103,12 @@ class LeagueManager:
         self.store = LeagueStore(self.redis, cfg.run.name)
         self.results = ResultsStream(self.redis, cfg.run.name)
         self.params = {p: ParamStore(self.redis, namespace(cfg.run.name, p)) for p in self.learners}
+        self.residency = SnapshotResidency(self.store, self.snapshot_dir, league.redis_snapshots)
+        self.usage = Usage(Path(run_dir), league.disk_budget_mb, league.redis_budget_mb)
+        self.dropped: dict[str, str] = {}  # snapshots that left the league (file missing or corrupt): id -> why
+        self.evicted_games = 0  # games scored against a snapshot that had been evicted from Redis before
+        self.distributions: dict[str, dict[str, float]] = {}  # as last published
+        self.pass_s = self.pass_s_max = self.save_s = 0.0  # seconds of the last pass, the longest, the last save
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.unacked: list[bytes] = []  # results folded in but not yet saved: acknowledged after `save`
@@ -147,6 +158,7 @@ class LeagueManager:
                             else None)
             self.elo.update(player, opponent, score)
             counted += 1
+            self.evicted_games += opponent in self.residency.evicted_ever
         self.skipped += len(ids) - len(results)
         self.unacked += ids
         self.games += counted
@@ -204,8 +216,14 @@ class LeagueManager:
             return None
         info = {"kind": "snapshot", "id": snapshot_id, "player": player, "role": role(player), "step": step,
                 "frames": frames, "parent": self.lineage[player], "created": time.time()}
-        save_checkpoint(self.snapshot_dir / f"{snapshot_id}.safetensors", model, None,
-                        to_yaml(without_secrets(self.cfg)), info)
+        path = self.residency.path(snapshot_id)
+        try:
+            save_checkpoint(path, model, None, to_yaml(without_secrets(self.cfg)), info)
+        except (OSError, SafetensorError) as e:  # a full disk: the partial file is removed, older ones are whole
+            log.error("no snapshot of %s this pass: writing %s failed (%s); the next pass tries again", player,
+                      path, e)
+            return None
+        self.residency.make_room(*self.residency_inputs())
         self.store.put_snapshot(snapshot_id, data)
         self.members[snapshot_id] = info
         self.elo.copy_to(player, snapshot_id)
@@ -245,63 +263,121 @@ class LeagueManager:
         return league_exploiter_opponents(player, self.payoff, self.frozen(), self.cfg.league)
 
     def publish(self) -> dict[str, dict[str, float]]:
-        out = {p: self.distribution(p) for p in self.learners}
-        for player, dist in out.items():
+        """Compute and publish every learner's opponent distribution; returns them (also `distributions`)."""
+        self.distributions = {p: self.distribution(p) for p in self.learners}
+        for player, dist in self.distributions.items():
             self.store.publish_opponents(player, dist)
-        return out
+        return self.distributions
+
+    # -- which snapshots Redis holds ---------------------------------------------------------------
+    def residency_inputs(self) -> tuple[dict[str, float], list[str], dict[str, float]]:
+        """(every snapshot's creation time, the newest snapshot of each learner, each snapshot's summed
+        probability in the published distributions), as league/residency.py takes them."""
+        created, newest = {}, {}
+        for member, info in self.members.items():
+            if info["kind"] == "snapshot":
+                created[member] = float(info.get("created", 0.0))
+                if info["step"] >= self.members.get(newest.get(info["player"]), {}).get("step", -1):
+                    newest[info["player"]] = member
+        weights: dict[str, float] = {}
+        for dist in self.distributions.values():
+            for opponent, p in dist.items():
+                if opponent in created:
+                    weights[opponent] = weights.get(opponent, 0.0) + p
+        return created, [newest[p] for p in self.learners if p in newest], weights
+
+    def rebalance_snapshots(self) -> None:
+        """Take the actors' asks, then make Redis hold the chosen snapshots (league/residency.py); a
+        snapshot whose file cannot be loaded leaves the league with the reason logged."""
+        self.residency.take_wants({m for m, info in self.members.items() if info["kind"] == "snapshot"})
+        for snapshot_id, why in self.residency.rebalance(*self.residency_inputs()).items():
+            self.drop(snapshot_id, why)
+
+    def drop(self, snapshot_id: str, why: str) -> None:
+        """Remove a snapshot whose file is missing or corrupt from the league; the run goes on."""
+        log.error("snapshot %s leaves the league: %s", snapshot_id, why)
+        self.members.pop(snapshot_id, None)
+        self.dropped[snapshot_id] = why
+        self.residency.wanted.pop(snapshot_id, None)
 
     # -- persistence -------------------------------------------------------------------------------
     def state(self) -> dict:
+        """What state.json holds: members, payoff, Elo, lineage, counts, the published distributions,
+        the residency's counters, dropped snapshots, and the latest pass time and usage measurement."""
         return {"version": STATE_VERSION, "env": self.spec.name, "members": self.members,
-                "payoff": self.payoff.to_json(), "payoff_by_seat": self.payoff.seats_to_json(), "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot,
-                "lineage": self.lineage, "games": self.games, "skipped_results": self.skipped,
-                "distributions": {p: self.distribution(p) for p in self.learners}, "time": time.time()}
+                "payoff": self.payoff.to_json(), "payoff_by_seat": self.payoff.seats_to_json(),
+                "elo": self.elo.to_json(), "last_snapshot": self.last_snapshot, "lineage": self.lineage,
+                "games": self.games, "skipped_results": self.skipped,
+                "distributions": self.distributions or {p: self.distribution(p) for p in self.learners},
+                "residency": self.residency.to_json(), "dropped": self.dropped, "evicted_games": self.evicted_games,
+                "pass_s": round(self.pass_s, 4), "pass_s_max": round(self.pass_s_max, 4),
+                "save_s": round(self.save_s, 4), "usage": self.usage.last,
+                "time": time.time()}
 
     def save(self) -> None:
         """Write state.json atomically, then acknowledge the results it holds; every 10 s append the
-        ratings to ratings.jsonl. A crash loses no result: unacknowledged ones are read again on resume.
-        Writes nothing once the launcher that owned the run directory is gone."""
+        ratings to ratings.jsonl (thinned past RATINGS_MAX_BYTES: league/usage.py). A crash loses no
+        result: unacknowledged ones are read again on resume. A failed write (a full disk) is logged and
+        leaves the previous state.json whole; its results wait for the next save. Writes nothing once
+        the launcher that owned the run directory is gone."""
         if not owns_run_dir():
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.state(), indent=1) + "\n")
-        os.replace(tmp, self.state_path)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.state(), separators=(",", ":")) + "\n")
+            os.replace(tmp, self.state_path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            log.error("league state not written to %s (%s); the next pass tries again", self.state_path, e)
+            return
         self.results.ack(GROUP, self.unacked)
         self.unacked = []
         if time.time() - self.last_ratings >= 10:
             self.last_ratings = time.time()
-            with (self.dir / "ratings.jsonl").open("a") as f:
-                f.write(json.dumps({"time": time.time(), "games": self.games,
-                                    "elo": {m: round(r.elo, 1) for m, r in self.elo.ratings.items()}}) + "\n")
-
-    def restore_snapshots(self, only_missing: bool = True) -> None:
-        """Put snapshot weights back into Redis from their files (all, or those Redis lost).
-
-        A snapshot whose file is missing or corrupt is dropped from the league with an error naming it.
-        """
-        ids = self.snapshots()
-        if only_missing:
-            pipe = self.redis.pipeline(transaction=False)
-            for snapshot_id in ids:
-                pipe.exists(self.store.snapshot_key(snapshot_id))
-            ids = [i for i, present in zip(ids, pipe.execute()) if not present]
-            if ids:
-                log.warning("Redis lost the weights of %d snapshots; putting them back from their files", len(ids))
-        for snapshot_id in ids:
-            path = self.snapshot_dir / f"{snapshot_id}.safetensors"
+            path = self.dir / "ratings.jsonl"
             try:
-                tensors, _ = read_checkpoint(path)
-                self.store.put_snapshot(snapshot_id, encode_weights(model_state(tensors)))
-            except CheckpointError as e:
-                log.error("dropping snapshot %s from the league: %s", snapshot_id, e)
-                del self.members[snapshot_id]
+                with path.open("a") as f:
+                    f.write(json.dumps({"time": time.time(), "games": self.games,
+                                        "elo": {m: round(r.elo, 1) for m, r in self.elo.ratings.items()}}) + "\n")
+                thin_jsonl(path, RATINGS_MAX_BYTES)
+            except OSError as e:
+                log.error("ratings not written to %s: %s", path, e)
+
+    def adopt_snapshot_files(self) -> list[str]:
+        """Make members of the snapshot files the saved state does not name: written by a manager killed
+        before its next save. Their info is the one saved in the file's metadata. Returns their ids."""
+        adopted = []
+        for path in sorted(self.snapshot_dir.glob("*.safetensors")):
+            snapshot_id = path.name[:-len(".safetensors")]
+            if snapshot_id in self.members or snapshot_id in self.dropped or not SNAPSHOT_ID.fullmatch(snapshot_id):
+                continue
+            try:
+                info = read_meta(path)
+                _check_members({snapshot_id: info})
+                if info.get("id") != snapshot_id or info["player"] not in self.learners:
+                    raise ValueError(f"it names {info.get('id')!r} of player {info.get('player')!r}")
+                step = int(info["step"])
+            except (CheckpointError, ValueError, KeyError, TypeError) as e:
+                log.error("snapshot file %s is not adopted into the league: %s", path, e)
+                continue
+            self.members[snapshot_id] = info
+            self.elo.copy_to(info["player"], snapshot_id)
+            if step >= self.last_snapshot[info["player"]]:
+                self.last_snapshot[info["player"]] = step
+                self.lineage[info["player"]] = snapshot_id
+            adopted.append(snapshot_id)
+        if adopted:
+            log.warning("adopted %d snapshot files written after the league state was last saved: %s", len(adopted),
+                        ", ".join(adopted))
+        return adopted
 
     def load(self) -> None:
-        """Restore state.json and put every snapshot's weights back into Redis.
+        """Restore state.json and adopt the snapshot files it does not name. Redis is filled with the
+        chosen snapshots by `run`'s first pass, once the manager holds the run's lease (league/residency.py).
 
-        A snapshot whose file is missing or corrupt is dropped from the league with an error naming it.
-        Raises CheckpointError when state.json itself is unreadable or of another env.
+        A snapshot whose file is missing (now) or corrupt (when it is loaded) leaves the league with an
+        error naming it. Raises CheckpointError when state.json itself is unreadable or of another env.
         """
         try:
             state = json.loads(self.state_path.read_text())
@@ -319,7 +395,9 @@ class LeagueManager:
                 raise ValueError("its payoff or ratings hold negative or non-finite numbers")
             last = {p: int(state.get("last_snapshot", {}).get(p, 0)) for p in self.learners}
             lineage = {p: state.get("lineage", {}).get(p) for p in self.learners}
-            games = int(state.get("games", 0))
+            games, evicted_games = int(state.get("games", 0)), int(state.get("evicted_games", 0))
+            dropped = {str(k): str(v) for k, v in dict(state.get("dropped", {})).items()}
+            residency = dict(state.get("residency", {}))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"--resume: league state {self.state_path} is not usable: {e}") from None
         # Learners and bots come from the config: a bot removed from league.bots leaves the league.
@@ -329,11 +407,31 @@ class LeagueManager:
         for member in gone:
             self.payoff.remove(member)
             self.elo.ratings.pop(member, None)
-        self.restore_snapshots(only_missing=False)
-        self.last_snapshot, self.lineage, self.games = last, lineage, games
+        self.last_snapshot, self.lineage, self.games, self.evicted_games = last, lineage, games, evicted_games
+        self.dropped = dropped
+        self.adopt_snapshot_files()
+        for snapshot_id in self.snapshots():
+            if not self.residency.path(snapshot_id).is_file():
+                self.drop(snapshot_id, f"checkpoint not found: {self.residency.path(snapshot_id)}")
+        self.residency.restore(residency, set(self.snapshots()))
         log.info("league resumed from %s: %d snapshots, %d games", self.state_path, len(self.snapshots()), self.games)
 
     # -- loop --------------------------------------------------------------------------------------
+    def one_pass(self) -> None:
+        """Steps 1-5 of the module docstring. `pass_s` times steps 1-4 (results, payoff, Elo, snapshots,
+        PFSP, distributions, residency), `save_s` step 5's state and ratings."""
+        start = time.perf_counter()
+        self.consume_results()
+        self.snapshot_due_learners()
+        self.publish()
+        self.rebalance_snapshots()
+        self.pass_s = time.perf_counter() - start
+        self.pass_s_max = max(self.pass_s_max, self.pass_s)
+        self.save()
+        self.save_s = time.perf_counter() - start - self.pass_s
+        if self.usage.due(time.monotonic()):
+            self.usage.check(self.redis, time.monotonic(), time.time())
+
     def run(self) -> None:
         done_key = keys.done(self.cfg.run.name)
         self.lease = LearnerLease(self.redis, self.cfg.run.name, f"{socket.gethostname()} pid {os.getpid()}",
@@ -342,15 +440,12 @@ class LeagueManager:
             return
         self.consume_results(pending=True)
         self.publish()
+        self.rebalance_snapshots()
         self.save()
-        log.info("league manager (pid %d): learners %s, bots %s", os.getpid(), ", ".join(self.learners),
-                 ", ".join(self.cfg.league.bots) or "none")
+        log.info("league manager (pid %d): learners %s, bots %s; Redis holds at most %d snapshots", os.getpid(),
+                 ", ".join(self.learners), ", ".join(self.cfg.league.bots) or "none", self.residency.capacity)
         while not self.stopping:
-            self.consume_results()
-            self.restore_snapshots()
-            self.snapshot_due_learners()
-            self.publish()
-            self.save()
+            self.one_pass()
             if self.redis.exists(done_key):
                 break
             deadline = time.monotonic() + self.cfg.league.manager_every_s

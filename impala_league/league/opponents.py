@@ -5,6 +5,7 @@ publishes for the actor's learner (`Opponents.draw` -> `Match`)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -19,13 +20,18 @@ from impala_league.config import Config
 from impala_league.distributed.codec import WeightsCorrupt, decode_weights
 from impala_league.distributed.params import ParamStore
 from impala_league.league.matchmaking import SELF
-from impala_league.league.players import PLAYER_ID, namespace
+from impala_league.league.players import PLAYER_ID, SNAPSHOT_ID, namespace
 from impala_league.league.store import LeagueStore
 
 log = logging.getLogger("actor")
 
 # (league member id, env name, seed) -> that member's bot, or None when the id names no bot kind.
 BotFactory = Callable[[str, str, int], object | None]
+
+ASK_AGAIN_S = 5.0
+"""An actor asks the league manager for a snapshot Redis does not hold at most once per this many seconds."""
+PENDING_S = 30.0
+"""How long an actor looks out for a snapshot it asked for, to fetch it at its parameter syncs."""
 
 
 @dataclass
@@ -45,7 +51,7 @@ class Opponents:
     Ids: a learner id (`main`, ...) = that learner's latest published weights, re-read by `refresh`
     into a new model (the one a running game holds is never changed under it); a snapshot id = frozen
     weights from the league store (beyond `league.opponent_cache` of them, the least recently used
-    one is dropped from the cache); an id that `bots` makes a bot of (`random`, `tactical`, `minimax:D`:
+    one is dropped from the cache; see "Evicted snapshots" below); an id that `bots` makes a bot of (`random`, `tactical`, `minimax:D`:
     evaluation.bots.league_bot, handed in by run.py) = that bot.
     `get` returns None when an id cannot be played (unknown, corrupt, or not fitting this network)
     and logs why once; the actor then plays that episode as self-play. `version` names the exact
@@ -54,6 +60,13 @@ class Opponents:
     The draws: `distribution` is the league's opponent distribution for learner `player` as last read
     (`read_distribution`; None before the first, or while none is published), and `rng` draws every
     episode's opponent and seat from it (seeded by `draw_seed`, the actor's `ActorSeeds.opponents`).
+
+    Evicted snapshots: Redis holds the weights of at most `league.redis_snapshots` snapshots
+    (league/residency.py; `resident` is their set as last read). A drawn snapshot Redis does not hold is
+    asked for (`LeagueStore.want`, at most every ASK_AGAIN_S; `pending`), counted in `unavailable`, and
+    that game is played against another opponent drawn from the distribution among those playable now
+    (self-play if none); `refresh` fetches a pending snapshot into the cache once Redis holds it again,
+    so its next draw plays it. Weights are only ever played under their own id.
     """
 
     def __init__(self, client: redis.Redis, cfg: Config, spec, player: str, seed: int,
@@ -75,6 +88,9 @@ class Opponents:
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
         self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
+        self.resident: set[str] | None = None  # snapshots whose weights Redis holds, as last read
+        self.pending: dict[str, float] = {}  # snapshots asked for -> monotonic time of the latest ask
+        self.unavailable = 0  # draws of a snapshot Redis did not hold
 
     def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = make_model(self.spec, self.cfg.agent)
@@ -131,8 +147,12 @@ class Opponents:
                 self.corrupt += 1
                 raise
             if data is None:
-                self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
+                if SNAPSHOT_ID.fullmatch(opponent_id):
+                    self._ask(opponent_id)
+                else:
+                    self._fail(opponent_id, f"no snapshot under {self.store.snapshot_key(opponent_id)}")
                 return None
+            self.pending.pop(opponent_id, None)
             self.snapshots[opponent_id] = self._model(decode_weights(data))
         except (ValueError, RuntimeError, SafetensorError) as e:
             self._fail(opponent_id, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -142,10 +162,31 @@ class Opponents:
             del self.snapshots[dropped]
         return self.snapshots[opponent_id]
 
+    def _ask(self, snapshot_id: str) -> None:
+        """Redis does not hold `snapshot_id` now (evicted): ask the league manager for it."""
+        self.unavailable += 1
+        now = time.monotonic()
+        if now - self.pending.get(snapshot_id, float("-inf")) >= ASK_AGAIN_S:
+            self.store.want(snapshot_id)
+            self.pending[snapshot_id] = now
+            log.debug("snapshot %r is not in Redis now; asked the league manager for it", snapshot_id)
+
+    def fetch_pending(self) -> None:
+        """Fetch into the cache the snapshots asked for that Redis holds again; forget asks older than
+        PENDING_S (the next draw asks again)."""
+        now = time.monotonic()
+        for snapshot_id, asked in list(self.pending.items()):
+            if snapshot_id in self.snapshots or now - asked > PENDING_S:
+                del self.pending[snapshot_id]
+            elif self.resident is not None and snapshot_id in self.resident:
+                self.get(snapshot_id)
+
     def refresh(self) -> None:
         """Load the latest weights of the learners played against, where their name changed, into
         new models: games in progress keep the model they started with (one opponent per game).
-        Weights failing their SHA-256 are logged and counted, and the previous ones kept."""
+        Weights failing their SHA-256 are logged and counted, and the previous ones kept. Then
+        `fetch_pending`."""
+        self.fetch_pending()
         for opponent_id, (store, version, _) in list(self.learners.items()):
             # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
             if store.name() != (version, self.digests.get(opponent_id)):
@@ -167,21 +208,40 @@ class Opponents:
 
     def read_distribution(self) -> None:
         """Re-read the league's opponent distribution for `player`. Raises ValueError when the stored one
-        is malformed (LeagueStore.opponents); the previous one is then kept."""
+        is malformed (LeagueStore.opponents); the previous one is then kept. Also re-reads `resident`."""
+        self.resident = self.store.resident()
         self.distribution = self.store.opponents(self.player)
 
     def draw(self, in_use: set[str]) -> Match:
         """The match of an episode that starts now: an opponent id drawn from `distribution` (None or
         empty: self-play) and a seat for the learner drawn uniformly. Self-play when the draw is `self`
-        or the learner itself, or when the drawn member cannot be played (`get` returns None).
-        `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
+        or the learner itself, or when the drawn member cannot be played (`get` returns None). A drawn
+        snapshot Redis does not hold is asked for, and the game drawn again among the members playable
+        now (see the class doc). `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
         if not self.distribution:
             return Match()
-        ids = list(self.distribution)
-        drawn = ids[self.rng.choice(len(ids), p=np.array(list(self.distribution.values())))]
-        if drawn in (SELF, self.player):
-            return Match()
-        policy = self.get(drawn, in_use)
+        drawn, policy = self._pick(self.distribution, in_use)
+        if policy is None and drawn in self.pending:
+            now = {k: p for k, p in self.distribution.items() if k != drawn and self._playable_now(k)}
+            if now:
+                drawn, policy = self._pick(now, in_use)
         if policy is None:
             return Match()
         return Match(drawn, policy, self.version(drawn), int(self.rng.integers(len(self.spec.seats))))
+
+    def _pick(self, distribution: dict[str, float], in_use: set[str]) -> tuple[str, object | None]:
+        """An id drawn from `distribution` (probabilities, summing to 1 or not) and its policy (None for
+        self-play or an id that cannot be played now)."""
+        ids = list(distribution)
+        p = np.array(list(distribution.values()))
+        drawn = ids[self.rng.choice(len(ids), p=p / p.sum())]
+        return drawn, None if drawn in (SELF, self.player) else self.get(drawn, in_use)
+
+    def _playable_now(self, opponent_id: str) -> bool:
+        """Can `opponent_id` be played without waiting: self-play, a learner or bot, a cached snapshot, or
+        one Redis held at the last `read_distribution`?"""
+        if opponent_id in self.failed:
+            return False
+        if opponent_id in self.snapshots or not SNAPSHOT_ID.fullmatch(opponent_id):
+            return True
+        return self.resident is not None and opponent_id in self.resident

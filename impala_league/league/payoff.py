@@ -52,6 +52,7 @@ class PayoffTable:
     min_games: float = 10.0
     records: dict[tuple[str, str], Record] = field(default_factory=dict)
     seat_records: dict[tuple[str, str, int], Record] = field(default_factory=dict)  # (player, opponent, its seat)
+    seats: set[int] = field(default_factory=set)  # every seat in seat_records: "weaker" looks up each, not all records
 
     def add(self, player: str, opponent: str, score: float, seat: int | None = None) -> None:
         """Record one game; `score` is the player's result: 1 = win, 0.5 = draw, 0 = loss; `seat`
@@ -69,6 +70,7 @@ class PayoffTable:
         _count(theirs, 1.0 - score, self.decay)
         if seat is not None:
             _count(self.seat_records.setdefault((player, opponent, int(seat)), Record()), score, self.decay)
+            self.seats.add(int(seat))
 
     def games(self, player: str, opponent: str) -> float:
         record = self.records.get((player, opponent))
@@ -89,8 +91,7 @@ class PayoffTable:
         if seat == "pooled":
             return self._rate(self.records.get((player, opponent)))
         if seat == "weaker":
-            rates = [r for (a, b, _), rec in self.seat_records.items() if (a, b) == (player, opponent)
-                     if (r := self._rate(rec)) is not None]
+            rates = [r for s in self.seats if (r := self._rate(self.seat_records.get((player, opponent, s)))) is not None]
             return min(rates) if rates else self.win_rate(player, opponent)
         return self._rate(self.seat_records.get((player, opponent, int(seat))))
 
@@ -112,6 +113,7 @@ class PayoffTable:
             table.records[(str(a), str(b))] = Record(float(w), float(d), float(l))
         for a, b, s, w, d, l in seat_rows:
             table.seat_records[(str(a), str(b), int(s))] = Record(float(w), float(d), float(l))
+            table.seats.add(int(s))
         return table
 
 

@@ -16,6 +16,7 @@ from impala_league.config import Config
 MAIN = "main"
 ROLES = ("main", "main_exploiter", "league_exploiter")
 PLAYER_ID = re.compile(r"main|(main_exploiter|league_exploiter)_\d+")
+SNAPSHOT_ID = re.compile(r"(main|(main_exploiter|league_exploiter)_\d+)-\d{7,}")  # `<learner>-<update>`, a safe file name
 
 
 def learner_players(cfg: Config) -> list[str]:

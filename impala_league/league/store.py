@@ -2,16 +2,23 @@
 
 Keys (all under the run's name):
   {run}:league:opponents:{player}  JSON {"opponents": {id: probability}}, written by the manager
-  {run}:league:snap:{id}           a snapshot's weights (safetensors bytes, as `{run}:params`)
+  {run}:league:snap:{id}           a snapshot's weights (safetensors bytes, as `{run}:params`), only while
+                                   the snapshot is resident (at most `league.redis_snapshots` of them)
   {run}:league:snap:{id}:sha256    their SHA-256 (hex), written with them; `snapshot` verifies it
+  {run}:league:resident            set of the snapshot ids whose weights Redis holds, changed in the same
+                                   MULTI/EXEC as the weights (`put_snapshot`, `evict_snapshots`)
+  {run}:league:wanted              sorted set: snapshot id -> unix time an actor last drew it while Redis
+                                   did not hold it; the manager takes them (`take_wants`) and loads them
   {run}:league:corrupt             counter of snapshot reads whose bytes did not match their SHA-256
   {run}:league:reset:{player}      counter; a learner that sees it change re-initialises its weights
-Snapshot files in the run directory are the durable copy; Redis holds what actors read.
+Snapshot files in the run directory are the durable copy of every snapshot; Redis holds the weights of
+the resident ones, which actors read (league/residency.py says which).
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import redis
 
@@ -67,10 +74,51 @@ class LeagueStore:
             self.r.delete(*found)
 
     def put_snapshot(self, snapshot_id: str, weights: bytes) -> None:
+        """Store a snapshot's weights with their SHA-256 and mark it resident, in one MULTI/EXEC."""
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.snapshot_key(snapshot_id), weights)
         pipe.set(self.snapshot_key(snapshot_id) + ":sha256", weights_digest(weights))
+        pipe.sadd(self._resident_key(), snapshot_id)
         pipe.execute()
+
+    def evict_snapshots(self, snapshot_ids: list[str]) -> None:
+        """Delete the weights of `snapshot_ids` from Redis and unmark them resident, in one MULTI/EXEC.
+        Their files stay: they are still league members (league/residency.py)."""
+        if not snapshot_ids:
+            return
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(*[k for s in snapshot_ids for k in (self.snapshot_key(s), self.snapshot_key(s) + ":sha256")])
+        pipe.srem(self._resident_key(), *snapshot_ids)
+        pipe.execute()
+
+    def resident(self) -> set[str]:
+        """The ids of the snapshots whose weights Redis holds now."""
+        return {m.decode() if isinstance(m, bytes) else str(m) for m in self.r.smembers(self._resident_key())}
+
+    def present(self, snapshot_ids: list[str]) -> list[bool]:
+        """Whether Redis holds the weights of each of `snapshot_ids` (one round trip)."""
+        pipe = self.r.pipeline(transaction=False)
+        for s in snapshot_ids:
+            pipe.exists(self.snapshot_key(s))
+        return [bool(x) for x in pipe.execute()]
+
+    def want(self, snapshot_id: str) -> None:
+        """An actor drew `snapshot_id` while Redis did not hold it: ask the manager to load it."""
+        self.r.zadd(self._wanted_key(), {snapshot_id: time.time()})
+
+    def take_wants(self) -> dict[str, float]:
+        """The snapshots actors asked for since the last call (id -> unix time of the latest ask), removed."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zrange(self._wanted_key(), 0, MAX_OPPONENTS - 1, withscores=True)
+        pipe.delete(self._wanted_key())
+        wanted, _ = pipe.execute()
+        return {(k.decode() if isinstance(k, bytes) else str(k)): float(t) for k, t in wanted}
+
+    def _resident_key(self) -> str:
+        return keys.league(self.run, "resident")
+
+    def _wanted_key(self) -> str:
+        return keys.league(self.run, "wanted")
 
     def has_snapshot(self, snapshot_id: str) -> bool:
         return bool(self.r.exists(self.snapshot_key(snapshot_id)))
