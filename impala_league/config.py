@@ -378,6 +378,17 @@ class TransportConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    judges: Optional[List[str]] = _f(None, "outside judges the end-of-run evaluation plays, reported apart from the "
+                                     "training opponents: mcts:N (OpenSpiel's MCTS, N simulations a move; connect_four "
+                                     "and tictactoe) or another bot spec; never in league.bots. The first also plays the "
+                                     "earlier policies (the held-out line of the over-training figure). null = the "
+                                     "game's ladder (connect_four, tictactoe: mcts:100, mcts:400, mcts:1600), [] = none")
+    judge_games: int = _f(50, "games per seat against each judge at the end of the run (its earlier policies: "
+                          "--eval-history-games); 0 = no judges", low=0, high=10_000)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -386,11 +397,12 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     league: LeagueConfig = field(default_factory=LeagueConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
 
 SECTIONS: dict[str, type] = {
     "run": RunConfig, "env": EnvConfig, "agent": AgentConfig, "actor": ActorConfig, "learner": LearnerConfig, "league": LeagueConfig,
-    "transport": TransportConfig,
+    "transport": TransportConfig, "evaluation": EvaluationConfig,
 }
 
 

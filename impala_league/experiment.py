@@ -15,7 +15,8 @@ from impala_league import config
 from impala_league.agents.spec import checked_spec
 from impala_league.config import Config, ConfigError, core_size
 from impala_league.distributed.codec import UnrollSpec
-from impala_league.evaluation.bots import make_bot
+from impala_league.evaluation.bots import check_bot_spec, make_bot
+from impala_league.evaluation.judges import check_judges, resolve_judges
 
 
 def check(cfg: Config) -> Config:
@@ -23,7 +24,9 @@ def check(cfg: Config) -> Config:
 
     Raises ConfigError: an unknown env (naming the valid ones and the closest), kwargs the env does not
     take, a network that does not fit the board (see agents.spec.checked_spec), a league bot that
-    cannot play the game, or stream entries of `actor.send_batch` unrolls over the decoder's size limit.
+    cannot play the game, a judge that cannot (`evaluation.judges`, see evaluation/judges.py), is named
+    twice or is a training opponent (in league.bots), or stream entries of `actor.send_batch` unrolls
+    over the decoder's size limit.
     """
     spec = checked_spec(cfg)
     most = UnrollSpec(spec, cfg.actor.unroll_length, core_size(cfg.agent)).max_unrolls_per_entry
@@ -35,7 +38,21 @@ def check(cfg: Config) -> Config:
             make_bot(bot, cfg.env.name)
         except ValueError as e:
             raise ConfigError(f"league.bots: {e}") from None
+    check_run_judges(cfg)
     return cfg
+
+
+def check_run_judges(cfg: Config) -> tuple[str, ...]:
+    """The run's judges (`evaluation.judges`, or the game's ladder where null), checked: each plays the game,
+    none twice, none in league.bots (whether or not the league is on). Raises ConfigError (one line)."""
+    judges = resolve_judges(cfg.evaluation.judges, cfg.env.name)
+    try:
+        check_judges(judges, cfg.env.name, cfg.league.bots)
+        for judge in judges:
+            check_bot_spec(judge, cfg.env.name)
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith("league.bots") else f"evaluation.judges: {e}") from None
+    return judges
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

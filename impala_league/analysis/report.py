@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
 VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
 MAX_PAYOFF_PLAYERS = 40  # the payoff figure's rows and columns: wider is unreadable (and megapixels per snapshot)
+MAX_ELO_LINES = 12  # the Elo figure's lines: every learner and bot, then the newest snapshots
 
 
 def _pyplot():
@@ -200,6 +201,17 @@ def lag_histogram(run: Run) -> Figure | None:
     return fig
 
 
+def _elo_lines(ratings: list[dict]) -> list[str]:
+    """The members the Elo figure draws, sorted: every learner and bot, then the snapshots (ids ending in
+    `-<update>`) that appeared last, MAX_ELO_LINES in all; a league of thousands stays readable."""
+    seen: dict[str, None] = {}
+    for r in ratings:
+        seen.update(dict.fromkeys(r.get("elo", {})))
+    snapshots = [m for m in seen if m.rpartition("-")[2].isdigit()]
+    others = [m for m in seen if not m.rpartition("-")[2].isdigit()]
+    return sorted(others + snapshots[len(snapshots) - max(0, MAX_ELO_LINES - len(others)):])
+
+
 def league_figures(run: Run) -> list[Figure]:
     """Elo over time (league/ratings.jsonl) and the payoff heatmap (league/state.json), where present."""
     out = []
@@ -207,7 +219,7 @@ def league_figures(run: Run) -> list[Figure]:
     ratings = read_jsonl(run.path / "league" / "ratings.jsonl")
     if ratings:
         fig, ax = plt.subplots(figsize=(7, 3.6))
-        members = sorted({m for r in ratings for m in r.get("elo", {})})
+        members = _elo_lines(ratings)
         for m in members:
             rows = [r for r in ratings if m in r.get("elo", {})]
             ax.plot([max(0.0, r["time"] - run.start) for r in rows], [r["elo"][m] for r in rows], label=m)
@@ -327,7 +339,28 @@ def evaluation_table(record: dict) -> str:
                    f"<td>{_chances(r.get('tactics'), 'blocks_made', 'block_chances')}</td></tr>"
                    for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
     return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th><th>mean return</th>"
-                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>")
+                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>") + judges_table(record)
+
+
+def judges_table(record: dict) -> str:
+    """evaluation.json's `judges` as HTML, apart from the training opponents: per judge and seat the
+    win/draw/loss counts, the score (wins + draws / 2) / games with its 95% interval, and the games; ''
+    where the record has none."""
+    judges = record.get("judges") or {}
+    if not judges:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(judge)}</td><td>{html.escape(seat)}</td><td>{r['wins']}</td>"
+                   f"<td>{r['draws']}</td><td>{r['losses']}</td><td>{_score(r)}</td><td>{r['games']}</td></tr>"
+                   for judge, seats in judges.items() for seat, r in seats.items())
+    return ("<p>held out: judges the run never trained against (evaluation.judges), greedy, seed "
+            f"{record.get('seed')}</p><table><tr><th>judge</th><th>seat</th><th>won</th><th>drew</th><th>lost</th>"
+            f"<th>score [95% interval]</th><th>games</th></tr>{rows}</table>")
+
+
+def _score(result: dict) -> str:
+    """'0.740 [0.646, 0.816]' of one seat's `MatchResult.as_dict()`."""
+    low, high = result["score_ci95"]
+    return f"{result['score']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def _mean_return(result: dict) -> str:
@@ -353,37 +386,50 @@ def _seat_rate(result: dict, key: str) -> float | None:
 
 def over_training_figure(record: dict | None) -> Figure | None:
     """evaluation.json's `over_training` (earlier policies of the run, then the final one, against the
-    bots): one row per opponent, one column per rate (win rate, immediate wins taken, forced blocks
-    made; in games without one-move tactics: win rate and mean return), against agent steps trained, one line per seat. None where the record has no such entries."""
+    bots and the held-out judge): one row per opponent, one column per rate (win rate, immediate wins
+    taken, forced blocks made; in games without one-move tactics: win rate and mean return), against
+    agent steps trained, one line per seat. A judge's row (below the bots') shows in its first column
+    the score (wins + draws / 2) / games with its 95% interval instead of the win rate. None where the
+    record has no such entries."""
     entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
                      key=lambda e: e["frames"])
     if not entries:
         return None
-    opponents = list(dict.fromkeys(o for e in entries for o in e["opponents"]))
+    rows = [(o, "opponents") for o in dict.fromkeys(o for e in entries for o in e["opponents"])]
+    rows += [(j, "judges") for j in dict.fromkeys(j for e in entries for j in e.get("judges", {}))]
     tactics = any(r.get("tactics") for e in entries for seats in e["opponents"].values() for r in seats.values())
     rates = OVER_TRAINING_RATES if tactics else (("win_rate", "win rate"), ("mean_return", "mean return per game"))
     plt = _pyplot()
-    fig, axes = plt.subplots(len(opponents), len(rates), figsize=(10, 0.8 + 2.6 * len(opponents)),
-                             squeeze=False, sharex=True)
-    for row, opponent in enumerate(opponents):
-        seats = list(dict.fromkeys(s for e in entries for s in e["opponents"].get(opponent, {})))
+    fig, axes = plt.subplots(len(rows), len(rates), figsize=(10, 0.8 + 2.6 * len(rows)), squeeze=False, sharex=True)
+    for row, (opponent, kind) in enumerate(rows):
+        played = [(e["frames"], e[kind][opponent]) for e in entries if opponent in e.get(kind, {})]
+        seats = list(dict.fromkeys(s for _, by_seat in played for s in by_seat))
         for col, (key, label) in enumerate(rates):
             ax = axes[row][col]
+            held_out_score = kind == "judges" and key == "win_rate"
             for seat in seats:
-                points = [(e["frames"], _seat_rate(e["opponents"][opponent][seat], key)) for e in entries
-                          if seat in e["opponents"].get(opponent, {})]
+                results = [(x, by_seat[seat]) for x, by_seat in played if seat in by_seat]
+                if held_out_score:
+                    xs, ys = [x for x, _ in results], [r["score"] for _, r in results]
+                    errors = [[r["score"] - r["score_ci95"][0] for _, r in results],
+                              [r["score_ci95"][1] - r["score"] for _, r in results]]
+                    ax.errorbar(xs, ys, yerr=errors, fmt=".-", capsize=3, label=seat)
+                    continue
+                points = [(x, _seat_rate(r, key)) for x, r in results]
                 points = [(x, y) for x, y in points if y is not None]  # no chance of that kind in those games
                 if points:
                     ax.plot(*zip(*points), ".-", label=seat)
             if key != "mean_return":
                 ax.set_ylim(-0.03, 1.03)
-            ax.set_title(f"vs {opponent}: {label}", fontsize=9)
+            title = f"vs {opponent} (held out): score, 95% interval" if held_out_score else \
+                f"vs {opponent}{' (held out)' if kind == 'judges' else ''}: {label}"
+            ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
-            if row == len(opponents) - 1:
+            if row == len(rows) - 1:
                 ax.set_xlabel("agent steps trained")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("over training: the greedy policy against the bots (the last point: the final evaluation)",
-                 fontsize=10)
+    fig.suptitle("over training: the greedy policy against the bots and the held-out judge (the last point: the "
+                 "final evaluation)", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -24,7 +24,8 @@ One checkpoint against one baseline bot, in both seats (win/draw/loss rates per 
 
 A round-robin: every pair of players plays --games games in each seat, then a table of win/draw/
 loss percentages and Elo ratings (Bradley-Terry maximum likelihood, draws count half, mean rating
-0, +- one standard error). A player is a bot (random, tactical, minimax:D with D plies of search),
+0, +- one standard error). A player is a bot (random, tactical, minimax:D with D plies of search,
+or the outside judge mcts:N: OpenSpiel's MCTS with N simulations a move, connect_four and tictactoe),
 a .safetensors checkpoint or league snapshot, or a run directory, which stands for its learners'
 latest checkpoints and all its league snapshots:
   run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
@@ -42,9 +43,10 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     who.add_argument("--checkpoint", help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors) "
                      "to play against --opponent in both seats")
     who.add_argument("--players", nargs="+", metavar="SPEC",
-                     help="round-robin between these players: bots (random, tactical, minimax:D), "
+                     help="round-robin between these players: bots (random, tactical, minimax:D, mcts:N), "
                      ".safetensors checkpoints, and run directories (their latest checkpoints and league snapshots)")
-    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D (default random)")
+    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D, or the judge "
+                   "mcts:N (OpenSpiel's MCTS, N simulations a move; default random)")
     p.add_argument("--env", help="with --players: the game (connect_four, tictactoe); needed only when all "
                    "players are bots, else taken from the checkpoints")
     p.add_argument("--games", type=int, default=200, help="games per seat (per pair and seat with --players; "

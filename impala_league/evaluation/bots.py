@@ -34,6 +34,8 @@ from functools import cached_property
 
 import numpy as np
 
+from impala_league.evaluation.judges import JUDGE_FORM, MCTSJudge, is_judge_spec, parse_judge
+
 TO_MOVE = 1
 """Board value of the pieces of the player to move (observation channel 0)."""
 OPPONENT = -1
@@ -204,8 +206,9 @@ TICTACTOE = GridGame(name="tictactoe", rows=3, cols=3, connect=3, gravity=False)
 GAMES: dict[str, GridGame] = {g.name: g for g in (CONNECT_FOUR, TICTACTOE)}
 """Games with a board model, keyed by the env name used in configs."""
 
-BOT_SPECS = ("random", "tactical", "minimax:D")
-"""Bot spec forms accepted by ``make_bot``; D is the search depth in plies."""
+BOT_SPECS = ("random", "tactical", "minimax:D", JUDGE_FORM)
+"""Bot spec forms accepted by ``make_bot``; D is the search depth in plies, N the simulations a move of
+OpenSpiel's MCTS (an outside judge, ``evaluation/judges.py``: never a league member)."""
 
 MAX_MINIMAX_DEPTH: dict[str, int] = {"connect_four": 8, "tictactoe": 9}
 """Deepest search per game. Tic-tac-toe: 9 plies reach the end of every game (perfect play).
@@ -539,32 +542,48 @@ def parse_minimax_depth(spec: str, env_name: str) -> int:
 
 
 def is_bot_spec(spec: str) -> bool:
-    """True if ``spec`` names a bot kind (``random``, ``tactical``, ``minimax`` or ``minimax:...``),
-    whether or not its parameters are valid; ``make_bot`` checks those."""
-    return spec in ("random", "tactical", "minimax") or spec.startswith("minimax:")
+    """True if ``spec`` names a bot kind (``random``, ``tactical``, ``minimax`` or ``minimax:...``, or a
+    judge ``mcts``, ``mcts:...``), whether or not its parameters are valid; ``make_bot`` checks those."""
+    return spec in ("random", "tactical", "minimax") or spec.startswith("minimax:") or is_judge_spec(spec)
 
 
 def league_bot(spec: str, env_name: str, seed: int) -> Bot | None:
     """The bot a league member id names, or None when it names no bot kind (a learner, a snapshot): the
-    bot factory an actor is handed (league.opponents.BotFactory). Raises ValueError as `make_bot`."""
+    bot factory an actor is handed (league.opponents.BotFactory). Raises ValueError as `make_bot`, and for
+    a judge (``mcts:N``), which is never a training opponent."""
+    if is_judge_spec(spec):
+        raise ValueError(f"{spec!r} is a judge, never a league member (evaluation/judges.py)")
     return make_bot(spec, env_name, seed) if is_bot_spec(spec) else None
 
 
-def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot:
+def check_bot_spec(spec: str, env_name: str) -> None:
+    """Raise ValueError, as ``make_bot`` would, if ``spec`` cannot play ``env_name``; builds nothing for a
+    judge (its spec is parsed, OpenSpiel not imported)."""
+    if is_judge_spec(spec):
+        parse_judge(spec, env_name)
+    else:
+        make_bot(spec, env_name)
+
+
+def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot | MCTSJudge:
     """Builds a baseline bot.
 
     Args:
-      spec: "random", "tactical" or "minimax:D" (negamax searching D plies; D in
+      spec: "random", "tactical", "minimax:D" (negamax searching D plies; D in
         [1, ``MAX_MINIMAX_DEPTH[env_name]``]: 9 for tictactoe, where 9 is perfect play, 8 for
-        connect_four).
+        connect_four) or the judge "mcts:N" (OpenSpiel's MCTSBot, N simulations a move, connect_four
+        and tictactoe; see ``evaluation/judges.py``: it follows whole games in ``play_games``).
       env_name: game name; "tactical" and "minimax:D" need one of ``GAMES`` ("connect_four",
         "tictactoe"), "random" accepts any name since it only reads the action mask.
       seed: seed of the bot's np.random.Generator; None = nondeterministic.
 
     Raises:
-      ValueError: unknown ``spec``, a bad minimax depth, or a board bot with a game that has no
+      ValueError: unknown ``spec``, a bad minimax depth or judge, or a board bot with a game that has no
         board model.
+      judges.OpenSpielMissing: a judge where open-spiel is not installed.
     """
+    if is_judge_spec(spec):
+        return MCTSJudge(env_name, parse_judge(spec, env_name), seed)
     if spec == "random":
         return RandomBot(seed)
     if spec == "tactical":

@@ -17,9 +17,10 @@ import numpy as np
 from impala_league.agents.policy import Policy
 from impala_league.envs.registry import env_spec, make_env
 from impala_league.evaluation.bots import GAMES, Bot, make_bot
+from impala_league.evaluation.judges import MCTSJudge
 from impala_league.evaluation.tactics import Tactics, count_tactics
 
-Side = Union[Policy, Bot]
+Side = Union[Policy, Bot, MCTSJudge]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
     Game k is seeded `seed + k`. All games advance together: at each step a policy side chooses for
     every agent of its seat in every game in one forward pass (`greedy`: argmax, else a sample from
     its generator); a bot side is asked for all of them in one call, so results are reproducible.
+    A judge side (`MCTSJudge`) starts a pyspiel state per game, is told every move of every game and
+    checks each position against it (raising judges.LockstepError where they differ).
     A recurrent policy keeps one core state per game and agent (stream (k, agent)), fed the rewards
     that agent receives and started afresh at its episode's end, and at this call's start.
 
@@ -58,9 +61,12 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
         raise ValueError(f"{env_name} has {len(spec.seats)} seats ({', '.join(spec.seats)}), got {len(sides)} sides")
     envs = [make_env(env_name, seed + k, kwargs, seats=seats, empty_mask=empty_mask) for k in range(games)]
     policies = list({id(side): side for side in sides if isinstance(side, Policy)}.values())  # each once
+    judges = list({id(side): side for side in sides if isinstance(side, MCTSJudge)}.values())
     for policy in policies:
         policy.reset()
     steps = [env.advance() for env in envs]
+    for judge in judges:
+        judge.begin(games, spec.agent_seats, steps)
     actions: list[list[int]] = [[] for _ in range(games)]
     records: list[GameRecord | None] = [None] * games
     while True:
@@ -74,14 +80,20 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
                 continue
             observations = np.stack([steps[k].observations[j] for k, j in mine])
             masks = np.stack([steps[k].action_masks[j] for k, j in mine])
-            batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine]) \
-                if isinstance(side, Policy) else side.act_batch(observations, masks)
+            if isinstance(side, Policy):
+                batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine])
+            elif isinstance(side, MCTSJudge):
+                batch = side.act_games([k for k, _ in mine], observations, masks)
+            else:
+                batch = side.act_batch(observations, masks)
             chosen.update(zip(mine, batch.tolist()))
         for k in active:
             acts = [chosen[(k, j)] for j in range(len(steps[k].agents))]
             actions[k] += acts
             envs[k].act(acts)
             steps[k] = envs[k].advance()
+            for judge in judges:
+                judge.follow(k, acts, steps[k])
             for s in steps[k].settlements:
                 for policy in policies:
                     policy.settle((k, s.agent), s.reward, s.done or s.truncated)
@@ -108,9 +120,30 @@ class MatchResult:
     def win_rate(self) -> float:
         return self.wins / self.games
 
+    @property
+    def score(self) -> float:
+        """(wins + draws / 2) / games: the share of the points won."""
+        return (self.wins + 0.5 * self.draws) / self.games
+
     def as_dict(self) -> dict:
+        """The counts and rates, `score` and its 95% interval `score_ci95` ([low, high], `score_interval`)."""
         return {**asdict(self), "tactics": self.tactics and self.tactics.as_dict(), "win_rate": self.win_rate,
-                "draw_rate": self.draws / self.games, "loss_rate": self.losses / self.games}
+                "draw_rate": self.draws / self.games, "loss_rate": self.losses / self.games, "score": self.score,
+                "score_ci95": list(score_interval(self.score, self.games))}
+
+
+def score_interval(score: float, games: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson interval (z = 1.96: 95%) of a score (wins + draws / 2) / games over `games` games.
+
+    Counts a draw as half a win, as if each game were a coin flip weighted `score`: the interval is a
+    little wider than the score's own (a draw varies less than a coin flip), never empty at 0 or 1, and
+    inside [0, 1]. 50 games at score 0.5 give [0.366, 0.634]; 50 draws as well.
+    """
+    if games <= 0:
+        return 0.0, 1.0
+    centre = (score + z * z / (2 * games)) / (1 + z * z / games)
+    half = z / (1 + z * z / games) * float(np.sqrt(score * (1 - score) / games + z * z / (4 * games * games)))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:

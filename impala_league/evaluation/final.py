@@ -1,5 +1,6 @@
-"""The evaluation at the end of `run.py train`: the final checkpoint, greedy, against the baseline bots,
-and earlier policies of the run against the same bots (evaluation/over_training.py), kept in
+"""The evaluation at the end of `run.py train`: the final checkpoint, greedy, against the baseline bots and,
+apart from them, against the outside judges (`evaluation.judges`, evaluation/judges.py), and earlier
+policies of the run against the same bots and the first judge (evaluation/over_training.py), kept in
 RUN_DIR/evaluation.json and the run's trackers; and the lines that show a match's results per seat."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from impala_league.analysis.runs import EVALUATION_FILE
 from impala_league.config import Config
 from impala_league.distributed.history import history_files
 from impala_league.evaluation.evaluate import episode_returns, evaluate
+from impala_league.evaluation.judges import resolve_judges
 from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
 from impala_league.league.players import MAIN, checkpoint_dir
 from impala_league.tracking import log_final_evaluation
@@ -24,10 +26,11 @@ log = logging.getLogger("run")  # lines of `run.py train`, as the rest of its ou
 
 def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, history: int = 0,
                       history_games: int = 50) -> None:
-    """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone),
-    log the results and keep them in RUN_DIR/evaluation.json (`record_final_evaluation`). Games of several
-    seats with `history` > 0: also up to `history` earlier policies, `history_games` per seat, against the
-    bots the final policy played (`play_earlier_policies`)."""
+    """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone), then
+    against the judges (`play_judges`), log the results and keep them in RUN_DIR/evaluation.json
+    (`record_final_evaluation`). Games of several seats with `history` > 0: also up to `history` earlier
+    policies, `history_games` per seat, against the bots the final policy played and the first judge
+    (`play_earlier_policies`)."""
     policy = load_policy(checkpoint)
     record = {**checkpoint_facts(checkpoint), "seed": 0, "games": games}
     if len(policy.spec.seats) == 1:
@@ -47,27 +50,53 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         log.info("greedy policy vs %s over %d games per seat:", opponent, games)
         for seat, r in result["seats"].items():
             log.info("  %s", seat_line(seat, r))
+    judges = play_judges(cfg, policy, record)
     log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
     if history > 0:
         opponents = ("tactical", strongest[policy.spec.name]) if board else ("random",)
-        record["over_training"] = play_earlier_policies(cfg, run_dir, record, opponents, history, history_games)
+        record["over_training"] = play_earlier_policies(cfg, run_dir, record, opponents, history, history_games,
+                                                        judges[:1])
     record_final_evaluation(cfg, run_dir, record)
 
 
+def play_judges(cfg: Config, policy, record: dict) -> tuple[str, ...]:
+    """The final policy, greedy, against each judge of the run (`evaluation.judges`, or the game's ladder),
+    `evaluation.judge_games` per seat, seed 0 (each seat's judge seeded as `evaluate` seeds a bot). Keeps
+    them in `record` apart from the training opponents: `judges` {judge: {seat: `MatchResult.as_dict()`}}
+    and `judge_games`; logs win/draw/loss and the score with its 95% interval per seat. Returns the judges
+    played (none where `judge_games` is 0)."""
+    judges = resolve_judges(cfg.evaluation.judges, cfg.env.name) if cfg.evaluation.judge_games > 0 else ()
+    if not judges:
+        return ()
+    games = cfg.evaluation.judge_games
+    record["judge_games"], record["judges"] = games, {}
+    for judge in judges:
+        start = time.monotonic()
+        record["judges"][judge] = evaluate(policy, judge, games)["seats"]
+        log.info("held out: greedy policy vs judge %s over %d games per seat (%.0f s):", judge, games,
+                 time.monotonic() - start)
+        for seat, r in record["judges"][judge].items():
+            log.info("  %s", seat_line(seat, r))
+    return judges
+
+
 def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: tuple[str, ...], count: int,
-                   games: int) -> list[dict]:
+                   games: int, judges: tuple[str, ...] = ()) -> list[dict]:
     """Up to `count` earlier policies of the run (a league's snapshots of the main agent, else the copies in
-    checkpoints/history/) against `opponents`, `games` per seat (evaluation/over_training.py), then the
-    final checkpoint's results from `record`: the list kept as `over_training` in evaluation.json."""
+    checkpoints/history/) against `opponents` and `judges`, `games` per seat (evaluation/over_training.py),
+    then the final checkpoint's results from `record`: the list kept as `over_training` in evaluation.json."""
     if cfg.league.enabled:
         candidates = sorted((run_dir / "league" / "snapshots").glob(f"{MAIN}-*.safetensors"))
     else:
         candidates = history_files(checkpoint_dir(run_dir, MAIN))
     start = time.monotonic()
-    entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games)
+    entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games,
+                                     judges=judges)
     final = {"checkpoint": record["checkpoint"], "step": record["step"], "frames": record["frames"],
              "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
+    if judges:
+        final["judges"] = {j: record["judges"][j] for j in judges}
     if entries:
         log.info("over training: %d earlier policies, %d games per seat and bot, in %.1f s (first / second seat):",
                  len(entries), games, time.monotonic() - start)
@@ -75,7 +104,7 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
         log.info("over training: no earlier policy of this run to play (%s)", "no snapshot of the main agent"
                  if cfg.league.enabled else "no copy in checkpoints/history/")
     for entry in entries + [final]:
-        for opponent, seats in entry["opponents"].items():
+        for opponent, seats in {**entry["opponents"], **entry.get("judges", {})}.items():
             log.info("  update %s%s, %s frames, vs %s: %s", entry["step"], " (final)" if entry is final else "",
                      f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
     return entries + [final]
@@ -89,6 +118,8 @@ def seats_summary(seats: dict) -> str:
         return " / ".join("-" if r["tactics"][key] is None else f"{r['tactics'][key]:.0%}" for r in seats.values())
 
     won = " / ".join(f"{r['win_rate']:.0%}" for r in seats.values())
+    if all("score" in r for r in seats.values()):
+        won += ", score " + " / ".join(f"{r['score']:.2f}" for r in seats.values())
     if any(r.get("tactics") is None for r in seats.values()):
         return f"won {won}, mean return " + " / ".join(f"{r.get('mean_return', 0.0):+.1f}" for r in seats.values())
     return f"won {won}, took {rates('wins_taken_rate')} of immediate wins, made {rates('blocks_made_rate')} of forced blocks"
@@ -97,10 +128,12 @@ def seats_summary(seats: dict) -> str:
 def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
     """The one place the final evaluation of `train` is kept: RUN_DIR/evaluation.json (shown by
     `run.py report`), and its numbers in the run's trackers (wandb, TensorBoard) as
-    `final_evaluation/<opponent>/<seat>/<rate>` (one-agent envs: `final_evaluation/episodes/<stat>`)."""
+    `final_evaluation/<opponent>/<seat>/<rate>` and `final_evaluation/judges/<judge>/<seat>/<rate>` (one-agent
+    envs: `final_evaluation/episodes/<stat>`)."""
     (run_dir / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     log.info("final evaluation saved to %s", run_dir / EVALUATION_FILE)
-    results = {"episodes": record["episodes"]} if "episodes" in record else record.get("opponents", {})
+    results = {"episodes": record["episodes"]} if "episodes" in record else {
+        **record.get("opponents", {}), **({"judges": record["judges"]} if record.get("judges") else {})}
     log_final_evaluation(cfg, run_dir, flat(results), step=record.get("step"))
 
 
@@ -122,11 +155,20 @@ def checkpoint_facts(checkpoint: str | Path) -> dict:
 
 
 def seat_line(seat: str, result: dict) -> str:
-    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%  mean return +0.9' and the seat's tactics
-    (`tactics_line`), for one seat's `MatchResult.as_dict()`."""
+    """'as player_0: won 95.0%  drew 1.0%  lost 4.0%  score 0.955 [0.921, 0.975] of 200  mean return +0.9'
+    and the seat's tactics (`tactics_line`), for one seat's `MatchResult.as_dict()` (the score and its 95%
+    interval where it has them)."""
     mean_return = f"  mean return {result['mean_return']:+.1f}" if "mean_return" in result else ""
     return (f"as {seat}: won {result['win_rate']:.1%}  drew {result['draw_rate']:.1%}  lost {result['loss_rate']:.1%}"
-            + mean_return + tactics_line(result["tactics"]))
+            + score_text(result) + mean_return + tactics_line(result["tactics"]))
+
+
+def score_text(result: dict) -> str:
+    """'  score 0.955 [0.921, 0.975] of 200' for one seat's `MatchResult.as_dict()` ('' without a score)."""
+    if "score_ci95" not in result:
+        return ""
+    low, high = result["score_ci95"]
+    return f"  score {result['score']:.3f} [{low:.3f}, {high:.3f}] of {result['games']}"
 
 
 def tactics_line(tactics: dict | None) -> str:

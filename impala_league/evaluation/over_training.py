@@ -4,7 +4,8 @@ The earlier policies are checkpoint files whose meta holds the update `step` and
 league the main agent's snapshots (`league/snapshots/main-*.safetensors`), without one the copies of
 its checkpoint that `run.py train` keeps (`checkpoints/history/`, distributed/history.py).
 `earlier_policies` picks a few, evenly spaced; `evaluate_over_training` plays each in every seat
-against each bot, as the final evaluation does but with fewer games. `run.py train` keeps the result
+against each bot, and against a judge the run never trained against (the held-out score), as the final
+evaluation does but with fewer games. `run.py train` keeps the result
 under `over_training` in evaluation.json and `run.py report` plots it against agent steps trained.
 """
 
@@ -50,12 +51,14 @@ def earlier_policies(paths: Iterable[Path], before_step: int | None, count: int)
 
 
 def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Sequence[str], games: int,
-                           seed: int = 0) -> list[dict]:
-    """Each policy of `policies` (path, meta), greedy, against each bot of `opponents` in every seat.
+                           seed: int = 0, judges: Sequence[str] = ()) -> list[dict]:
+    """Each policy of `policies` (path, meta), greedy, against each bot of `opponents` and each judge of
+    `judges` (evaluation/judges.py) in every seat.
 
     Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `frames` (agent steps
     trained on; None where the meta lacks them), `games` (per seat and opponent) and `opponents`:
-    {opponent: {seat name: `MatchResult.as_dict()`}}, the shape of evaluation.json's `opponents`. Every
+    {opponent: {seat name: `MatchResult.as_dict()`}}, the shape of evaluation.json's `opponents`, and with
+    `judges` also `judges` of the same shape. Every
     policy plays the same games (`seed`), so differences come from the policies alone. A policy whose
     file is missing, corrupt or not a policy of this project is left out with a warning: the final
     evaluation is kept without it.
@@ -67,7 +70,9 @@ def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Seq
         except CheckpointError as e:
             log.warning("over training: leaving out %s: %s", path, e)
             continue
-        out.append({"checkpoint": str(path), "step": meta.get("step"), "frames": meta.get("frames"), "games": games,
-                    "opponents": {opponent: evaluate(policy, opponent, games, seed)["seats"]
-                                  for opponent in opponents}})
+        entry = {"checkpoint": str(path), "step": meta.get("step"), "frames": meta.get("frames"), "games": games,
+                 "opponents": {opponent: evaluate(policy, opponent, games, seed)["seats"] for opponent in opponents}}
+        if judges:
+            entry["judges"] = {judge: evaluate(policy, judge, games, seed)["seats"] for judge in judges}
+        out.append(entry)
     return out

@@ -2,8 +2,9 @@
 
 A *player spec* (``run.py evaluate --players SPEC ...``) is one of:
 
-* a bot: ``random``, ``tactical`` or ``minimax:D`` (see ``evaluation/bots.py``; a bot name is
-  never read as a path: write ``./random`` for a directory called ``random``);
+* a bot: ``random``, ``tactical``, ``minimax:D`` or the judge ``mcts:N`` (see ``evaluation/bots.py``,
+  ``evaluation/judges.py``; a bot name is never read as a path: write ``./random`` for a directory
+  called ``random``);
 * a ``.safetensors`` checkpoint file (a learner checkpoint or a league snapshot: same format);
 * a run directory, which stands for its learners' latest checkpoints
   (``RUN/checkpoints/latest.safetensors``, and ``RUN/checkpoints/<learner>/latest.safetensors`` of

@@ -151,6 +151,32 @@ def test_the_report_plots_the_policies_over_training_beside_the_final_evaluation
     assert over_training_figure({**record, "over_training": []}) is None
 
 
+def test_the_report_shows_the_held_out_judge_beside_the_bots(tmp_path):
+    """A judge's row plots the score with its 95% interval below the bots' rows; its table stands apart."""
+    run_dir = _run_dir(tmp_path, "r", [])
+
+    def judged(score: float, low: float, high: float) -> dict:
+        return {seat: {**result, "wins": 10, "draws": 5, "losses": 35, "games": 50, "score": score,
+                       "score_ci95": [low, high]} for seat, result in _seats(0.2, 0.5, 0.5).items()}
+
+    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.5)},
+             "judges": {"mcts:100": judged(0.1 * k, 0.05 * k, 0.15 * k)}} for k in range(1, 4)]
+    record = {"checkpoint": "c", "step": 12, "frames": 3000, "seed": 0, "games": 100,
+              "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "judge_games": 50,
+              "judges": over[-1]["judges"], "over_training": over}
+    fig = over_training_figure(record)
+    assert fig.axes[0].get_title() == "vs tactical: win rate"
+    assert fig.axes[3].get_title() == "vs mcts:100 (held out): score, 95% interval"
+    assert fig.axes[4].get_title() == "vs mcts:100 (held out): immediate wins taken"
+    score_line = fig.axes[3].get_lines()[0]
+    assert list(score_line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    (run_dir / "evaluation.json").write_text(json.dumps(record))
+    section = re.search(r'<section id="run0-evaluation">(.*?)</section>', build_report([run_dir]), re.S).group(1)
+    assert "held out: judges the run never trained against" in section
+    assert "<td>mcts:100</td><td>player_1</td><td>10</td><td>5</td><td>35</td><td>0.300 [0.150, 0.450]</td><td>50</td>" \
+        in section
+
+
 def test_the_payoff_figure_of_a_league_of_hundreds_of_snapshots_keeps_the_newest(tmp_path):
     """300 snapshots would make a 14,000-pixel-wide figure: it shows main, random and the newest 38."""
     from impala_league.analysis.report import MAX_PAYOFF_PLAYERS, league_figures
@@ -166,3 +192,19 @@ def test_the_payoff_figure_of_a_league_of_hundreds_of_snapshots_keeps_the_newest
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert len(labels) == MAX_PAYOFF_PLAYERS and {"main", "random", snapshots[-1]} <= set(labels)
     assert snapshots[-MAX_PAYOFF_PLAYERS + 2] in labels and snapshots[-MAX_PAYOFF_PLAYERS + 1] not in labels
+
+
+def test_the_elo_figure_of_a_league_of_thousands_draws_learners_bots_and_the_newest_snapshots(tmp_path):
+    """2,000 snapshots in ratings.jsonl: the figure draws main, random and the 10 newest, with a legend."""
+    from impala_league.analysis.report import MAX_ELO_LINES, league_figures
+
+    run_dir = _run_dir(tmp_path, "long-league", ["league.enabled=true"])
+    (run_dir / "league").mkdir()
+    snapshots = [f"main-{step:07d}" for step in range(1, 2001)]
+    lines = [{"time": 1000.0 + k, "elo": {"main": float(k), "random": -1.0,
+                                          **{s: 0.0 for s in snapshots[:(k + 1) * 200]}}} for k in range(10)]
+    (run_dir / "league" / "ratings.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (fig,) = league_figures(load_run(run_dir))
+    drawn = sorted(line.get_label() for line in fig.axes[0].get_lines())
+    assert drawn == sorted(["main", "random", *snapshots[-(MAX_ELO_LINES - 2):]])
+    assert fig.axes[0].get_legend() is not None

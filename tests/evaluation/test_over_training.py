@@ -84,7 +84,7 @@ def test_earlier_policies_are_evenly_spaced_before_the_final_step(tmp_path):
 
 def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(tmp_path, caplog):
     run_dir = tmp_path / "run"
-    league = ("league.enabled=true",)
+    league = ("league.enabled=true", "evaluation.judges=[mcts:10,mcts:30]", "evaluation.judge_games=3")
     (run_dir).mkdir()
     cfg = tiny_config(league)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -108,6 +108,13 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
     assert [(e["step"], e["frames"], e["games"]) for e in over] == [(100, 1000, 3), (300, 3000, 3), (400, 4000, 4)]
     assert over[0]["checkpoint"].endswith("main-0000100.safetensors")
     assert over[-1]["opponents"] == {o: record["opponents"][o] for o in ("tactical", "minimax:9")}
+    # The judges, apart from the bots: every one at the end, the first over training too.
+    assert set(record["judges"]) == {"mcts:10", "mcts:30"} and record["judge_games"] == 3
+    assert over[-1]["judges"] == {"mcts:10": record["judges"]["mcts:10"]}
+    assert all(set(e["judges"]) == {"mcts:10"} for e in over)
+    for r in [r for seats in record["judges"].values() for r in seats.values()]:
+        assert r["games"] == 3 and r["score"] == (r["wins"] + r["draws"] / 2) / 3
+        assert r["score_ci95"][0] <= r["score"] <= r["score_ci95"][1]
     for entry in over:
         assert set(entry["opponents"]) == {"tactical", "minimax:9"}
         for seats in entry["opponents"].values():
@@ -118,12 +125,15 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
                 assert set(t) >= {"wins_taken_rate", "blocks_made_rate"}
                 assert t["wins_taken_rate"] == (t["wins_taken"] / t["win_chances"] if t["win_chances"] else None)
     text = caplog.text
-    # Per opponent and seat the final evaluation shows the tactics; over training one line per policy and bot.
-    assert text.count("immediate wins (") + text.count("0/0 immediate wins") == 6, text
+    # Per opponent (3 bots, 2 judges) and seat the final evaluation shows the tactics; over training one line
+    # per policy and bot or judge.
+    assert text.count("immediate wins (") + text.count("0/0 immediate wins") == 10, text
     assert "as player_1: won" in text and "forced blocks" in text
     assert "over training: 2 earlier policies, 3 games per seat and bot" in text
     assert "leaving out" in text and "main-0000350.safetensors is corrupt" in text
     assert "update 300, 3,000 frames, vs minimax:9: won" in text and "update 400 (final), 4,000 frames" in text
+    assert "held out: greedy policy vs judge mcts:30 over 3 games per seat" in text and "] of 3" in text
+    assert "update 300, 3,000 frames, vs mcts:10: won" in text
 
 
 @pytest.mark.parametrize("tactics, line", [
