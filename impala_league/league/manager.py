@@ -7,8 +7,10 @@ One pass every `league.manager_every_s` seconds:
   3. publish each learner's opponent distribution (league/matchmaking.py) for its actors;
   4. choose the snapshots whose weights Redis holds, at most `league.redis_snapshots`, evicting and
      loading back from files (league/residency.py);
-  5. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line;
-     every 30 s, measure the run directory and Redis against their budgets (league/usage.py).
+  5. write the league state (`<run dir>/league/state.json`, atomically) and a ratings history line, at
+     every pass while that is cheap, else so that saving takes at most SAVE_DUTY of the time (5,000
+     players: megabytes of JSON); every 30 s, measure the run directory and Redis against their
+     budgets (league/usage.py).
 
 Snapshots are checkpoint files (`league/snapshots/<id>.safetensors`, loadable by `load_policy`), every
 one a member for the run's life, and weights in Redis for the actors while resident. `--resume` reloads
@@ -50,6 +52,9 @@ log = logging.getLogger("league")
 
 GROUP = "league"
 STATE_VERSION = 1
+SAVE_DUTY = 0.1
+"""After a save that took s seconds the next waits s / SAVE_DUTY: results stay unacknowledged until then
+(a crash reads them again), snapshot files are adopted on resume (`adopt_snapshot_files`)."""
 
 
 def single_opponent(result: dict) -> bool:
@@ -109,6 +114,7 @@ class LeagueManager:
         self.evicted_games = 0  # games scored against a snapshot that had been evicted from Redis before
         self.distributions: dict[str, dict[str, float]] = {}  # as last published
         self.pass_s = self.pass_s_max = self.save_s = 0.0  # seconds of the last pass, the longest, the last save
+        self.next_save = 0.0  # monotonic time before which `one_pass` does not save (SAVE_DUTY)
         self.stopping = False
         self.stop_signal: int | None = None  # the signal that asked it to stop (SIGTERM, SIGINT), if one did
         self.unacked: list[bytes] = []  # results folded in but not yet saved: acknowledged after `save`
@@ -419,7 +425,7 @@ class LeagueManager:
     # -- loop --------------------------------------------------------------------------------------
     def one_pass(self) -> None:
         """Steps 1-5 of the module docstring. `pass_s` times steps 1-4 (results, payoff, Elo, snapshots,
-        PFSP, distributions, residency), `save_s` step 5's state and ratings."""
+        PFSP, distributions, residency), `save_s` step 5's state and ratings (when it saved)."""
         start = time.perf_counter()
         self.consume_results()
         self.snapshot_due_learners()
@@ -427,8 +433,11 @@ class LeagueManager:
         self.rebalance_snapshots()
         self.pass_s = time.perf_counter() - start
         self.pass_s_max = max(self.pass_s_max, self.pass_s)
-        self.save()
-        self.save_s = time.perf_counter() - start - self.pass_s
+        if time.monotonic() >= self.next_save:
+            start = time.perf_counter()
+            self.save()
+            self.save_s = time.perf_counter() - start
+            self.next_save = time.monotonic() + self.save_s / SAVE_DUTY
         if self.usage.due(time.monotonic()):
             self.usage.check(self.redis, time.monotonic(), time.time())
 

@@ -10,8 +10,10 @@ actors load. At every pass (`SnapshotResidency.rebalance`) the manager picks the
   3. the others by the weight the opponent distributions give them (the sum over the learners'
      distributions), ties going to those resident already, then to the newest.
 
-It evicts the resident snapshots not chosen (weights and SHA-256 deleted from Redis, file kept) before it
-loads the chosen ones that Redis lacks from their files, so Redis never holds more than `redis_snapshots`.
+It loads at most LOADS_PER_PASS of the chosen ones that Redis lacks from their files (verifying their
+SHA-256), and first evicts as many of the lowest-ranked resident ones as that needs (weights and SHA-256
+deleted from Redis, file kept), so Redis never holds more than `redis_snapshots` and a league whose
+actors ask for more than that churns at a bounded rate.
 An actor that draws a snapshot Redis does not hold asks for it (`LeagueStore.want`), plays another
 opponent in that game, and picks the snapshot up at a later parameter sync once it is loaded
 (league/opponents.py): no game is played or scored against other weights than the ones it names.
@@ -32,6 +34,8 @@ from impala_league.league.store import LeagueStore
 
 log = logging.getLogger("league")
 
+LOADS_PER_PASS = 8
+"""At most this many snapshots are loaded from files per pass (a 2.6 MB Atari snapshot: about 20 ms each)."""
 WANT_HOLD_S = 30.0
 """A snapshot an actor asked for stays chosen (rule 2) this long after the latest ask: time for the actors
 that drew it to fetch it at their next parameter syncs."""
@@ -105,7 +109,8 @@ class SnapshotResidency:
 
     def rebalance(self, created: dict[str, float], pinned: list[str], weights: dict[str, float],
                   capacity: int | None = None) -> dict[str, str]:
-        """Make Redis hold the chosen snapshots (`choose_resident`): evict first, then load from files.
+        """Make Redis hold the chosen snapshots (`choose_resident`), loading at most LOADS_PER_PASS of them:
+        evict first, then load from files.
 
         created: every snapshot member -> its creation time; capacity: at most this many (default the
         configured one; `make_room` passes one less). Returns {id: reason} of the snapshots whose file
@@ -113,14 +118,16 @@ class SnapshotResidency:
         """
         capacity = self.capacity if capacity is None else capacity
         resident = self.resident()
-        target = choose_resident(capacity, pinned, self.wanted, weights, resident, created)
-        evict = sorted(resident - set(target))
+        ranked = choose_resident(len(created), pinned, self.wanted, weights, resident, created)
+        load = [s for s in ranked[:capacity] if s not in resident][:LOADS_PER_PASS]
+        keep = set([s for s in ranked if s in resident][:capacity - len(load)])
+        evict = sorted(resident - keep)
         if evict:
             self.store.evict_snapshots(evict)
             self.evictions += len(evict)
             self.evicted_ever.update(s for s in evict if s in created)
         failed = {}
-        for snapshot_id in (s for s in target if s not in resident):
+        for snapshot_id in load:
             try:
                 tensors, _ = read_checkpoint(self.path(snapshot_id))
             except CheckpointError as e:

@@ -235,3 +235,25 @@ def test_usage_warns_with_the_numbers_past_a_budget(tmp_path, redis_client, capl
     usage.check(redis_client, now=1.0, wall=1.0)
     assert "over budget" not in caplog.text  # warned at most every WARN_EVERY_S
     assert not usage.due(1.0) and usage.due(100.0)
+
+
+def test_at_most_loads_per_pass_snapshots_come_back_per_pass_and_the_bound_holds(tmp_path, redis_client, redis_url,
+                                                                                run_name):
+    from impala_league.league.manager import LeagueManager
+    from impala_league.league.residency import LOADS_PER_PASS
+
+    cfg = _config(tmp_path, run_name, "league.redis_snapshots=12")
+    manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
+    _grow(manager, redis_client, cfg, run_name, range(1, 25))
+    store = LeagueStore(redis_client, run_name)
+    resident_before = store.resident()
+    asked = [f"main-{k:07d}" for k in range(1, 12)]  # 11 evicted snapshots, asked for
+    assert not set(asked) & resident_before
+    for s in asked:
+        store.want(s)
+    loads = manager.residency.loads
+    manager.rebalance_snapshots()
+    assert manager.residency.loads - loads == LOADS_PER_PASS == 8
+    assert len(store.resident()) == 12 and len(_snapshot_keys(redis_client, run_name)) == 12
+    manager.rebalance_snapshots()  # the other 3 at the next pass
+    assert store.resident() == set(asked) | {"main-0000024"}
