@@ -125,9 +125,9 @@ def actor_level(game: str, kwargs: dict, actions: np.ndarray, seed: int) -> tupl
     def run():
         nonlocal steps
         for row in actions:
-            np.stack([step.observations[0] for step in steps])
-            for env, action in zip(envs, row):
-                env.act([int(action)])
+            np.stack([obs for step in steps for obs in step.observations])
+            for env, step, action in zip(envs, steps, row):  # a vector slot sits out the step after its cut
+                env.act([int(action)] * len(step.agents))
             steps = [env.advance() for env in envs]
     return _timed(run)
 

@@ -13,7 +13,8 @@ DQN curves (Mnih et al. 2015; Espeholt et al. 2018; Machado et al. 2018 discuss 
 * a stack of the last 4 frames, channels first: [4, 84, 84] (1 with a recurrent core, if you like);
 * up to 30 no-op actions at the start of each episode (a random number, from the episode's seed);
 * episodes cut at 108,000 emulator frames (30 minutes of play): a time limit, settled as truncated
-  (the learner bootstraps from the final observation), not as the game's end;
+  (the learner bootstraps from the final observation), not as the game's end; a cut inside the frame
+  skip ends on the screen after its last played frame (`AtariPreprocessingAtEnds`);
 * `end_on_life_loss`: IMPALA's and DQN's training episodes ended at a lost life (discount 0, the
   core reset) while the game went on; off by default, as Machado et al. advise. Scores are always
   those of full games.
@@ -30,8 +31,10 @@ only, so every episode statistic is the game's own score.
   preprocesses in C++ as gymnasium's wrappers do in Python; its frames are the same except the first
   ones of an episode, whose stack it pads with zeros where `FrameStackObservation` repeats the reset
   frame, and its no-op starts are drawn from its own random numbers (an episode can start with no
-  no-op, where `AtariPreprocessing` plays 1 to `noop_max`). Evaluation and replays, one game at a time, always play
-  the gymnasium path (`envs.registry.make_env`); only the actor's `make_envs` reads this setting.
+  no-op, where `AtariPreprocessing` plays 1 to `noop_max`), and it cuts a game at the end of the step
+  that reaches the time limit (frames counted after the no-op start), never inside the skip.
+  Evaluation and replays, one game at a time, always play the gymnasium path
+  (`envs.registry.make_env`); only the actor's `make_envs` reads this setting.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import difflib
 from typing import Any, Optional
 
 import gymnasium
+from gymnasium.wrappers import AtariPreprocessing as AtariPreprocessingBase
 
 ALE_PACKAGES = "ale-py and opencv-python-headless (in requirements.txt: bash scripts/bootstrap.sh installs them)"
 LIFE_LOST = "life_lost"  # info key: the step lost a life (envs.parallel settles it as done when asked to)
@@ -109,7 +113,7 @@ def make_atari(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = N
     Raises ValueError for an unknown game (naming the closest), bad kwargs, or a missing package."""
     s = settings(kwargs)
     _ale()
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+    from gymnasium.wrappers import FrameStackObservation
 
     extra = {} if render_mode is None else {"render_mode": render_mode}
     # obs_type grayscale: AtariPreprocessing reads the screens from the emulator itself, so the base env's
@@ -118,11 +122,41 @@ def make_atari(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = N
                          repeat_action_probability=float(s["sticky_actions"]),
                          full_action_space=bool(s["full_action_space"]),
                          max_num_frames_per_episode=s["max_episode_frames"], **extra)
-    env = AtariPreprocessing(env, noop_max=s["noop_max"], frame_skip=s["frame_skip"], screen_size=s["screen_size"],
-                             terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    env = AtariPreprocessingAtEnds(env, noop_max=s["noop_max"], frame_skip=s["frame_skip"],
+                                   screen_size=s["screen_size"], terminal_on_life_loss=False, grayscale_obs=True,
+                                   scale_obs=False)
     if s["end_on_life_loss"]:
         env = LifeLossInfo(env)
     return FrameStackObservation(env, s["frame_stack"])
+
+
+def read_end_screens(ale: Any, buffers: list, played: int, frame_skip: int) -> None:
+    """Refill the two max-pooled screens (`buffers`, uint8 [210, 160] each) after a step whose frame skip
+    ended the episode at its `played`-th frame (1..frame_skip): the time limit or the game's end.
+
+    gymnasium's `AtariPreprocessing` (and `envs.atari2p.Preprocessed`, which does what it does) leaves
+    the skip at such a frame before it reads the screen, so its buffers still hold the previous step's
+    frames, and a truncated step's final observation, the one its value is bootstrapped from, would
+    show a stale screen. buffers[0] gets the screen now; buffers[1] keeps the skip's next-to-last frame
+    when the skip played all its frames (pooled as every step is), else it gets the same screen: the
+    skip never reached the pair it pools, and the newest frame is the screen after the last one played.
+    """
+    ale.getScreenGrayscale(buffers[0])
+    if played < frame_skip:
+        buffers[1][...] = buffers[0]
+
+
+class AtariPreprocessingAtEnds(AtariPreprocessingBase):
+    """gymnasium's `AtariPreprocessing` (grayscale), whose observation at an episode's end is the screen
+    after the step's last played frame (`read_end_screens`); every other step is gymnasium's own."""
+
+    def step(self, action):
+        start = self.ale.getEpisodeFrameNumber()
+        obs, reward, terminated, truncated, info = super().step(action)
+        if terminated or truncated:
+            read_end_screens(self.ale, self.obs_buffer, self.ale.getEpisodeFrameNumber() - start, self.frame_skip)
+            obs = self._get_obs()
+        return obs, reward, terminated, truncated, info
 
 
 class LifeLossInfo(gymnasium.Wrapper):

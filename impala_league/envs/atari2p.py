@@ -10,7 +10,8 @@ stack channels last and have no no-op starts:
 * the minimal action set of the game (`full_action_space` for all 18);
 * a frame skip of 4: the players' actions are repeated 4 frames, the observation is the max over the
   last two frames, each player's rewards are summed; the skip stops early at a frame where a player's
-  game ends or the time limit is reached (gymnasium's wrapper does the same);
+  game ends or the time limit is reached (gymnasium's wrapper does the same), and the observation is
+  then the screen after that frame (`envs.atari.read_end_screens`);
 * ALE's grayscale screen, resized to 84 x 84 with OpenCV's area interpolation, uint8;
 * a stack of the last 4 frames, channels first; at a reset the stack holds the first frame 4 times;
 * up to 30 no-op frames at the start of each episode (both players play NOOP; the number is drawn
@@ -44,6 +45,8 @@ from typing import Any, Optional
 import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
+
+from impala_league.envs.atari import read_end_screens
 
 PACKAGES = ("multi-agent-ale-py, ale-py (its ROMs) and opencv-python-headless (in requirements.txt: "
             "bash scripts/bootstrap.sh installs them)")
@@ -238,6 +241,7 @@ class Preprocessed:
             terminated.update({a: bool(v) for a, v in step_terminated.items()})
             truncated.update({a: bool(v) for a, v in step_truncated.items()})
             if any(step_terminated.values()) or any(step_truncated.values()):
+                read_end_screens(self.raw.ale, self._buffer, t + 1, self.frame_skip)
                 break
             if t == self.frame_skip - 2:
                 self.raw.ale.getScreenGrayscale(self._buffer[1])

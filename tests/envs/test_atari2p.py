@@ -65,6 +65,32 @@ def test_time_limit_is_a_truncation_for_both_and_the_higher_return_wins():
     assert step.agents == [0, 1]  # the next game is under way
 
 
+def test_a_cut_inside_the_frame_skip_ends_on_the_screen_after_its_last_frame():
+    """max_cycles 50: the 13th step is cut 2 frames in. Its final observation's newest frame is the
+    screen those 2 frames end on in the same game played without a limit (not the 12th step's, which
+    a skip left before reading the screen would repeat); the older frames are that game's."""
+    import cv2
+
+    rng = np.random.default_rng(4)
+    actions = [dict(zip(("first_0", "second_0"), rng.integers(0, 18, 2).tolist())) for _ in range(13)]
+    cut = atari2p.make_atari2p("boxing", {"max_cycles": 50, "noop_max": 0, "agent_indicator": False})
+    cut.reset(seed=3)
+    for t, action in enumerate(actions):
+        obs, _, _, truncated, _ = cut.step(action)
+    assert all(truncated.values()) and cut.agents == []
+    uncut = atari2p.make_atari2p("boxing", {"noop_max": 0, "agent_indicator": False})
+    uncut.reset(seed=3)
+    for action in actions[:12]:
+        stack = uncut.step(action)[0]["first_0"]
+    for _ in range(2):
+        uncut.raw.step(actions[12])
+    newest = cv2.resize(uncut.raw.ale.getScreenGrayscale(), (84, 84), interpolation=cv2.INTER_AREA)
+    for agent in ("first_0", "second_0"):
+        np.testing.assert_array_equal(obs[agent][-1], newest)
+        np.testing.assert_array_equal(obs[agent][:-1], stack[1:])
+    assert not np.array_equal(newest, stack[-1])  # the screen moved: a stale frame would be caught
+
+
 def test_unknown_game_names_the_closest_and_unknown_kwargs_are_refused():
     with pytest.raises(ValueError, match="atari2p:boxing"):
         env_spec("atari2p:boxng")

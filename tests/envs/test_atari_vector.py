@@ -92,29 +92,46 @@ def test_frames_match_gymnasium_once_the_stack_is_full():
         assert [s.reward for s in ref.settlements] == [s.reward for s in vec.settlements]
 
 
-def test_time_limit_truncates_with_final_observation_and_play_goes_on():
-    """A 400-frame limit (100 steps): the 100th action settles as truncated with the cut state's stack
-    (the gymnasium path's final observation), the episode's result is reported, the next game goes on."""
-    kwargs = {"noop_max": 0, "max_episode_frames": 400}
-    actions = np.random.default_rng(2).integers(6, size=106).tolist()
-    ends = []
-    for t, ref, vec in _lockstep("Pong", kwargs, actions):
-        if t < 0:
-            continue
-        (r,), (v,) = ref.settlements, vec.settlements
-        assert (v.done, v.truncated, v.reward) == (r.done, r.truncated, r.reward)
-        assert len(vec.episodes) == len(ref.episodes)
-        if v.truncated:
-            assert v.final_observation.shape == (4, 84, 84) and v.final_observation.dtype == np.uint8
-            np.testing.assert_array_equal(v.final_observation, r.final_observation)
-            (episode,), (reference,) = vec.episodes, ref.episodes
-            assert (episode.length, episode.returns, episode.winner) == (100, reference.returns, 0)
-            ends.append(t)
-            np.testing.assert_array_equal(vec.observations[0][-1], ref.observations[0][-1])  # the new game
-            assert not vec.observations[0][:-1].any()
-        elif t > 99:
-            assert not v.done and not vec.episodes
-    assert ends == [99]
+def _unlimited_observation(actions: list[int], seed: int = 7):
+    """The gymnasium path's observation after `actions` in a game without a time limit (no no-ops)."""
+    env = atari.make_atari("Pong", {"noop_max": 0})
+    env.reset(seed=seed)
+    for action in actions:
+        obs = env.step(action)[0]
+    return obs
+
+
+@pytest.mark.parametrize("limit", [400, 402])
+def test_time_limit_cuts_at_a_step_s_end_with_its_true_frames_and_play_goes_on(limit):
+    """A 400-frame limit (100 steps) and a 402-frame one (cut after step 101, where the gymnasium path
+    cuts 2 frames into it): the cut step settles as truncated with the frames of the same actions
+    played without a limit, the episode's result is reported, the slot sits one step out (the vector
+    env resets the game) and the next game goes on."""
+    steps = -(-limit // 4)
+    slots = make_envs("atari:Pong", [7, 8], {"noop_max": 0, "max_episode_frames": limit, **VECTOR})
+    actions = np.random.default_rng(2).integers(6, size=steps + 6).tolist()
+    vec, other = slots[0].advance(), slots[1].advance()
+    played: list[int] = []
+    for t in range(len(actions)):
+        if vec.agents:
+            slots[0].act([actions[len(played)]])
+            played.append(actions[len(played)])
+        else:
+            slots[0].act([])
+        slots[1].act([0] * len(other.agents))  # cut at the same step (Pong goes on for 400 frames of NOOP)
+        vec, other = slots[0].advance(), slots[1].advance()
+        if t == steps - 1:  # the cut
+            (v,) = vec.settlements
+            assert v.done and v.truncated and vec.agents == []
+            np.testing.assert_array_equal(v.final_observation, _unlimited_observation(played))
+            (episode,) = vec.episodes
+            assert episode.length == steps
+        elif t == steps:  # the slot sat this step out while its game was reset
+            assert vec.agents == [0] and vec.settlements == [] and not vec.episodes
+            assert not vec.observations[0][:-1].any() and vec.observations[0][-1].any()  # a new game's first
+        else:
+            assert vec.agents == [0] and [(s.done, s.truncated) for s in vec.settlements] == [(False, False)]
+    assert len(played) == len(actions) - 1 and slots[0].group.steps == len(actions)
 
 
 def test_lost_lives_settle_as_done_with_end_on_life_loss():
@@ -137,12 +154,14 @@ def test_lost_lives_settle_as_done_with_end_on_life_loss():
 
 def test_same_seeds_same_games():
     def frames(seeds):
-        group = AtariVectorGroup("Pong", seeds, {"max_episode_frames": 200})
-        out = []
+        group = AtariVectorGroup("Pong", seeds, {"max_episode_frames": 200})  # a cut at step 50
+        out, steps = [], [slot.advance() for slot in group.slots]
         for t in range(60):
-            for slot in group.slots:
-                slot.act([t % 6])
-            out.append(np.stack([slot.advance().observations[0] for slot in group.slots]))
+            for slot, step in zip(group.slots, steps):
+                slot.act([t % 6] * len(step.agents))
+            steps = [slot.advance() for slot in group.slots]
+            out.append(np.stack([step.observations[0] if step.agents else np.zeros((4, 84, 84), np.uint8)
+                                 for step in steps]))
         return np.stack(out)
     a, b = frames([11, 12]), frames([12, 11])
     assert (a[:, 0] != a[:, 1]).any()  # two seeds, two games
@@ -199,7 +218,8 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     actor.report = lambda found, flush=False: episodes.extend(found) or report(found, flush)
     actor.run()
     actor.close()
-    assert actor.envs[0].group.steps == 120 and actor.counters.env_steps == 240
+    # 120 steps each and the step both games sat out while the vector env reset them after their cut
+    assert actor.envs[0].group.steps == 121 and actor.counters.env_steps == 242
     assert all(u["obs"].shape == (21, 4, 84, 84) and u["obs"].dtype == np.uint8 for u in unrolls)
     truncated = [u for u in unrolls if u["truncated"].any()]
     assert len(truncated) == 2  # one cut per game, at its 100th step: step 19 of its 5th unroll
