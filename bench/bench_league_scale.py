@@ -5,12 +5,13 @@ exploiter 20% each; files on disk, every learner with a payoff record against ev
 too; Elo for all) plus two bots, on a private Redis, then times manager passes as `LeagueManager.one_pass`
 makes them: `results` (RESULTS episode results read and scored), `snapshot` (one new snapshot of the
 main agent: file, Redis), `pfsp` (the three learners' opponent distributions, published), `residency`
-(the snapshots Redis holds: `league.redis_snapshots` = 64), `pass` (those four), and `save` (state.json,
+(the snapshots Redis holds: `league.redis_snapshots` = 64; WANTS actors' asks, so up to 8 loads from
+files), `pass` (those four), and `save` (state.json,
 ratings.jsonl; `one_pass` saves at most every save_s / SAVE_DUTY seconds). Then the
 state's size, a `--resume` (state read, files checked) plus the first pass's fill of Redis, and the
 report's league figures (Elo over time from a ratings.jsonl of 100 lines, the payoff heatmap).
 
-    python bench/bench_league_scale.py [--sizes 10 100 1000 5000] [--passes 5] [--results 500]
+    python bench/bench_league_scale.py [--sizes 10 100 1000 5000] [--passes 5] [--results 500] [--wants 20]
 
 Prints a markdown table: the median and the slowest pass of each part (ms), the state's MB, resume s,
 figures s. The issue's bar: no pass over 1 s at 5,000 players; a state that loads in seconds.
@@ -97,9 +98,14 @@ def post_results(manager: LeagueManager, count: int, rng: np.random.Generator) -
     pipe.execute()
 
 
-def timed_pass(manager: LeagueManager, version: int, results: int, rng: np.random.Generator) -> dict[str, float]:
-    """One pass of `LeagueManager.one_pass`, each part timed (seconds)."""
+def timed_pass(manager: LeagueManager, version: int, results: int, wants: int,
+               rng: np.random.Generator) -> dict[str, float]:
+    """One pass of `LeagueManager.one_pass`, each part timed (seconds), after `results` results and
+    `wants` actors' asks for random snapshots."""
     post_results(manager, results, rng)
+    snapshots = manager.snapshots()
+    for k in rng.choice(len(snapshots), size=min(wants, len(snapshots)), replace=False):
+        manager.store.want(snapshots[k])
     ParamStore(manager.redis, namespace(manager.cfg.run.name, "main")).publish(
         manager.params["main"].fetch()[1], version)
     out = {}
@@ -126,7 +132,7 @@ def figures_seconds(cfg, run_dir: Path, manager: LeagueManager) -> float:
     return seconds
 
 
-def measure(n: int, passes: int, results: int, url: str, root: Path) -> dict:
+def measure(n: int, passes: int, results: int, wants: int, url: str, root: Path) -> dict:
     rng = np.random.default_rng(n)
     name = f"scale-{n}"
     cfg = config(root, name)
@@ -135,14 +141,14 @@ def measure(n: int, passes: int, results: int, url: str, root: Path) -> dict:
     manager.consume_results()  # the group, at the stream's end
     manager.publish()
     manager.rebalance_snapshots()
-    runs = [timed_pass(manager, 10_000_000 + k, results, rng) for k in range(passes)]  # ids apart from the built ones
+    runs = [timed_pass(manager, 10_000_000 + k, results, wants, rng) for k in range(passes)]  # ids apart from the built ones
     state_mb = (run_dir / "league" / "state.json").stat().st_size / 2**20
     start = time.perf_counter()
     resumed = LeagueManager(cfg, url, run_dir, resume=True)
     resumed.redis.delete(*resumed.redis.keys(f"{name}:league:snap:*") or ["-"], f"{name}:league:resident")
     loaded = time.perf_counter()
     resumed.publish()
-    resumed.rebalance_snapshots()
+    resumed.rebalance_snapshots(fill=True)
     filled = time.perf_counter()
     row = {"players": len(manager.members), "state_mb": state_mb, "resume_s": loaded - start,
            "fill_s": filled - loaded, "figures_s": figures_seconds(cfg, run_dir, manager)}
@@ -159,16 +165,18 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 5000])
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--results", type=int, default=500, help="episode results scored per pass")
+    p.add_argument("--wants", type=int, default=20, help="actors' asks for evicted snapshots per pass")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="bench-league-scale-"))
     try:
         with EmbeddedRedis(appendonly=False) as server:
-            rows = [measure(n, args.passes, args.results, server.url, root) for n in args.sizes]
+            rows = [measure(n, args.passes, args.results, args.wants, server.url, root) for n in args.sizes]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"\nmanager pass, ms (median / slowest of {args.passes}); {args.results} results per pass\n")
+    print(f"\nmanager pass, ms (median / slowest of {args.passes}); {args.results} results and {args.wants} asks "
+          "for evicted snapshots per pass\n")
     print("| players | " + " | ".join(PARTS) + " | state.json MB | resume s | fill Redis s | figures s |")
     print("|---:|" + "---:|" * (len(PARTS) + 4))
     for r in rows:

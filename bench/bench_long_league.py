@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +92,47 @@ def count_errors(stream, log_path: Path, counter: list[int]) -> None:
                 counter[0] += 1
 
 
+def follow(args, proc: subprocess.Popen, client, run_dir: Path, aof: Path, errors: list[int]) -> int:
+    """Print a line every --sample-s until the league holds --snapshots snapshots or --minutes passed, then
+    stop the run (SIGTERM). Returns the most snapshots Redis held at once (looked at every second)."""
+    start = next_sample = time.monotonic()
+    most_in_redis = 0
+    while proc.poll() is None:
+        time.sleep(1.0)
+        row = sample(client, run_dir.name, run_dir, aof, start, errors[0])
+        most_in_redis = max(most_in_redis, row["in_redis"])
+        if time.monotonic() >= next_sample or row["snapshots"] >= args.snapshots:
+            next_sample += args.sample_s
+            print_row(row)
+        if row["snapshots"] >= args.snapshots or time.monotonic() - start > args.minutes * 60:
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.wait(timeout=120)
+    final = sample(client, run_dir.name, run_dir, aof, start, errors[0])
+    print_row(final)
+    return most_in_redis
+
+
+def summary(args, client, run_dir: Path, aof: Path, most_in_redis: int, errors: int, code: int) -> None:
+    """The last line: every snapshot file read and checked, the peaks, the counts."""
+    files = sorted((run_dir / "league" / "snapshots").glob("*.safetensors"))
+    bad = []
+    for path in files:
+        try:
+            read_checkpoint(path)
+        except CheckpointError as e:
+            bad.append(str(e))
+    row = sample(client, run_dir.name, run_dir, aof, time.monotonic(), errors)
+    state = json.loads((run_dir / "league" / "state.json").read_text())
+    print(f"\nsnapshots {row['snapshots']} (files {len(files)}, unreadable {len(bad)}); most in Redis at once "
+          f"{most_in_redis} (bound {args.bound}); peak Redis {row['peak_MB']:.1f} MB; AOF {row['aof_MB']:.1f} MB; "
+          f"run dir {row['run_dir_MB']:.1f} MB; longest pass {1000 * state.get('pass_s_max', 0):.0f} ms; games "
+          f"{row['games']}, against evicted snapshots {row['vs_evicted']}; loads {row['loads']}; errors {errors}; "
+          f"exit {code}")
+    for e in bad[:5]:
+        print("  ", e)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bound", type=int, default=64, help="league.redis_snapshots")
@@ -105,57 +146,28 @@ def main() -> None:
     args = p.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="bench-long-league-"))
     run_dir = root / f"long-league-{args.bound}-{int(time.time())}"
-    with EmbeddedRedis(root / "redis") as server:
-        client = connect(server.url)
-        if args.redis_aof_defaults:
-            client.config_set("auto-aof-rewrite-percentage", 100)
-            client.config_set("auto-aof-rewrite-min-size", 64 * MB)
-        aof = Path(server.dir) / "appendonly.aof"
-        print(f"bound {args.bound}, target {args.snapshots} snapshots, every {args.every} updates, hidden "
-              f"{args.hidden}, AOF rewrite {client.config_get('auto-aof-rewrite-percentage')}, run {run_dir}\n")
-        print("| " + " | ".join(COLUMNS) + " |\n|" + "---:|" * len(COLUMNS), flush=True)
-        start = time.monotonic()
-        proc = subprocess.Popen(train_command(args, run_dir, server.url), cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        errors = [0]
-        copier = threading.Thread(target=count_errors, args=(proc.stdout, root / "train.log", errors), daemon=True)
-        copier.start()
-        rows, most_in_redis, next_sample = [], 0, start
-        while proc.poll() is None:
-            time.sleep(1.0)
-            row = sample(client, run_dir.name, run_dir, aof, start, errors[0])
-            most_in_redis = max(most_in_redis, row["in_redis"])
-            if time.monotonic() >= next_sample or row["snapshots"] >= args.snapshots:
-                next_sample += args.sample_s
-                rows.append(row)
-                print_row(row)
-            if row["snapshots"] >= args.snapshots or time.monotonic() - start > args.minutes * 60:
-                proc.send_signal(signal.SIGTERM)
-                break
-        proc.wait(timeout=120)
-        copier.join(timeout=10)
-        final = sample(client, run_dir.name, run_dir, aof, start, errors[0])
-        print_row(final)
-        bad = []
-        for path in sorted((run_dir / "league" / "snapshots").glob("*.safetensors")):
-            try:
-                read_checkpoint(path)
-            except CheckpointError as e:
-                bad.append(str(e))
-        pass_times = [r["max_pass_ms"] for r in rows]
-        print(f"\nsnapshots {final['snapshots']} (files {final['snapshots'] and len(list((run_dir / 'league' / 'snapshots').glob('*.safetensors')))}, "
-              f"unreadable {len(bad)}); most in Redis at once {most_in_redis} (bound {args.bound}); peak Redis "
-              f"{final['peak_MB']:.1f} MB; AOF {final['aof_MB']:.1f} MB; run dir {final['run_dir_MB']:.1f} MB; longest pass "
-              f"{max(pass_times or [0]):.0f} ms; games {final['games']}, against evicted snapshots {final['vs_evicted']}; "
-              f"loads {final['loads']}; errors {final['errors']}; exit {proc.returncode}")
-        for e in bad[:5]:
-            print("  ", e)
-        client.close()
-    if args.out is None:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-    os.sys.stdout.flush()
+    try:
+        with EmbeddedRedis(root / "redis") as server:
+            client = connect(server.url)
+            if args.redis_aof_defaults:
+                client.config_set("auto-aof-rewrite-percentage", 100)
+                client.config_set("auto-aof-rewrite-min-size", 64 * MB)
+            aof = Path(server.dir) / "appendonly.aof"
+            print(f"bound {args.bound}, target {args.snapshots} snapshots, every {args.every} updates, hidden "
+                  f"{args.hidden}, AOF rewrite {client.config_get('auto-aof-rewrite-percentage')}, run {run_dir}\n")
+            print("| " + " | ".join(COLUMNS) + " |\n|" + "---:|" * len(COLUMNS), flush=True)
+            proc = subprocess.Popen(train_command(args, run_dir, server.url), cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            errors = [0]
+            copier = threading.Thread(target=count_errors, args=(proc.stdout, root / "train.log", errors), daemon=True)
+            copier.start()
+            most_in_redis = follow(args, proc, client, run_dir, aof, errors)
+            copier.join(timeout=10)
+            summary(args, client, run_dir, aof, most_in_redis, errors[0], proc.returncode)
+            client.close()
+    finally:
+        if args.out is None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from impala_league.envs.registry import env_spec
 from impala_league.league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from impala_league.league.payoff import EloRatings, PayoffTable, episode_score
 from impala_league.league.players import MAIN, PLAYER_ID, SNAPSHOT_ID, learner_players, namespace, role
-from impala_league.league.residency import SnapshotResidency
+from impala_league.league.residency import LOADS_PER_PASS, SnapshotResidency
 from impala_league.league.store import LeagueStore
 from impala_league.league.usage import RATINGS_MAX_BYTES, Usage, thin_jsonl
 
@@ -292,11 +292,13 @@ class LeagueManager:
                     weights[opponent] = weights.get(opponent, 0.0) + p
         return created, [newest[p] for p in self.learners if p in newest], weights
 
-    def rebalance_snapshots(self) -> None:
-        """Take the actors' asks, then make Redis hold the chosen snapshots (league/residency.py); a
-        snapshot whose file cannot be loaded leaves the league with the reason logged."""
+    def rebalance_snapshots(self, fill: bool = False) -> None:
+        """Take the actors' asks, then make Redis hold the chosen snapshots (league/residency.py), with
+        `fill` all of them at once (the first pass: a resumed league's Redis may be empty), else at most
+        LOADS_PER_PASS new ones. A snapshot whose file cannot be loaded leaves the league, the reason logged."""
         self.residency.take_wants({m for m, info in self.members.items() if info["kind"] == "snapshot"})
-        for snapshot_id, why in self.residency.rebalance(*self.residency_inputs()).items():
+        loads = self.residency.capacity if fill else LOADS_PER_PASS
+        for snapshot_id, why in self.residency.rebalance(*self.residency_inputs(), max_loads=loads).items():
             self.drop(snapshot_id, why)
 
     def drop(self, snapshot_id: str, why: str) -> None:
@@ -449,7 +451,7 @@ class LeagueManager:
             return
         self.consume_results(pending=True)
         self.publish()
-        self.rebalance_snapshots()
+        self.rebalance_snapshots(fill=True)
         self.save()
         log.info("league manager (pid %d): learners %s, bots %s; Redis holds at most %d snapshots", os.getpid(),
                  ", ".join(self.learners), ", ".join(self.cfg.league.bots) or "none", self.residency.capacity)

@@ -91,6 +91,7 @@ class Opponents:
         self.resident: set[str] | None = None  # snapshots whose weights Redis holds, as last read
         self.pending: dict[str, float] = {}  # snapshots asked for -> monotonic time of the latest ask
         self.unavailable = 0  # draws of a snapshot Redis did not hold
+        self._fixed: tuple[dict | None, dict[str, float]] = (None, {})  # (distribution, its ids that are no snapshot)
 
     def _model(self, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = make_model(self.spec, self.cfg.agent)
@@ -172,14 +173,14 @@ class Opponents:
             log.debug("snapshot %r is not in Redis now; asked the league manager for it", snapshot_id)
 
     def fetch_pending(self) -> None:
-        """Fetch into the cache the snapshots asked for that Redis holds again; forget asks older than
-        PENDING_S (the next draw asks again)."""
+        """Fetch into the cache the snapshots asked for that Redis holds again, the latest asked first and
+        at most a quarter of `league.opponent_cache` per call (each evicts the least recently used);
+        forget asks older than PENDING_S (the next draw asks again)."""
         now = time.monotonic()
-        for snapshot_id, asked in list(self.pending.items()):
-            if snapshot_id in self.snapshots or now - asked > PENDING_S:
-                del self.pending[snapshot_id]
-            elif self.resident is not None and snapshot_id in self.resident:
-                self.get(snapshot_id)
+        self.pending = {s: t for s, t in self.pending.items() if s not in self.snapshots and now - t <= PENDING_S}
+        ready = [s for s in sorted(self.pending, key=self.pending.get, reverse=True) if s in (self.resident or ())]
+        for snapshot_id in ready[:max(1, self.cfg.league.opponent_cache // 4)]:
+            self.get(snapshot_id)
 
     def refresh(self) -> None:
         """Load the latest weights of the learners played against, where their name changed, into
@@ -222,7 +223,7 @@ class Opponents:
             return Match()
         drawn, policy = self._pick(self.distribution, in_use)
         if policy is None and drawn in self.pending:
-            now = {k: p for k, p in self.distribution.items() if k != drawn and self._playable_now(k)}
+            now = self._playable_now(drawn)
             if now:
                 drawn, policy = self._pick(now, in_use)
         if policy is None:
@@ -237,11 +238,15 @@ class Opponents:
         drawn = ids[self.rng.choice(len(ids), p=p / p.sum())]
         return drawn, None if drawn in (SELF, self.player) else self.get(drawn, in_use)
 
-    def _playable_now(self, opponent_id: str) -> bool:
-        """Can `opponent_id` be played without waiting: self-play, a learner or bot, a cached snapshot, or
-        one Redis held at the last `read_distribution`?"""
-        if opponent_id in self.failed:
-            return False
-        if opponent_id in self.snapshots or not SNAPSHOT_ID.fullmatch(opponent_id):
-            return True
-        return self.resident is not None and opponent_id in self.resident
+    def _playable_now(self, drawn: str) -> dict[str, float]:
+        """`distribution` without `drawn`, restricted to what can be played without waiting: self-play,
+        learners and bots, cached snapshots, and those Redis held at the last `read_distribution` (a
+        few dozen lookups, however many snapshots the league holds)."""
+        dist = self.distribution or {}
+        if self._fixed[0] is not dist:
+            self._fixed = (dist, {k: p for k, p in dist.items() if not SNAPSHOT_ID.fullmatch(k)})
+        out = dict(self._fixed[1])
+        for s in (*self.snapshots, *(self.resident or ())):
+            if s in dist:
+                out[s] = dist[s]
+        return {k: p for k, p in out.items() if k != drawn and k not in self.failed}

@@ -108,18 +108,18 @@ class SnapshotResidency:
         self.wanted = {s: t for s, t in self.wanted.items() if s in members and now - t <= WANT_HOLD_S}
 
     def rebalance(self, created: dict[str, float], pinned: list[str], weights: dict[str, float],
-                  capacity: int | None = None) -> dict[str, str]:
+                  capacity: int | None = None, max_loads: int = LOADS_PER_PASS) -> dict[str, str]:
         """Make Redis hold the chosen snapshots (`choose_resident`), loading at most LOADS_PER_PASS of them:
         evict first, then load from files.
 
         created: every snapshot member -> its creation time; capacity: at most this many (default the
-        configured one; `make_room` passes one less). Returns {id: reason} of the snapshots whose file
+        configured one); max_loads: at most this many loads (a manager's first pass fills Redis). Returns {id: reason} of the snapshots whose file
         could not be loaded (missing, corrupt): the caller removes them from the league.
         """
         capacity = self.capacity if capacity is None else capacity
         resident = self.resident()
         ranked = choose_resident(len(created), pinned, self.wanted, weights, resident, created)
-        load = [s for s in ranked[:capacity] if s not in resident][:LOADS_PER_PASS]
+        load = [s for s in ranked[:capacity] if s not in resident][:max_loads]
         keep = set([s for s in ranked if s in resident][:capacity - len(load)])
         evict = sorted(resident - keep)
         if evict:

@@ -56,9 +56,13 @@ def tree_bytes(path: Path) -> int:
 
 
 def redis_memory(client: redis.Redis) -> dict[str, int | None]:
-    """Redis's `used_memory`, and its append-only file's size (`aof_current_size`, None without one)."""
-    memory = client.info("memory")
-    persistence = client.info("persistence")
+    """Redis's `used_memory`, and its append-only file's size (`aof_current_size`, None without one);
+    both None where the server refuses INFO (a managed Redis may)."""
+    try:
+        memory = client.info("memory")
+        persistence = client.info("persistence")
+    except redis.ResponseError:
+        return {"used_memory": None, "aof_bytes": None}
     aof = persistence.get("aof_current_size") if persistence.get("aof_enabled") else None
     return {"used_memory": int(memory["used_memory"]), "aof_bytes": None if aof is None else int(aof)}
 
@@ -116,7 +120,7 @@ class Usage:
         if self.last["run_dir_bytes"] > self.disk_budget_mb * MB:
             over.append(f"the run directory {self.run_dir} holds {self.last['run_dir_bytes'] / MB:.0f} MB "
                         f"(league.disk_budget_mb={self.disk_budget_mb:g})")
-        if self.last["used_memory"] > self.redis_budget_mb * MB:
+        if self.last["used_memory"] is not None and self.last["used_memory"] > self.redis_budget_mb * MB:
             aof = self.last["aof_bytes"]
             over.append(f"Redis uses {self.last['used_memory'] / MB:.0f} MB of memory"
                         + (f" and an append-only file of {aof / MB:.0f} MB" if aof is not None else "")

@@ -318,7 +318,7 @@ def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(t
     redis_client.delete(*redis_client.keys(f"{run_name}:league:snap:*"))  # a fresh Redis on resume
     (run_dir / "league" / "snapshots" / "main-0000200.safetensors").write_bytes(b"garbage")
     resumed = LeagueManager(cfg, redis_url, run_dir, resume=True)
-    resumed.rebalance_snapshots()  # run's first pass, once it holds the lease
+    resumed.rebalance_snapshots(fill=True)  # run's first pass, once it holds the lease
     assert resumed.snapshots() == ["main-0000100"]
     assert "main-0000200" in caplog.text and "leaves the league" in caplog.text
     assert resumed.payoff.win_rate("main", "main-0000100") == 1.0

@@ -210,7 +210,7 @@ def test_resume_adopts_a_snapshot_written_after_the_last_save_and_fills_redis_up
     assert resumed.members["main-0000005"]["parent"] == "main-0000004"
     assert _snapshot_keys(redis_client, run_name) == []  # nothing written before it holds the lease
     resumed.publish()
-    resumed.rebalance_snapshots()
+    resumed.rebalance_snapshots(fill=True)
     assert len(_snapshot_keys(redis_client, run_name)) == 2
     assert "main-0000005" in LeagueStore(redis_client, run_name).resident()
 
@@ -257,3 +257,21 @@ def test_at_most_loads_per_pass_snapshots_come_back_per_pass_and_the_bound_holds
     assert len(store.resident()) == 12 and len(_snapshot_keys(redis_client, run_name)) == 12
     manager.rebalance_snapshots()  # the other 3 at the next pass
     assert store.resident() == set(asked) | {"main-0000024"}
+
+
+def test_an_actor_that_draws_an_evicted_snapshot_plays_one_it_can_play_now(tmp_path, redis_client, run_name):
+    cfg = _config(tmp_path, run_name, "league.redis_snapshots=3", "league.bots=[random]")
+    store = LeagueStore(redis_client, run_name)
+    from impala_league.distributed.codec import encode_weights
+
+    store.put_snapshot("main-0000003", encode_weights(_weights(cfg, 3)))
+    # 100 snapshots drawn with 1% each, one of them resident, a bot, and self-play.
+    dist = {f"main-{k:07d}": 0.98 / 98 for k in range(1, 99)} | {"random": 0.01, "self": 0.01}
+    store.publish_opponents("main", dist)
+    opponents = Opponents(redis_client, cfg, env_spec("tictactoe"), "main", 0, np.random.SeedSequence(2))
+    opponents.read_distribution()
+    assert opponents._playable_now("main-0000050") == pytest.approx({"random": 0.01, "self": 0.01,
+                                                                     "main-0000003": 0.01})
+    played = [opponents.draw(set()).opponent for _ in range(60)]
+    assert set(played) <= {"random", "self", "main-0000003"} and "main-0000003" in played
+    assert opponents.unavailable >= 50 and len(store.take_wants()) >= 40
