@@ -18,14 +18,18 @@ from impala_league.distributed.transport import GROUP
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 
 
-def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
+def train_command(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> list[str]:
+    return [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--redis-url", redis_url, "--eval-games", "0",
            "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
            "--set", f"run.total_frames={frames}", "--set", "run.log_every_s=1",
            "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
            "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(tmp_path, run_name, redis_url, *extra, frames=frames), capture_output=True,
+                          text=True, timeout=180, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -177,38 +181,64 @@ def test_crashed_actor_is_restarted_and_malformed_entries_are_dead_lettered(tmp_
     assert r.exists(f"{run_name}:done")
 
 
+def _league_is_under_way(r, run_name: str, run_dir: Path) -> bool:
+    """Has every learner trained (a metrics record each) and played league members in both seats, the
+    main exploiter the main agent and the main agent a snapshot of the league?"""
+    import msgpack
+
+    players = ("main", "main_exploiter_0", "league_exploiter_0")
+    if not all((run_dir / f"metrics{'' if p == 'main' else '-' + p}.jsonl").exists()
+               and (run_dir / f"metrics{'' if p == 'main' else '-' + p}.jsonl").read_text() for p in players):
+        return False
+    results = [msgpack.unpackb(f[b"data"]) for _, f in r.xrange(f"{run_name}:results")]
+    seats = {p: {x["learner_seat"] for x in results if x["player"] == p and x["opponent_id"] != "self"} for p in players}
+    return (all(s == {0, 1} for s in seats.values())
+            and any(x["opponent_id"] == "main" for x in results if x["player"] == "main_exploiter_0")
+            and any(x["opponent_id"].startswith("main-") for x in results if x["player"] == "main"))
+
+
 def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, redis_server, run_name):
-    """A real league run: main + main exploiter + league exploiter, each with its own actors, one manager."""
+    """A real league run: main + main exploiter + league exploiter, each with its own actors, one manager.
+
+    Every learner trains and plays the league before the run is stopped (Ctrl-C), however slowly its
+    processes start: seven processes importing torch on 2 busy cores start seconds apart, and a run of
+    a fixed 1,500 agent steps (2 s of training) could end before an exploiter's first update. Then the
+    run is resumed and finishes."""
+    import signal
+    import time
+
     from impala_league.distributed.transport import connect
 
     league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
               "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",
               "--set", "actor.num_actors=1", "--set", "league.exploiter_nice=0"]
-    proc = train(tmp_path, run_name, redis_server.url, *league, frames=1500)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "Traceback" not in out
+    proc = subprocess.Popen(train_command(tmp_path, run_name, redis_server.url, *league, frames=10_000_000),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    r = connect(redis_server.url)
     run_dir = tmp_path / run_name
+    try:
+        deadline = time.monotonic() + 150
+        while not _league_is_under_way(r, run_name, run_dir):
+            assert proc.poll() is None and time.monotonic() < deadline, "the league never got under way"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            print(proc.communicate()[0])
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
     for player in ("main_exploiter_0", "league_exploiter_0"):
         assert (run_dir / "checkpoints" / player / "latest.safetensors").exists()
-        assert (run_dir / f"metrics-{player}.jsonl").read_text()
     state = json.loads((run_dir / "league" / "state.json").read_text())
     snapshots = [m for m, info in state["members"].items() if info["kind"] == "snapshot"]
     assert any(s.startswith("main-") for s in snapshots), snapshots
     assert all((run_dir / "league" / "snapshots" / f"{s}.safetensors").exists() for s in snapshots)
     assert state["games"] > 0 and state["payoff"]
-    # Every learner's actors reported games against league members, in both seats.
-    r = connect(redis_server.url)
-    import msgpack
-
-    results = [msgpack.unpackb(f[b"data"]) for _, f in r.xrange(f"{run_name}:results")]
-    for player in ("main", "main_exploiter_0", "league_exploiter_0"):
-        mine = [x for x in results if x["player"] == player and x["opponent_id"] != "self"]
-        assert mine and {x["learner_seat"] for x in mine} == {0, 1}, player
-    assert any(x["opponent_id"] == "main" for x in results if x["player"] == "main_exploiter_0")
-    assert any(x["opponent_id"] in snapshots for x in results if x["player"] == "main")
-    # Resume: the manager reloads its snapshots and the exploiters their checkpoints.
-    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=2000)
+    # Resume: the manager reloads its snapshots and the exploiters their checkpoints; the run finishes.
+    frames = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])["frames"]
+    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=frames + 500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"league resumed from {run_dir / 'league' / 'state.json'}: {len(snapshots)} snapshots" in out
