@@ -1,4 +1,4 @@
-"""Time losses.vtrace.from_importance_weights against a plain Python loop.
+"""Time distributed.vtrace.from_importance_weights against a plain Python loop.
 
 The baseline is the straightforward float64 numpy loop over t (backwards) and b,
 one scalar at a time: the code one writes first from Remark 1 of IMPALA
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from impala_league.losses.vtrace import from_importance_weights  # noqa: E402
+from impala_league.distributed.vtrace import from_importance_weights  # noqa: E402
 
 
 def loop_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, pg_rho_bar=1.0, c_bar=1.0):

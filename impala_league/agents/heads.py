@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from impala_league.agents.network import explore
-from impala_league.losses.vtrace import action_log_probs
+from impala_league.distributed.vtrace import action_log_probs
 
 
 def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None,

@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from impala_league.config import LearnerConfig
-from impala_league.losses import vtrace
+import impala_league.distributed.vtrace as vtrace
 
 
 class ActionHead(Protocol):

@@ -16,7 +16,7 @@ from impala_league.agents.torsos import ResNetTorso, ShallowTorso
 from impala_league.config import AgentConfig, ConfigError
 from impala_league.envs.registry import env_spec, make_env
 from impala_league.experiment import load_config
-from impala_league.losses.vtrace import clip_rewards
+from impala_league.distributed.vtrace import clip_rewards
 
 pytest.importorskip("ale_py")
 

@@ -155,7 +155,7 @@ def test_tictactoe_mirror_maps_actions_like_the_board():
 
 def test_reward_on_the_last_step_survives_batch_assembly():
     """T=4, rewards [0, 0, 0, 1], the episode ends at t=3: vs = pg_advantages = [0.970299, 0.9801, 0.99, 1]."""
-    from impala_league.losses import vtrace
+    from impala_league.distributed import vtrace
     from impala_league.distributed.actor import UnrollBuffer
     from impala_league.distributed.codec import UnrollSpec
 

@@ -18,7 +18,7 @@ from impala_league.distributed.codec import UnrollSpec
 from impala_league.envs.parallel import ParallelAdapter
 from impala_league.envs.registry import EnvSpec, env_spec, make_env
 from impala_league.envs.spaces import UnsupportedSpace, observation_encoder
-from impala_league.losses.vtrace import from_importance_weights
+from impala_league.distributed.vtrace import from_importance_weights
 
 AGENTS = ["red_0", "red_1", "blue_0"]
 DIES_AT = {"red_0": 3, "red_1": 1, "blue_0": 2}  # the step (0-based) whose action is the unit's last

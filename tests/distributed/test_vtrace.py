@@ -1,4 +1,4 @@
-"""Value checks for losses/vtrace.py against eq. (1) of IMPALA (arXiv 1802.01561)."""
+"""Value checks for distributed/vtrace.py against eq. (1) of IMPALA (arXiv 1802.01561)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from impala_league.losses import vtrace
+from impala_league.distributed import vtrace
 
 
 def reference_vtrace(
