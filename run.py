@@ -17,7 +17,8 @@
   config    print the resolved config of --config and --set
   deploy    render a run's cluster files: Kubernetes manifests (k8s) or a SLURM batch script (slurm)
 
-Run `python run.py <role> --help` for the options of a role, and `--help-config` for every config key.
+Run `.venv/bin/python run.py <role> --help` (the environment `bash scripts/bootstrap.sh` makes) for the
+options of a role, and `--help-config` for every config key.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ import importlib
 import logging
 import sys
 
-from impala_league.config import UserError
-from impala_league.distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
-from impala_league.distributed.transport import RedisUnreachable
+try:
+    from impala_league.config import UserError
+    from impala_league.distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
+    from impala_league.distributed.transport import RedisUnreachable
+except ModuleNotFoundError as e:  # `python run.py` outside the project's environment
+    print(f"error: {e.name} is not installed for {sys.executable}: run `bash scripts/bootstrap.sh`, then "
+          f"`.venv/bin/python run.py {' '.join(sys.argv[1:]) or '--help'}`", file=sys.stderr)
+    sys.exit(2)
 
 # command -> (its module in cli/, its one-line help)
 COMMANDS = {

@@ -313,6 +313,7 @@ def test_from_yaml_text_wrong_type_is_a_config_error():
 COMMANDS = {
     "train typo": ["train", "--config", str(REPO / "configs/connect_four.yaml"), "--set", "learner.batch_sise=3"],
     "help-config": ["train", "--help-config"],
+    "train no config": ["train", "--set", "run.total_frames=100"],
     "actor no redis": ["actor", "--redis-url", "redis://127.0.0.1:1/0", "--config",
                        str(REPO / "configs/connect_four.yaml")],
 }
@@ -350,6 +351,25 @@ def test_cli_unknown_key_exits_2_and_starts_nothing(cli):
     assert "Traceback" not in err + out
     assert list(cwd.iterdir()) == []  # no run directory, no config.yaml written
     assert seconds < 30  # a few seconds of imports, not a training run (loose: the CPU may be busy)
+
+
+def test_cli_train_without_a_config_is_refused_and_starts_nothing(cli):
+    """The built-in defaults would start an open-ended connect-four run nobody asked for."""
+    code, out, err, _, cwd = cli["train no config"]
+    assert code == 2 and err.startswith("error: run.py train needs --config FILE"), err
+    assert "configs/tictactoe.yaml" in err and "Traceback" not in err + out
+    assert list(cwd.iterdir()) == []
+
+
+def test_python_outside_the_environment_says_how_to_run_it(tmp_path):
+    """`python3 run.py ...` with an interpreter that lacks the requirements: one line, exit 2."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"}
+    # -S: no site-packages, as in a bare interpreter; -I would also hide the checkout from sys.path
+    proc = subprocess.run([sys.executable, "-S", str(REPO / "run.py"), "train", "--config", "x.yaml"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+    assert "bash scripts/bootstrap.sh" in proc.stderr and ".venv/bin/python run.py train --config x.yaml" in proc.stderr
 
 
 def test_cli_help_config_lists_every_key(cli):

@@ -119,8 +119,12 @@ def evaluation_defaults(args: argparse.Namespace, env: str) -> None:
 
 def train_config(args: argparse.Namespace) -> Config:
     """`train`'s config: --config + --set, or with `--resume RUN_DIR` that run's own config.yaml + --set
-    (run.dir and run.name then come from RUN_DIR)."""
+    (run.dir and run.name then come from RUN_DIR). Without either, refused: the built-in defaults make an
+    open-ended run that nobody asked for."""
     if not isinstance(args.resume, str):
+        if not args.config and not args.help_config:
+            raise ConfigError("run.py train needs --config FILE (configs/ holds one per experiment; "
+                              "configs/tictactoe.yaml trains in a few minutes) or --resume RUN_DIR")
         return load(args)
     if args.help_config:
         return load(args)
