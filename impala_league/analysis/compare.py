@@ -9,8 +9,11 @@ Studies (IMPALA paper: Table 1 throughput against A3C, Table 2 off-policy correc
                second half
   actors       actor.num_actors = 1, 2, 4, ...
 The studies train without a league (A3C has none, and the corrections are compared on equal terms).
-Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`. Scores are
-reported as the mean over seeds with a 95% confidence interval (Student t), see `mean_and_interval`.
+Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`. Each score is
+reported over seeds as the mean with a 95% confidence interval (Student t, `mean_and_interval`) and,
+as Agarwal et al. (2021) recommend, as the interquartile mean with a 95% bootstrap percentile interval
+(`iqm`, `bootstrap_interval`: rliable's `aggregate_iqm` and `get_interval_estimates`, computed here
+with numpy); a score from one seed says "one run" and has no interval. docs/seeds.md has the details.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ UNLIMITED_FRAMES = 10**15
 FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
 REPLAY_SUFFIX = "-replay"  # `vtrace-replay`: a run name, so no '+' (run.name allows letters, digits, . _ -)
 CONFIDENCE = 0.95
+IQM_TRIM = 0.25  # the interquartile mean drops int(0.25 n) of the n values from each end (scipy's trim_mean)
+BOOTSTRAP_RESAMPLES = 2000  # resamples of the seeds per bootstrap interval (rliable's default is 50,000)
+BOOTSTRAP_SEED = 0  # every interval starts a generator of its own from this seed: same scores, same interval
 # Per-seed scores: the summary holds their mean, its interval's half-width and the values themselves.
 SCORES = ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames", "final_eval_score")
 
@@ -164,13 +170,79 @@ def mean_and_interval(values: list[float | None]) -> tuple[float | None, float |
     return mean, float(t * np.std(present, ddof=1) / np.sqrt(len(present)))
 
 
+def iqm(values) -> np.ndarray:
+    """Interquartile mean (IQM, Agarwal et al. 2021; rliable's `metrics.aggregate_iqm`, which is scipy's
+    `trim_mean(values, 0.25)`) over the last axis of `values` (float [..., n], e.g. [resamples, seeds]):
+    sort, drop int(IQM_TRIM * n) values from each end, average the rest. [1, 2, 3, 4, 100] -> the mean
+    of 2, 3, 4 = 3. Below four values nothing is dropped: the IQM is the mean. Returns float [...].
+    It partitions rather than sorts, as scipy does, so that the sum runs in scipy's order: the same
+    float to the last bit."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape[-1]
+    cut = int(IQM_TRIM * n)
+    return np.partition(values, (cut, n - cut - 1), axis=-1)[..., cut:n - cut].mean(axis=-1)
+
+
+def bootstrap_interval(values: list[float], statistic=iqm, resamples: int = BOOTSTRAP_RESAMPLES,
+                       confidence: float = CONFIDENCE, rng=None) -> tuple[float, float] | None:
+    """The `confidence` percentile bootstrap interval of `statistic` over runs, (low, high).
+
+    values: the score of each run (seed), float [n]. statistic: float [resamples, n] -> float
+    [resamples] (default `iqm`). `resamples` times, draw n runs with replacement; apply `statistic`
+    to each resample; return the (1 - confidence) / 2 and (1 + confidence) / 2 percentiles of the
+    results (numpy's linear interpolation). This is rliable's `library.get_interval_estimates(...,
+    method="percentile")` on an [n runs, 1 task] matrix: its stratified bootstrap resamples runs
+    within each task, and a variant of a comparison is one task (the config's game), so it is a
+    plain bootstrap over seeds. rng: a numpy generator (anything with `choice`); default
+    `np.random.default_rng(BOOTSTRAP_SEED)`, new for every call. `np.random.RandomState(s)` draws
+    the indices rliable draws after `np.random.seed(s)`. None below two values (one run: nothing
+    to resample)."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return None
+    rng = np.random.default_rng(BOOTSTRAP_SEED) if rng is None else rng
+    results = statistic(x[rng.choice(x.size, size=(resamples, x.size))])
+    low, high = np.percentile(results, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return float(low), float(high)
+
+
+def score_statistics(per_seed: list[float | None]) -> dict:
+    """A score over seeds (`per_seed`: one value per seed, None where that seed had none): `mean` and
+    `ci95` (the Student-t half-width, see `mean_and_interval`), `seeds` (how many had a value),
+    `iqm` and `iqm_ci95` ([low, high], see `bootstrap_interval`; None below two seeds)."""
+    present = [v for v in per_seed if v is not None]
+    mean, half = mean_and_interval(present)
+    interval = bootstrap_interval(present)
+    return {"mean": mean, "ci95": half, "seeds": len(present), "iqm": float(iqm(present)) if present else None,
+            "iqm_ci95": list(interval) if interval else None}
+
+
+def aggregate_curve(curves: list[tuple[list[float], list[float]]], points: int = 100
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The IQM over seeds of learning curves that were recorded at different x: each curve (xs
+    increasing, ys) is interpolated linearly onto `points` evenly spaced x from the largest first x
+    to the smallest last x (where every seed has a value), then `iqm` is taken over the seeds at
+    each x. Returns (x float [points], IQM float [points]); None for no curve or no common range."""
+    curves = [(xs, ys) for xs, ys in curves if len(xs)]
+    if not curves:
+        return None
+    low, high = max(xs[0] for xs, _ in curves), min(xs[-1] for xs, _ in curves)
+    if high < low:
+        return None
+    grid = np.linspace(low, high, points)
+    return grid, iqm(np.stack([np.interp(grid, xs, ys) for xs, ys in curves], axis=-1))
+
+
 def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     """The comparison of `runs` (variant -> its runs, one per seed).
 
     Equal wall clock = the shortest run's last record (seconds from its start); equal frames = the
     fewest frames any run reached. Variant rows are means over seeds; `sps_ratio` divides each
-    variant's SPS by the first variant's. Each score of SCORES also has `<score>_ci95` (the half-width
-    of its 95% interval, see `mean_and_interval`) and `<score>_per_seed` (in the order of `seeds`).
+    variant's SPS by the first variant's. Each score of SCORES (its mean over seeds) also has
+    `<score>_ci95` (the half-width of its 95% Student-t interval, see `mean_and_interval`),
+    `<score>_seeds` (the seeds with a value), `<score>_iqm` and `<score>_iqm_ci95` (the interquartile
+    mean and its 95% bootstrap interval [low, high], see `score_statistics`) and `<score>_per_seed`
+    (in the order of `seeds`). `statistics` says how the intervals were computed.
     """
     every = [r for rs in runs.values() for r in rs]
     key = score_key([rec for r in every for rec in r.records], metric)
@@ -185,13 +257,18 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
         variants[name]["seeds"] = [row["seed"] for row in rows]
         for field in SCORES:
             per_seed = [row[field] for row in rows]
-            variants[name][field], variants[name][f"{field}_ci95"] = mean_and_interval(per_seed)
+            stats = score_statistics(per_seed)
+            variants[name][field] = stats.pop("mean")
+            variants[name].update({f"{field}_{k}": value for k, value in stats.items()})
             variants[name][f"{field}_per_seed"] = per_seed
         variants[name]["runs"] = rows
     first = next(iter(variants.values()), {}).get("sps")
     for v in variants.values():
         v["sps_ratio"] = v["sps"] / first if v["sps"] is not None and first else None
-    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants}
+    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants,
+            "statistics": {"confidence": CONFIDENCE, "mean_interval": "Student t, n - 1 degrees of freedom",
+                           "iqm_trim": IQM_TRIM, "iqm_interval": "percentile bootstrap over seeds",
+                           "bootstrap_resamples": BOOTSTRAP_RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED}}
 
 
 # (key, title, format); format None: a score of SCORES, shown as `mean ± half-width` (see `cell`).
@@ -201,22 +278,34 @@ COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"), ("fra
            ("score_at_equal_frames", "score at equal frames", None),
            ("final_eval_score", "final score vs bot", None)]
 INTERVAL_NOTE = (f"Scores are means over seeds ± the half-width of the {CONFIDENCE:.0%} confidence interval of "
-                 "the mean (Student t with n - 1 degrees of freedom, n = the seeds with a score); `± -`: one seed, "
-                 "no interval.")
+                 "the mean (Student t with n - 1 degrees of freedom, n = the seeds with a score); `(one run)`: a "
+                 "score from one seed, no interval; `(n of N seeds)`: some seeds had no score.")
+# The table of every score over seeds (`seeds_rows`): its header, and what its columns are.
+SEEDS_HEADER = ("variant", "score", "seeds", "mean ± t 95%", "IQM", "IQM 95% bootstrap interval", "per seed")
+SEEDS_NOTE = (f"IQM: the interquartile mean over seeds (about the middle half: int(n/4) of the n values dropped from "
+              f"each end; below four seeds, the mean). Its interval: {CONFIDENCE:.0%} percentile bootstrap over "
+              f"seeds ({BOOTSTRAP_RESAMPLES:,} resamples of the seeds with replacement, generator seeded "
+              f"{BOOTSTRAP_SEED}; rliable's stratified bootstrap with one task). Per seed: in the order of the "
+              "study's seeds, `-` where a seed had no score. One seed is one run: no interval.")
+
+
+def _decimals(*numbers: float | None) -> int:
+    """Decimals for numbers of the size of the largest of `numbers`: none from 100 up, one from 10,
+    else three (returns of 117 and win rates of 0.512 both read well)."""
+    size = max((abs(x) for x in numbers if x is not None), default=0.0)
+    return 0 if size >= 100 else 1 if size >= 10 else 3
 
 
 def score_text(mean: float, half: float | None) -> str:
-    """`mean ± half`, both with the decimals the larger of the two calls for (none from 100 up, one
-    from 10, else three: returns of 117 and win rates of 0.512 both read well); `mean ± -` without
-    an interval."""
-    size = max(abs(mean), half or 0.0)
-    digits = 0 if size >= 100 else 1 if size >= 10 else 3
-    return f"{mean:.{digits}f} ± " + ("-" if half is None else f"{half:.{digits}f}")
+    """`mean ± half`, both with the decimals the larger of the two calls for (see `_decimals`);
+    `mean (one run)` without an interval (one seed had a score)."""
+    digits = _decimals(mean, half)
+    return f"{mean:.{digits}f} " + ("(one run)" if half is None else f"± {half:.{digits}f}")
 
 
 def cell(variant: dict, key: str, fmt: str | None) -> str:
     """The text of column `key` (format `fmt`, see COLUMNS) in a variant's row of a summary; '-' when
-    it has no value."""
+    it has no value; a score from fewer seeds than the row's runs says how many."""
     value = variant.get(key)
     if value is None:
         return "-"
@@ -224,12 +313,35 @@ def cell(variant: dict, key: str, fmt: str | None) -> str:
         return fmt.format(value)
     if f"{key}_ci95" not in variant:  # a compare.json written before the intervals: the mean alone
         return f"{value:.3f}"
-    return score_text(value, variant[f"{key}_ci95"])
+    seeds, runs = variant.get(f"{key}_seeds"), len(variant.get("runs", ()))
+    return score_text(value, variant[f"{key}_ci95"]) + (f" ({seeds} of {runs} seeds)" if seeds and 1 < seeds < runs
+                                                        else "")
+
+
+def seeds_rows(summary: dict) -> list[list[str]]:
+    """The cells of the table of every score over seeds (columns SEEDS_HEADER): one row per variant
+    and score of SCORES that some seed has; the seeds counted are those with a value. A score from
+    one seed says "one run" and has no interval. None of a compare.json written before the IQM."""
+    titles = {key: title for key, title, _ in COLUMNS}
+    rows = []
+    for name, v in summary["variants"].items():
+        for key in SCORES:
+            if v.get(f"{key}_iqm") is None:
+                continue
+            mean, half, centre, interval = v[key], v[f"{key}_ci95"], v[f"{key}_iqm"], v[f"{key}_iqm_ci95"]
+            digits = _decimals(mean, half, centre, *(interval or ()))
+            number = f"{{:.{digits}f}}".format
+            rows.append([name, titles[key], str(v[f"{key}_seeds"]),
+                         number(mean) + (" (one run)" if half is None else f" ± {number(half)}"), number(centre),
+                         "one run: none" if interval is None else f"[{number(interval[0])}, {number(interval[1])}]",
+                         ", ".join("-" if x is None else number(x) for x in v[f"{key}_per_seed"])])
+    return rows
 
 
 def markdown_table(summary: dict) -> str:
     """The variants as a markdown table, with a line saying what the score, the interval and the equal
-    points are; with replay variants also the final scores in Table 2's layout (see `replay_table`)."""
+    points are; with replay variants also the final scores in Table 2's layout (see `replay_table`);
+    then every score over seeds (mean ± t, IQM and its bootstrap interval, per seed; `seeds_rows`)."""
     head = "| variant | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
     for name, v in summary["variants"].items():
@@ -242,7 +354,12 @@ def markdown_table(summary: dict) -> str:
                  + (f" Final score vs bot: the last checkpoint, greedy, against {summary['eval_opponent']}, wins "
                     "+ draws / 2 in both seats." if summary.get("eval_opponent") else ""))
     pairs = replay_table(summary)
-    return "\n".join(lines + ([""] + pairs if pairs else [])) + "\n"
+    lines += ([""] + pairs) if pairs else []
+    seeds = seeds_rows(summary)
+    if seeds:
+        lines += ["", "| " + " | ".join(SEEDS_HEADER) + " |", "|" + "---|" * len(SEEDS_HEADER)]
+        lines += ["| " + " | ".join(row) + " |" for row in seeds] + ["", SEEDS_NOTE]
+    return "\n".join(lines) + "\n"
 
 
 def replay_table(summary: dict) -> list[str]:
@@ -293,6 +410,46 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
     return paths
 
 
+SEEDS_PLOT = "curves_seeds.png"
+
+
+def plot_seed_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> Path | None:
+    """SEEDS_PLOT in `out`: one panel per variant, `key` against agent steps trained, a thin line per
+    seed and in bold their IQM over seeds (`aggregate_curve`) where the seeds overlap; a variant with
+    one seed is titled "one run". None without a metric or a record of it."""
+    curves = {name: [([r["frames"] for r in run.records if key in r], [r[key] for r in run.records if key in r])
+                     for run in rs] for name, rs in runs.items()} if key else {}
+    if not any(xs for seeds in curves.values() for xs, _ in seeds):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(len(curves), 4)
+    rows = -(-len(curves) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.5 * columns, 3 * rows), sharey=True, squeeze=False)
+    for k, (ax, (name, seeds)) in enumerate(zip(axes.flat, curves.items())):
+        for xs, ys in seeds:
+            ax.plot(xs, ys, "-", color=f"C{k}", alpha=0.5, linewidth=0.8 if len(seeds) > 1 else 1.5)
+        middle = aggregate_curve(seeds) if len(seeds) > 1 else None
+        if middle is not None:
+            ax.plot(*middle, "-", color=f"C{k}", linewidth=2.5, label=f"IQM of {len(seeds)} seeds")
+            ax.legend(fontsize="small")
+        ax.set_title(f"{name}: " + ("one run" if len(seeds) == 1 else f"{len(seeds)} seeds"))
+        ax.set_xlabel("agent steps trained")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(curves):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(key)
+    fig.suptitle(f"{key}: every seed (thin) and their IQM (bold)")
+    fig.tight_layout()
+    fig.savefig(out / SEEDS_PLOT, dpi=100)
+    plt.close(fig)
+    return out / SEEDS_PLOT
+
+
 def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
     """sps_vs_actors.png: learner-consumed SPS (mean over seeds) against the actor count of each
     variant (`summary["actors"]`: variant -> count), beside linear scaling from the fewest actors."""
@@ -323,12 +480,15 @@ def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
 
 
 def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", meta: dict | None = None) -> dict:
-    """compare.json, compare.md and the curve PNGs in `out` (with `meta["actors"]`, variant -> actor
-    count, also the SPS-against-actors plot); returns the summary."""
+    """compare.json, compare.md and the curve PNGs in `out` (the score against wall clock and frames,
+    every seed's curve per variant; with `meta["actors"]`, variant -> actor count, also the
+    SPS-against-actors plot); returns the summary."""
     summary = summarize(runs, metric)
     summary.update(meta or {})
     scaling = plot_sps_against_actors(summary, out) if summary.get("actors") else None
-    summary["plots"] = [p.name for p in [*([scaling] if scaling else []), *plot_curves(runs, summary["metric"], out)]]
+    seeds = plot_seed_curves(runs, summary["metric"], out)
+    summary["plots"] = [p.name for p in [*([scaling] if scaling else []), *plot_curves(runs, summary["metric"], out),
+                                         *([seeds] if seeds else [])]]
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "compare.md").write_text(markdown_table(summary), encoding="utf-8")  # the ± of the scores
     return summary

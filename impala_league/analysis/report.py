@@ -3,7 +3,9 @@
 Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is one file that
 opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
 the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and
-payoff heatmap, and the final evaluation with, in board games, how earlier policies played the bots. Per compare output (a folder with compare.json): its table and curves.
+payoff heatmap, and the final evaluation with, in board games, how earlier policies played the bots.
+Per compare output (a folder with compare.json): its tables (the variants; every score over seeds)
+and figures.
 """
 
 from __future__ import annotations
@@ -466,9 +468,9 @@ def log_report(run_dir: str | Path, tracker) -> None:
 
 
 def compare_section(folder: Path, k: int) -> str:
-    """The table of compare.json as HTML and its curve PNGs, embedded."""
+    """The tables of compare.json as HTML (the variants; every score over seeds) and its PNGs, embedded."""
     summary = json.loads((folder / "compare.json").read_text())
-    from impala_league.analysis.compare import COLUMNS, INTERVAL_NOTE, cell
+    from impala_league.analysis.compare import COLUMNS, INTERVAL_NOTE, SEEDS_HEADER, SEEDS_NOTE, cell, seeds_rows
 
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
     rows = []
@@ -479,6 +481,12 @@ def compare_section(folder: Path, k: int) -> str:
              f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal frames "
              f"{summary['equal_frames']:,}. {html.escape(INTERVAL_NOTE)}</p>"
              f"<table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
+    seeds = seeds_rows(summary)
+    if seeds:
+        seeds_head = "".join(f"<th>{html.escape(t)}</th>" for t in SEEDS_HEADER)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in seeds)
+        table += (f"<p>Every score over seeds:</p><table><tr>{seeds_head}</tr>{body}</table>"
+                  f"<p>{html.escape(SEEDS_NOTE)}</p>")
     images = [f'<img alt="plot" src="data:image/png;base64,{base64.b64encode((folder / p).read_bytes()).decode()}">'
               for p in summary.get("plots", []) if (folder / p).is_file()]
     return _section(f"compare{k}", f"comparison: {folder.name}", [table, *images])

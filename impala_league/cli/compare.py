@@ -33,7 +33,11 @@ Every variant x seed is a normal `run.py train` run (without a league) in
 OUT/<variant>-seed<seed> with its log beside it. Then OUT gets compare.md and compare.json, one row
 per variant (means over seeds; per-seed rows in the JSON). Scores read `mean ± h`: h is the
 half-width of the 95% confidence interval of the mean over seeds (Student t, n - 1 degrees of
-freedom), "-" with one seed; compare.json has the mean, h (<score>_ci95) and the per-seed values:
+freedom); a score from one seed reads "(one run)", with no interval. A second table gives every
+score over seeds: the seeds counted, mean ± h, the interquartile mean (IQM) and its 95% percentile
+bootstrap interval (2,000 resamples of the seeds, seeded: rliable's interval estimate) and each
+seed's value; compare.json has them all (<score>_ci95, _seeds, _iqm, _iqm_ci95, _per_seed);
+docs/seeds.md says more. The columns:
   SPS             agent steps per second the learner (A3C: parameter server) trained on, mean
   SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
   frames          agent steps trained on by the end of the budget
@@ -44,7 +48,8 @@ freedom), "-" with one seed; compare.json has the mean, h (<score>_ci95) and the
                   seats (wins + draws / 2); self-play returns measure nothing there
   score at equal wall clock / at equal frames
                   the score when the shortest run ended, resp. at the fewest frames any run reached
-and curves_wall_clock.png, curves_frames.png (the score of every run against both axes).
+and curves_wall_clock.png, curves_frames.png (the score of every run against both axes),
+curves_seeds.png (a panel per variant: every seed's curve thin, their IQM bold).
 The score is the metric --metric of metrics.jsonl, by default league_score where recorded, else
 episode_return (the learning seat's return: the score of single-agent envs such as gym:CartPole-v1;
 ~0 in two-player self-play). `run.py report OUT` shows it all on one page.

@@ -1,5 +1,6 @@
 """run.py compare: the plans of the studies (corrections with and without replay), the table and its
-confidence intervals against hand-computed values on written metrics, and a seconds-long real
+confidence intervals against hand-computed values on written metrics, the IQM and its bootstrap
+interval against hand values and against rliable, every seed's curve, and a seconds-long real
 IMPALA-vs-A3C comparison on tictactoe."""
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from impala_league import REPO
 from impala_league.agents.network import ActorCritic
-from impala_league.analysis.compare import actor_counts, cell, mean_and_interval, plan, score_text, summarize, write_outputs
+from impala_league.analysis.compare import (actor_counts, aggregate_curve, bootstrap_interval, cell, iqm,
+                                            mean_and_interval, plan, score_text, summarize, write_outputs)
 from impala_league.analysis.report import compare_section
 from impala_league.analysis.runs import load_run
 from impala_league.config import load_config, to_yaml
@@ -94,12 +97,89 @@ def test_confidence_interval_matches_a_hand_computation():
     assert mean_and_interval([None]) == (None, None) and mean_and_interval([]) == (None, None)
 
 
+def test_interquartile_mean_matches_hand_values():
+    assert iqm([1.0, 2.0, 3.0, 4.0, 100.0]) == 3.0  # int(5 / 4) = 1 dropped from each end: mean of 2, 3, 4
+    assert iqm([100.0, 4.0, 1.0, 3.0, 2.0]) == 3.0  # order does not matter
+    assert iqm([0, 1, 2, 3, 4, 5, 6, 70]) == 3.5  # 2 dropped from each end: mean of 2, 3, 4, 5
+    assert iqm([1.0, 2.0, 30.0]) == 11.0  # below four values nothing is dropped: the mean
+    assert iqm([5.0]) == 5.0
+    assert iqm([[1, 2, 3, 4, 100], [10, 10, 10, 10, -50]]).tolist() == [3.0, 10.0]  # one IQM per row
+
+
+def test_bootstrap_interval_matches_hand_values():
+    assert bootstrap_interval([5.0, 5.0, 5.0]) == (5.0, 5.0)  # identical seeds: every resample the same
+    assert bootstrap_interval([5.0]) is None and bootstrap_interval([]) is None  # one run: no interval
+    # Seeds 0 and 1: a resample's mean is 0 (p = 1/4), 0.5 (1/2) or 1 (1/4), so its 2.5% and 97.5%
+    # percentiles are 0 and 1.
+    assert bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)
+    # The interval lies inside the values' range and holds the IQM; the same scores give the same
+    # interval (every call starts its own generator from BOOTSTRAP_SEED).
+    scores = [0.31, 0.52, 0.47, 0.95, 0.12, 0.66, 0.58, 0.40, 0.73, 0.05]
+    low, high = bootstrap_interval(scores)
+    assert 0.05 <= low < iqm(scores) < high <= 0.95 and bootstrap_interval(scores) == (low, high)
+    # Another statistic, the maximum of seeds 0, 1, 2, 3: a resample's maximum is 0 with p = 1/256,
+    # at most 1 with p = 16/256 = 6.25% (> 2.5%), 3 with p = 1 - (3/4)^4 = 68%: percentiles 1 and 3.
+    assert bootstrap_interval([0.0, 1.0, 2.0, 3.0], statistic=lambda x: x.max(axis=-1)) == (1.0, 3.0)
+
+
+def test_iqm_and_bootstrap_interval_match_rliable():
+    """rliable 1.2.0 (a development requirement) on [10 runs, 1 task]: the same point estimate to the
+    last bit; the same interval when our resampling draws its indices (rliable draws from numpy's
+    global generator); with our own generator, an interval close to its own."""
+    library = pytest.importorskip("rliable.library")
+    from rliable import metrics
+
+    scores = [0.31, 0.52, 0.47, 0.95, 0.12, 0.66, 0.58, 0.40, 0.73, 0.05]
+    iqm_of = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731 (rliable's documented form)
+    np.random.seed(7)
+    points, intervals = library.get_interval_estimates({"v": np.array(scores)[:, None]}, iqm_of, reps=2000)
+    assert iqm(scores) == points["v"][0] == metrics.aggregate_iqm(np.array(scores)[:, None])
+    low, high = intervals["v"][:, 0]
+    assert bootstrap_interval(scores, rng=np.random.RandomState(7)) == pytest.approx((low, high), abs=1e-12)
+    assert bootstrap_interval(scores) == pytest.approx((low, high), abs=0.02)  # our generator, seeded 0
+    assert iqm([1.0, 2.0, 3.0, 4.0, 100.0]) == metrics.aggregate_iqm(np.array([[1.0], [2], [3], [4], [100]]))
+
+
+def test_the_curve_over_seeds_is_their_iqm_on_the_common_range():
+    # Seed A: 0 -> 10 over 0..10 frames; seed B: 2 -> 22 over 0..20: in common 0..10, mean at 5 = (5 + 7) / 2.
+    grid, middle = aggregate_curve([([0, 10], [0, 10]), ([0, 20], [2, 22])], points=3)
+    assert grid.tolist() == [0, 5, 10] and middle.tolist() == [1, 6, 11]
+    # Four seeds, constant 0, 1, 2, 100: one dropped from each end, IQM 1.5 everywhere.
+    grid, middle = aggregate_curve([([0, 4], [y, y]) for y in (0, 1, 2, 100)], points=5)
+    assert middle.tolist() == [1.5] * 5
+    assert aggregate_curve([([0, 1], [0, 1]), ([2, 3], [0, 1])]) is None  # no range every seed covers
+    assert aggregate_curve([]) is None
+
+
+def test_several_seeds_give_iqm_and_interval_and_one_figure_with_every_seed(tmp_path):
+    # outlier: 5 seeds, constant returns 1, 2, 3, 4, 100: mean 22 (t half-width 2.776 * 43.62 / sqrt 5
+    # = 54.2), IQM 3; single: one seed.
+    def runs(name, returns):
+        return [_fake_run(tmp_path, f"{name}-seed{seed}", 1000.0, [(t, 100 * t, 10, r) for t in (10, 20, 30)], seed)
+                for seed, r in enumerate(returns)]
+
+    out = write_outputs({"outlier": runs("outlier", [1, 2, 3, 4, 100]), "single": runs("single", [0.5])}, tmp_path)
+    v = out["variants"]["outlier"]
+    assert v["final_score"] == 22 and v["final_score_ci95"] == pytest.approx(54.16, abs=0.01)
+    assert v["final_score_iqm"] == 3 and v["final_score_seeds"] == 5
+    assert v["final_score_iqm_ci95"] == list(bootstrap_interval([1, 2, 3, 4, 100]))
+    assert out["statistics"]["bootstrap_resamples"] == 2000 and out["statistics"]["iqm_trim"] == 0.25
+    table = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "| outlier | final score | 5 | 22.0 ± 54.2 | 3.0 | [" in table
+    assert "| single | final score | 1 | 0.500 (one run) | 0.500 | one run: none | 0.500 |" in table
+    assert out["plots"][-1] == "curves_seeds.png" and (tmp_path / "curves_seeds.png").read_bytes()[:4] == b"\x89PNG"
+    assert compare_section(tmp_path, 0).count("<img") == 3
+
+
 def test_score_cells_show_the_mean_and_the_interval():
     assert score_text(117.2, 41.6) == "117 ± 42"
     assert score_text(32.44, 5.06) == "32.4 ± 5.1"
     assert score_text(0.5123, 0.0468) == "0.512 ± 0.047"
     assert score_text(9.5, 12.0) == "9.5 ± 12.0"  # the larger of the two sets the decimals
-    assert score_text(0.5123, None) == "0.512 ± -"
+    assert score_text(0.5123, None) == "0.512 (one run)"
+    assert score_text(117.2, None) == "117 (one run)"
+    partial = {"final_score": 0.5, "final_score_ci95": 0.25, "final_score_seeds": 2, "runs": [{}, {}, {}]}
+    assert cell(partial, "final_score", None) == "0.500 ± 0.250 (2 of 3 seeds)"  # a seed without a score
     assert cell({"final_score": None, "final_score_ci95": None}, "final_score", None) == "-"
     assert cell({"final_score": 0.25}, "final_score", None) == "0.250"  # a compare.json from before the intervals
     assert cell({"sps": 1234.4}, "sps", "{:.0f}") == "1234"
@@ -127,16 +207,28 @@ def test_table_with_intervals_and_replay_pairs(tmp_path):
     rows = [line for line in table.splitlines() if line.startswith("| vtrace") or line.startswith("| is1")]
     assert rows[0].endswith("| 2.000 ± 2.484 | 2.000 ± 2.484 | 2.000 ± 2.484 | - |")
     assert rows[0].startswith("| vtrace | 3 |") and rows[1].startswith("| vtrace-replay | 1 |")
-    assert rows[1].endswith("| 7.000 ± - | 7.000 ± - | 7.000 ± - | - |")
+    assert rows[1].endswith("| 7.000 (one run) | 7.000 (one run) | 7.000 (one run) | - |")
     assert rows[2].startswith("| is1 | 2 |") and "| 12.0 ± 25.4 |" in rows[2]
     assert "95% confidence interval of the mean (Student t with n - 1 degrees of freedom" in table
     # Table 2's layout: one row per correction, without and with replay side by side.
     assert "| correction | final score, no replay | final score, with replay (50% of each batch replayed) |" in table
-    assert "| vtrace | 2.000 ± 2.484 | 7.000 ± - |" in table and "| is1 | 12.0 ± 25.4 | - |" in table
+    assert "| vtrace | 2.000 ± 2.484 | 7.000 (one run) |" in table and "| is1 | 12.0 ± 25.4 | - |" in table
+    # Every score over seeds: the seeds counted, mean ± t, the IQM (3 seeds: the mean) and its bootstrap
+    # interval; of [1, 2, 3] the 2.5% and 97.5% of 2,000 resamples' means are 1 and 3 (all three
+    # draws 1, resp. 3, has probability 1/27 = 3.7%, above 2.5%); one seed: one run, no interval.
+    assert "| vtrace | final score | 3 | 2.000 ± 2.484 | 2.000 | [1.000, 3.000] | 1.000, 2.000, 3.000 |" in table
+    assert "| vtrace-replay | final score | 1 | 7.000 (one run) | 7.000 | one run: none | 7.000 |" in table
+    assert "| is1 | score at equal frames | 2 | 12.0 ± 25.4 | 12.0 | [10.0, 14.0] | 10.0, 14.0 |" in table
+    assert "final score vs bot" not in table.split("| variant | score |")[1]  # no seed has that score
+    assert "2,000 resamples of the seeds with replacement, generator seeded 0" in table
     saved = json.loads((tmp_path / "compare.json").read_text())["variants"]["vtrace"]
     assert saved["final_score"] == 2 and saved["final_score_ci95"] == pytest.approx(2.484, abs=1e-3)
     assert saved["final_score_per_seed"] == [1, 2, 3]
-    assert "<td>2.000 ± 2.484</td>" in compare_section(tmp_path, 0)
+    assert saved["final_score_iqm"] == 2 and saved["final_score_iqm_ci95"] == [1, 3] and saved["final_score_seeds"] == 3
+    replayed = json.loads((tmp_path / "compare.json").read_text())["variants"]["vtrace-replay"]
+    assert replayed["final_score_iqm"] == 7 and replayed["final_score_iqm_ci95"] is None
+    page = compare_section(tmp_path, 0)
+    assert "<td>2.000 ± 2.484</td>" in page and "<td>[1.000, 3.000]</td>" in page and "<td>one run: none</td>" in page
     write_outputs({"vtrace": study["vtrace"]}, tmp_path)  # without replay variants: no second table
     assert "no replay" not in (tmp_path / "compare.md").read_text(encoding="utf-8")
 
@@ -160,7 +252,7 @@ def test_table_values_match_a_hand_computation(tmp_path):
     table = (tmp_path / "compare.md").read_text()
     assert "| impala | 1 | 100 | 1.00 | 4,000 |" in table and "| a3c | 1 | 20 | 0.20 | 600 |" in table
     assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["frames"] == 600
-    assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png"]
+    assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png", "curves_seeds.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
 
 
@@ -177,7 +269,7 @@ def test_the_actors_study_plots_sps_against_actors_and_the_report_shows_it(tmp_p
     assert [out["variants"][f"actors{n}"]["sps"] for n in (1, 2, 4)] == [10, 20, 40]
     assert out["plots"][0] == "sps_vs_actors.png" and (tmp_path / "sps_vs_actors.png").read_bytes()[:4] == b"\x89PNG"
     page = compare_section(tmp_path, 0)
-    assert page.count("<img") == len(out["plots"]) == 3 and "study actors" in page
+    assert page.count("<img") == len(out["plots"]) == 4 and "study actors" in page
 
 
 def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):

@@ -94,7 +94,9 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
             assert width > 200 and height > 150, anchor
     assert "parameter server" not in sections["run0-architecture"]  # drawn text is in the PNG, not the DOM
     assert sections["run0-league"].count("<img") == 2  # Elo over time and payoff heatmap
-    assert sections["compare0"].count("<img") == 2 and "<td>a3c</td>" in sections["compare0"]
+    # the score against wall clock and against frames, and every seed's curve (curves_seeds.png)
+    assert sections["compare0"].count("<img") == 3 and "<td>a3c</td>" in sections["compare0"]
+    assert "<td>one run: none</td>" in sections["compare0"]  # one seed each: no interval
 
     image = Image.open(shot).convert("RGB")
     assert image.size == (1100, 9000)
