@@ -52,8 +52,10 @@ def train_command(args, run_dir: Path, url: str) -> list[str]:
             "league.enabled=true", "league.bots=[random]", f"league.snapshot_every={args.every}",
             "league.manager_every_s=0.05", f"league.redis_snapshots={args.bound}",
             f"league.opponent_cache={min(16, args.bound)}"]
-    return [sys.executable, str(REPO / "run.py"), "train", "--redis-url", url, "--eval-games", "0",
-            *[a for s in sets for a in ("--set", s)]]
+    config = run_dir.parent / "bench_long_league.yaml"  # the defaults; the settings above override them
+    config.write_text("env:\n  name: tictactoe\n")
+    return [sys.executable, str(REPO / "run.py"), "train", "--config", str(config), "--redis-url", url,
+            "--eval-games", "0", *[a for s in sets for a in ("--set", s)]]
 
 
 def sample(client, run: str, run_dir: Path, aof: Path, start: float, errors: int) -> dict:
@@ -123,7 +125,12 @@ def summary(args, client, run_dir: Path, aof: Path, most_in_redis: int, errors: 
         except CheckpointError as e:
             bad.append(str(e))
     row = sample(client, run_dir.name, run_dir, aof, time.monotonic(), errors)
-    state = json.loads((run_dir / "league" / "state.json").read_text())
+    try:
+        state = json.loads((run_dir / "league" / "state.json").read_text())
+    except OSError:
+        print(f"\nthe run wrote no league state (exit {code}); its output:\n"
+              + (run_dir.parent / "train.log").read_text()[-3000:])
+        return
     print(f"\nsnapshots {row['snapshots']} (files {len(files)}, unreadable {len(bad)}); most in Redis at once "
           f"{most_in_redis} (bound {args.bound}); peak Redis {row['peak_MB']:.1f} MB; AOF {row['aof_MB']:.1f} MB; "
           f"run dir {row['run_dir_MB']:.1f} MB; longest pass {1000 * state.get('pass_s_max', 0):.0f} ms; games "

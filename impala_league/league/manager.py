@@ -44,7 +44,7 @@ from impala_league.envs.registry import env_spec
 from impala_league.league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from impala_league.league.payoff import EloRatings, PayoffTable, episode_score
 from impala_league.league.players import MAIN, PLAYER_ID, SNAPSHOT_ID, learner_players, namespace, role
-from impala_league.league.residency import LOADS_PER_PASS, SnapshotResidency
+from impala_league.league.residency import SnapshotResidency
 from impala_league.league.store import LeagueStore
 from impala_league.league.usage import RATINGS_MAX_BYTES, Usage, thin_jsonl
 
@@ -294,11 +294,10 @@ class LeagueManager:
 
     def rebalance_snapshots(self, fill: bool = False) -> None:
         """Take the actors' asks, then make Redis hold the chosen snapshots (league/residency.py), with
-        `fill` all of them at once (the first pass: a resumed league's Redis may be empty), else at most
-        LOADS_PER_PASS new ones. A snapshot whose file cannot be loaded leaves the league, the reason logged."""
+        `fill` all of them at once (the first pass: a resumed league's Redis may be empty), else a few
+        (residency.LOADS_PER_PASS, LOAD_BUDGET_S). A snapshot whose file cannot be loaded leaves the league, the reason logged."""
         self.residency.take_wants({m for m, info in self.members.items() if info["kind"] == "snapshot"})
-        loads = self.residency.capacity if fill else LOADS_PER_PASS
-        for snapshot_id, why in self.residency.rebalance(*self.residency_inputs(), max_loads=loads).items():
+        for snapshot_id, why in self.residency.rebalance(*self.residency_inputs(), fill=fill).items():
             self.drop(snapshot_id, why)
 
     def drop(self, snapshot_id: str, why: str) -> None:

@@ -64,9 +64,10 @@ class Opponents:
     Evicted snapshots: Redis holds the weights of at most `league.redis_snapshots` snapshots
     (league/residency.py; `resident` is their set as last read). A drawn snapshot Redis does not hold is
     asked for (`LeagueStore.want`, at most every ASK_AGAIN_S; `pending`), counted in `unavailable`, and
-    that game is played against another opponent drawn from the distribution among those playable now
-    (self-play if none); `refresh` fetches a pending snapshot into the cache once Redis holds it again,
-    so its next draw plays it. Weights are only ever played under their own id.
+    that game is played against another league member drawn from the distribution among those playable
+    now (not self-play: the league's share of games stays the league's; self-play if none is);
+    `refresh` fetches a pending snapshot into the cache once Redis holds it again, so its next draw
+    plays it. Weights are only ever played under their own id.
     """
 
     def __init__(self, client: redis.Redis, cfg: Config, spec, player: str, seed: int,
@@ -217,13 +218,13 @@ class Opponents:
         """The match of an episode that starts now: an opponent id drawn from `distribution` (None or
         empty: self-play) and a seat for the learner drawn uniformly. Self-play when the draw is `self`
         or the learner itself, or when the drawn member cannot be played (`get` returns None). A drawn
-        snapshot Redis does not hold is asked for, and the game drawn again among the members playable
-        now (see the class doc). `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
+        snapshot Redis does not hold is asked for, and the game drawn again among the league members
+        playable now (see the class doc). `in_use`: the opponent ids of games under way, kept in the snapshot cache."""
         if not self.distribution:
             return Match()
         drawn, policy = self._pick(self.distribution, in_use)
         if policy is None and drawn in self.pending:
-            now = self._playable_now(drawn)
+            now = {k: p for k, p in self._playable_now(drawn).items() if k not in (SELF, self.player)}
             if now:
                 drawn, policy = self._pick(now, in_use)
         if policy is None:

@@ -11,7 +11,7 @@ actors load. At every pass (`SnapshotResidency.rebalance`) the manager picks the
      distributions), ties going to those resident already, then to the newest.
 
 It loads at most LOADS_PER_PASS of the chosen ones that Redis lacks from their files (verifying their
-SHA-256), and first evicts as many of the lowest-ranked resident ones as that needs (weights and SHA-256
+SHA-256; for at most LOAD_BUDGET_S a pass), and first evicts as many of the lowest-ranked resident ones as that needs (weights and SHA-256
 deleted from Redis, file kept), so Redis never holds more than `redis_snapshots` and a league whose
 actors ask for more than that churns at a bounded rate.
 An actor that draws a snapshot Redis does not hold asks for it (`LeagueStore.want`), plays another
@@ -35,7 +35,9 @@ from impala_league.league.store import LeagueStore
 log = logging.getLogger("league")
 
 LOADS_PER_PASS = 8
-"""At most this many snapshots are loaded from files per pass (a 2.6 MB Atari snapshot: about 20 ms each)."""
+"""At most this many snapshots are loaded from files per pass (a 2.6 MB Atari snapshot: about 20 ms each)..."""
+LOAD_BUDGET_S = 0.2
+"""... and no more once the pass's loads took this long (one at least)."""
 WANT_HOLD_S = 30.0
 """A snapshot an actor asked for stays chosen (rule 2) this long after the latest ask: time for the actors
 that drew it to fetch it at their next parameter syncs."""
@@ -108,34 +110,48 @@ class SnapshotResidency:
         self.wanted = {s: t for s, t in self.wanted.items() if s in members and now - t <= WANT_HOLD_S}
 
     def rebalance(self, created: dict[str, float], pinned: list[str], weights: dict[str, float],
-                  capacity: int | None = None, max_loads: int = LOADS_PER_PASS) -> dict[str, str]:
-        """Make Redis hold the chosen snapshots (`choose_resident`), loading at most LOADS_PER_PASS of them:
-        evict first, then load from files.
+                  fill: bool = False) -> dict[str, str]:
+        """Make Redis hold the chosen snapshots (`choose_resident`): at most LOADS_PER_PASS loads from
+        files taking at most LOAD_BUDGET_S (with `fill`, the first pass of a manager: all of them),
+        each after evicting the lowest-ranked resident snapshot when Redis is full.
 
-        created: every snapshot member -> its creation time; capacity: at most this many (default the
-        configured one); max_loads: at most this many loads (a manager's first pass fills Redis). Returns {id: reason} of the snapshots whose file
-        could not be loaded (missing, corrupt): the caller removes them from the league.
+        created: every snapshot member -> its creation time. Returns {id: reason} of the snapshots whose
+        file could not be loaded (missing, corrupt): the caller removes them from the league.
         """
-        capacity = self.capacity if capacity is None else capacity
         resident = self.resident()
         ranked = choose_resident(len(created), pinned, self.wanted, weights, resident, created)
-        load = [s for s in ranked[:capacity] if s not in resident][:max_loads]
-        keep = set([s for s in ranked if s in resident][:capacity - len(load)])
-        evict = sorted(resident - keep)
-        if evict:
-            self.store.evict_snapshots(evict)
-            self.evictions += len(evict)
-            self.evicted_ever.update(s for s in evict if s in created)
-        failed = {}
+        rank = {s: i for i, s in enumerate(ranked)}
+        target = ranked[:self.capacity]
+        load = [s for s in target if s not in resident][:self.capacity if fill else LOADS_PER_PASS]
+        victims = sorted(resident - set(target), key=lambda s: -rank.get(s, len(ranked)))  # non-members first
+        gone = [s for s in victims if s not in rank]
+        gone += [s for s in victims if s in rank][:max(0, len(resident) - len(gone) - self.capacity)]
+        self._evict(gone)
+        victims = [s for s in victims if s not in set(gone)]
+        held = len(resident) - len(gone)
+        failed, start = {}, time.perf_counter()
         for snapshot_id in load:
+            if not fill and time.perf_counter() - start > LOAD_BUDGET_S:
+                break
             try:
                 tensors, _ = read_checkpoint(self.path(snapshot_id))
             except CheckpointError as e:
                 failed[snapshot_id] = str(e)
                 continue
+            if held >= self.capacity:
+                self._evict([victims.pop(0)])
+                held -= 1
             self.store.put_snapshot(snapshot_id, encode_weights(model_state(tensors)))
             self.loads += 1
+            held += 1
         return failed
+
+    def _evict(self, snapshot_ids: list[str]) -> None:
+        """Delete their weights from Redis (their files stay) and count them."""
+        if snapshot_ids:
+            self.store.evict_snapshots(snapshot_ids)
+            self.evictions += len(snapshot_ids)
+            self.evicted_ever.update(snapshot_ids)
 
     def make_room(self, created: dict[str, float], pinned: list[str], weights: dict[str, float]) -> None:
         """Before a new snapshot's weights go to Redis: evict down to `capacity - 1` resident snapshots
@@ -145,10 +161,7 @@ class SnapshotResidency:
             return
         keep = set(choose_resident(self.capacity - 1, pinned, self.wanted, weights, resident,
                                    {s: t for s, t in created.items() if s in resident}))
-        evict = sorted(resident - keep)
-        self.store.evict_snapshots(evict)
-        self.evictions += len(evict)
-        self.evicted_ever.update(evict)
+        self._evict(sorted(resident - keep))
 
     def to_json(self) -> dict:
         """The counters and ids that outlive the manager process (league state)."""

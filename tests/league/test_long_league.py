@@ -26,7 +26,7 @@ from impala_league.envs.registry import env_spec
 from impala_league.league.opponents import Opponents
 
 BOUND = 4
-SECONDS = 24  # of games, the manager killed at the half
+TIMEOUT_S = 150  # per phase; a phase ends as soon as its goal is met (about 10 s on an idle machine)
 
 
 def _manager(overrides: list[str], redis_url: str, run_dir, resume: bool) -> subprocess.Popen:
@@ -44,6 +44,61 @@ def _file_weights(run_dir, snapshot_id: str) -> dict[str, torch.Tensor]:
     return model_state(tensors)
 
 
+def _saved_snapshots(run_dir) -> set[str]:
+    try:
+        state = json.loads((run_dir / "league" / "state.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    return {m for m, info in state["members"].items() if info["kind"] == "snapshot"}
+
+
+class _LearnerAndActor:
+    """The learner's publishes and an actor's games, as the real ones make them, one round per `step`."""
+
+    def __init__(self, client, cfg, run_dir):
+        self.client, self.cfg, self.run_dir = client, cfg, run_dir
+        self.spec = env_spec("tictactoe")
+        self.params = ParamStore(client, cfg.run.name)
+        self.actor = Opponents(client, cfg, self.spec, "main", 0, np.random.SeedSequence(0))
+        self.rng = np.random.default_rng(0)
+        self.version = self.posted = self.most_keys = 0
+        self.checked: set[str] = set()
+
+    def step(self) -> None:
+        self.version += 1  # the learner publishes new weights; the manager snapshots them at its next pass
+        torch.manual_seed(self.version)
+        self.params.publish(ActorCritic(self.spec.obs_shape, self.spec.num_actions, self.cfg.agent).state_dict(),
+                            self.version)
+        self.actor.read_distribution()
+        self.actor.refresh()
+        for _ in range(8):  # games: each against one drawn opponent, reported as actors do
+            match = self.actor.draw(set())
+            if match.opponent == "self":
+                continue
+            if match.opponent not in self.checked:  # the weights played are the snapshot's own
+                self.checked.add(match.opponent)
+                for name, tensor in _file_weights(self.run_dir, match.opponent).items():
+                    assert torch.equal(match.policy.state_dict()[name], tensor), match.opponent
+            self.client.xadd(f"{self.cfg.run.name}:results", {"data": msgpack.packb(
+                {"player": "main", "opponent_id": match.opponent, "opponent_version": match.version,
+                 "learner_seat": match.learner_seat, "winner": int(self.rng.integers(-1, 2)), "length": 5,
+                 "returns": [0.0, 0.0]})})
+            self.posted += 1
+        self.most_keys = max(self.most_keys, _snapshot_keys(self.client, self.cfg.run.name))
+        time.sleep(0.02)
+
+    def until(self, goal, proc: subprocess.Popen) -> None:
+        """Step until `goal()` holds (looked at every 10 steps); fails past TIMEOUT_S or if `proc` exits."""
+        start = time.monotonic()
+        while True:
+            for _ in range(10):
+                self.step()
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            if goal():
+                return
+            assert time.monotonic() - start < TIMEOUT_S, f"no progress in {TIMEOUT_S} s: {self.posted} games"
+
+
 def test_a_compressed_long_league_stays_bounded_and_loses_nothing_across_a_sigkill(tmp_path, redis_client,
                                                                                   redis_url, run_name):
     overrides = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.lease_ttl_s=1", "env.name=tictactoe",
@@ -52,41 +107,16 @@ def test_a_compressed_long_league_stays_bounded_and_loses_nothing_across_a_sigki
                  f"league.redis_snapshots={BOUND}", "league.opponent_cache=2"]
     cfg = load_config(None, overrides)
     run_dir = tmp_path / run_name
-    spec = env_spec("tictactoe")
-    params = ParamStore(redis_client, run_name)
-    actor = Opponents(redis_client, cfg, spec, "main", 0, np.random.SeedSequence(0))
-    rng = np.random.default_rng(0)
+    play = _LearnerAndActor(redis_client, cfg, run_dir)
     proc = _manager(overrides, redis_url, run_dir, resume=False)
-    posted, most_keys, checked, version, before_kill = 0, 0, set(), 0, None
-    start = time.monotonic()
     try:
-        while time.monotonic() - start < SECONDS:
-            version += 1  # the learner publishes new weights; the manager snapshots them at its next pass
-            torch.manual_seed(version)
-            params.publish(ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent).state_dict(), version)
-            actor.read_distribution()
-            actor.refresh()
-            for _ in range(8):  # games: each against one drawn opponent, reported as actors do
-                match = actor.draw(set())
-                if match.opponent == "self":
-                    continue
-                if match.opponent not in checked:  # the weights played are the snapshot's own
-                    checked.add(match.opponent)
-                    for name, tensor in _file_weights(run_dir, match.opponent).items():
-                        assert torch.equal(match.policy.state_dict()[name], tensor), match.opponent
-                redis_client.xadd(f"{run_name}:results", {"data": msgpack.packb(
-                    {"player": "main", "opponent_id": match.opponent, "opponent_version": match.version,
-                     "learner_seat": match.learner_seat, "winner": int(rng.integers(-1, 2)), "length": 5,
-                     "returns": [0.0, 0.0]})})
-                posted += 1
-            most_keys = max(most_keys, _snapshot_keys(redis_client, run_name))
-            if before_kill is None and time.monotonic() - start > SECONDS / 2:
-                before_kill = {m for m, info in json.loads((run_dir / "league" / "state.json").read_text())[
-                    "members"].items() if info["kind"] == "snapshot"}
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                proc = _manager(overrides, redis_url, run_dir, resume=True)
-            time.sleep(0.02)
+        play.until(lambda: len(_saved_snapshots(run_dir)) >= 3 * BOUND, proc)
+        before_kill, posted = _saved_snapshots(run_dir), play.posted
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc = _manager(overrides, redis_url, run_dir, resume=True)
+        play.until(lambda: len(_saved_snapshots(run_dir)) >= len(before_kill) + 3 * BOUND
+                   and play.posted >= posted + 200, proc)
         redis_client.set(f"{run_name}:done", 1)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -97,11 +127,11 @@ def test_a_compressed_long_league_stays_bounded_and_loses_nothing_across_a_sigki
     state = json.loads((run_dir / "league" / "state.json").read_text())
     snapshots = sorted(m for m, info in state["members"].items() if info["kind"] == "snapshot")
     files = sorted(p.stem for p in (run_dir / "league" / "snapshots").glob("*.safetensors"))
-    assert most_keys <= BOUND and len(snapshots) >= 5 * BOUND, (most_keys, len(snapshots))
-    assert files == snapshots and before_kill <= set(snapshots) and not state["dropped"]  # no snapshot lost
+    assert play.most_keys <= BOUND and len(snapshots) >= 6 * BOUND, (play.most_keys, len(snapshots))
+    assert files == snapshots and before_kill <= set(snapshots) and not state["dropped"], out[-3000:]  # none lost
     for snapshot_id in snapshots:
         _file_weights(run_dir, snapshot_id)  # every file loads and matches its SHA-256
-    assert state["games"] == posted  # no result lost: those read before the kill were read again
-    assert state["evicted_games"] >= 1 and state["residency"]["loads"] >= 1 and actor.unavailable >= 1
-    print(f"{len(snapshots)} snapshots, {posted} games ({state['evicted_games']} against evicted snapshots), "
-          f"{state['residency']['loads']} loads, at most {most_keys} snapshots in Redis")
+    assert state["games"] == play.posted, (state["games"], play.posted)  # no result lost: read again after the kill
+    assert state["evicted_games"] >= 1 and state["residency"]["loads"] >= 1 and play.actor.unavailable >= 1
+    print(f"{len(snapshots)} snapshots, {play.posted} games ({state['evicted_games']} against evicted snapshots), "
+          f"{state['residency']['loads']} loads, at most {play.most_keys} snapshots in Redis")

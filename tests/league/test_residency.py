@@ -265,13 +265,23 @@ def test_an_actor_that_draws_an_evicted_snapshot_plays_one_it_can_play_now(tmp_p
     from impala_league.distributed.codec import encode_weights
 
     store.put_snapshot("main-0000003", encode_weights(_weights(cfg, 3)))
-    # 100 snapshots drawn with 1% each, one of them resident, a bot, and self-play.
-    dist = {f"main-{k:07d}": 0.98 / 98 for k in range(1, 99)} | {"random": 0.01, "self": 0.01}
+    # 98 snapshots drawn with 0.5% each, one of them resident; a bot; self-play half the games.
+    dist = {f"main-{k:07d}": 0.49 / 98 for k in range(1, 99)} | {"random": 0.01, "self": 0.5}
     store.publish_opponents("main", dist)
-    opponents = Opponents(redis_client, cfg, env_spec("tictactoe"), "main", 0, np.random.SeedSequence(2))
+    from impala_league.evaluation.bots import league_bot
+
+    opponents = Opponents(redis_client, cfg, env_spec("tictactoe"), "main", 0, np.random.SeedSequence(2),
+                          bots=league_bot)
     opponents.read_distribution()
-    assert opponents._playable_now("main-0000050") == pytest.approx({"random": 0.01, "self": 0.01,
-                                                                     "main-0000003": 0.01})
-    played = [opponents.draw(set()).opponent for _ in range(60)]
-    assert set(played) <= {"random", "self", "main-0000003"} and "main-0000003" in played
-    assert opponents.unavailable >= 50 and len(store.take_wants()) >= 40
+    assert opponents._playable_now("main-0000050") == pytest.approx({"random": 0.01, "self": 0.5,
+                                                                     "main-0000003": 0.005})
+    played = [opponents.draw(set()).opponent for _ in range(300)]
+    assert set(played) == {"random", "self", "main-0000003"}
+    # An evicted draw is replaced by a league member, never by self-play: self-play keeps its half
+    # (it would be 97% if the replacement were drawn from everything playable).
+    assert 0.4 < played.count("self") / len(played) < 0.6
+    # The replacements follow the distribution among those playable: random 0.01 : main-0000003 0.005,
+    # so random gets 0.01 + 0.485 * 2/3 = 0.33 of the games and main-0000003 0.005 + 0.485 / 3 = 0.17.
+    assert 0.25 < played.count("random") / len(played) < 0.42
+    assert 0.10 < played.count("main-0000003") / len(played) < 0.24
+    assert opponents.unavailable >= 100 and len(store.take_wants()) >= 60
