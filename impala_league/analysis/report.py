@@ -341,7 +341,8 @@ def evaluation_table(record: dict) -> str:
                    f"<td>{_chances(r.get('tactics'), 'blocks_made', 'block_chances')}</td></tr>"
                    for opponent, seats in record.get("opponents", {}).items() for seat, r in seats.items())
     return head + ("<table><tr><th>opponent</th><th>seat</th><th>won</th><th>drew</th><th>lost</th><th>mean return</th>"
-                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>") + judges_table(record)
+                   f"<th>immediate wins taken</th><th>forced blocks made</th></tr>{rows}</table>") + judges_table(record) \
+        + built_in_table(record)
 
 
 def judges_table(record: dict) -> str:
@@ -357,6 +358,29 @@ def judges_table(record: dict) -> str:
     return ("<p>held out: judges the run never trained against (evaluation.judges), greedy, seed "
             f"{record.get('seed')}</p><table><tr><th>judge</th><th>seat</th><th>won</th><th>drew</th><th>lost</th>"
             f"<th>score [95% interval]</th><th>games</th></tr>{rows}</table>")
+
+
+def built_in_table(record: dict) -> str:
+    """evaluation.json's `built_in_player` as HTML (two-player Atari, evaluation/atari_judge.py): the final
+    policy and the earlier ones of `over_training` as first_0 of the one-player game against its built-in
+    player, one row each: update, frames, games, mean return (its points minus the built-in player's), min,
+    max, won/drew/lost; '' where the record has none."""
+    final = record.get("built_in_player")
+    if not final:
+        return ""
+    entries = [e for e in record.get("over_training", []) if "built_in_player" in e]
+    if not entries or entries[-1]["built_in_player"] is not final:
+        entries = [e for e in entries if e.get("step") != record.get("step")]
+        entries.append({"step": record.get("step"), "frames": record.get("frames"), "built_in_player": final})
+    rows = "".join(f"<tr><td>{e['step']}</td><td>{e.get('frames') or 0:,}</td><td>{r['games']}</td>"
+                   f"<td>{r['mean_return']:+.1f}</td><td>{r['min_return']:+.0f}</td><td>{r['max_return']:+.0f}</td>"
+                   f"<td>{r['wins']} / {r['draws']} / {r['losses']}</td></tr>"
+                   for e in entries for r in [e["built_in_player"]])
+    return (f"<p>held out: {html.escape(final['env'])} ({html.escape(final['env_id'])}, gymnasium's wrappers) as "
+            f"{html.escape(final['seat'])} against the game's built-in player, greedy, seed {final['seed']} "
+            "(evaluation.built_in_games); the last row is the final policy</p><table><tr><th>update</th>"
+            "<th>frames</th><th>games</th><th>mean return</th><th>min</th><th>max</th><th>won / drew / lost</th></tr>"
+            f"{rows}</table>")
 
 
 def _score(result: dict) -> str:

@@ -10,6 +10,7 @@ from rich.console import Console
 from impala_league.agents.policy import load_policy
 from impala_league.cli.common import MAX_EVAL_GAMES, emit_json
 from impala_league.config import ConfigError
+from impala_league.evaluation.atari_judge import judge, judge_line
 from impala_league.evaluation.bots import make_bot
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.final import checkpoint_facts, seat_line
@@ -29,6 +30,11 @@ or the outside judge mcts:N: OpenSpiel's MCTS with N simulations a move, connect
 a .safetensors checkpoint or league snapshot, or a run directory, which stands for its learners'
 latest checkpoints and all its league snapshots:
   run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
+
+A two-player Atari policy (atari2p:<game>) as one seat of the one-player game (atari:<Game>, gymnasium's
+ALE/<Game>-v5 and its own wrappers) against the game's built-in player, its return per game (the policy's
+points minus the built-in player's); game k seeded --seed + k (docs/atari_judge.md):
+  run.py evaluate --checkpoint runs/pong_league/checkpoints/latest.safetensors --env atari:Pong --seat first_0 --games 10
 """
 
 
@@ -48,9 +54,13 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D, or the judge "
                    "mcts:N (OpenSpiel's MCTS, N simulations a move; default random)")
     p.add_argument("--env", help="with --players: the game (connect_four, tictactoe); needed only when all "
-                   "players are bots, else taken from the checkpoints")
-    p.add_argument("--games", type=int, default=200, help="games per seat (per pair and seat with --players; "
-                   "default 200)")
+                   "players are bots, else taken from the checkpoints. With --checkpoint and --seat: the one-player "
+                   "Atari game atari:<Game> the two-player policy plays")
+    p.add_argument("--seat", help="with --checkpoint of a two-player atari2p:<game> and --env atari:<Game>: the "
+                   "player whose observation the policy gets (its indicator plane lit) in the one-player game, "
+                   "against the game's built-in player: first_0, ALE's player one")
+    p.add_argument("--games", type=int, help="games per seat (per pair and seat with --players; "
+                   "default 200; with --seat, games of the one-player game, default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the games and the bots")
     p.add_argument("--sample", action="store_true", help="sample from the policies instead of playing greedily "
                    "(two greedy policies play the same game every time)")
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     check_evaluate_args(args)
     if args.players is not None:
         return tournament(args)
+    if args.seat is not None:
+        return one_player_game(args)
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
     name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
@@ -99,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_evaluate_args(args: argparse.Namespace) -> None:
-    """Refuse arguments that do not go together or are out of range (ConfigError)."""
+    """Refuse arguments that do not go together or are out of range (ConfigError); fill --games."""
+    if args.games is None:
+        args.games = 10 if args.seat is not None else 200  # an Atari game lasts thousands of steps
     if not 1 <= args.games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--games must be in [1, {MAX_EVAL_GAMES}]")  # every game is a live env at once
     if not 0 <= args.seed < 2**31:
@@ -107,11 +121,20 @@ def check_evaluate_args(args: argparse.Namespace) -> None:
     if args.players is not None:
         if args.opponent is not None:
             raise ConfigError("--opponent goes with --checkpoint; with --players list the bot among the players")
+        if args.seat is not None:
+            raise ConfigError("--seat goes with --checkpoint (a two-player Atari policy in the one-player game)")
         if not 1 <= args.workers <= MAX_WORKERS:
             raise ConfigError(f"--workers must be in [1, {MAX_WORKERS}]")
     else:
-        if args.env is not None:
-            raise ConfigError("--env goes with --players; a checkpoint names its own env")
+        if args.seat is not None and args.env is None:
+            raise ConfigError("--seat needs --env atari:<Game>: the one-player game the two-player policy plays")
+        if args.env is not None and args.seat is None:
+            raise ConfigError("--env goes with --players, or with --checkpoint and --seat (a two-player Atari policy "
+                              "in the one-player game: --env atari:<Game> --seat first_0); a checkpoint names its own env")
+        if args.seat is not None and args.opponent is not None:
+            raise ConfigError("--opponent does not go with --seat: the one-player game's opponent is its built-in player")
+        if args.seat is not None and args.record:
+            raise ConfigError("--record does not go with --seat: games of the one-player game are not recorded")
         if args.workers != 1:
             raise ConfigError("--workers goes with --players")
     if args.record:
@@ -119,6 +142,20 @@ def check_evaluate_args(args: argparse.Namespace) -> None:
             Path(args.record).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--record: cannot create the directory {args.record}: {e.strerror}") from None
+
+
+def one_player_game(args: argparse.Namespace) -> int:
+    """The checkpoint's two-player Atari policy as --seat of the one-player game --env, against its built-in
+    player (evaluation/atari_judge.py), as a line or JSON."""
+    policy = load_policy(args.checkpoint, seed=args.seed)
+    result = judge(policy, args.env, args.seat, args.games, seed=args.seed, greedy=not args.sample,
+                   checkpoint=args.checkpoint)
+    result.update(checkpoint_facts(args.checkpoint))
+    if args.json:
+        emit_json(result, args.json)
+    if args.json != "-":
+        print(judge_line(result))
+    return 0
 
 
 def tournament(args: argparse.Namespace) -> int:

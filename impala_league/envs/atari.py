@@ -60,6 +60,8 @@ def _ale():
         import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
     except ImportError as e:
         raise ValueError(f"atari:<Game> needs {ALE_PACKAGES}: {e}") from None
+    # Warnings and errors only: not the ALE's two-line banner on stderr, above every one-line error of run.py.
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)
     gymnasium.register_envs(ale_py)
 
 

@@ -140,6 +140,15 @@ def make_atari2p(game: str, kwargs: dict[str, Any], render_mode: Optional[str] =
     return Preprocessed(raw, s)
 
 
+def indicator_planes(players: list[str], player: str, size: int) -> np.ndarray:
+    """`agent_indicator`'s planes of `player`: uint8 [len(players), size, size], 255 on the plane of
+    `player` (its index in `players`, PettingZoo's `possible_agents`) and 0 on the others. They follow the
+    frames in the observation; evaluation/atari_judge.py adds them to the one-player game's frames."""
+    planes = np.zeros((len(players), size, size), np.uint8)
+    planes[players.index(player)] = 255
+    return planes
+
+
 class Preprocessed:
     """gymnasium's AtariPreprocessing + FrameStackObservation over a PettingZoo `ParallelAtariEnv`, for
     all its players at once (they share the screen), as a PettingZoo Parallel env. See the module's
@@ -166,12 +175,8 @@ class Preprocessed:
         self._buffer = [np.zeros((height, width), np.uint8), np.zeros((height, width), np.uint8)]
         self._frames: deque[np.ndarray] = deque(maxlen=settings["frame_stack"])
         planes = settings["frame_stack"] + (len(self.possible_agents) if settings["agent_indicator"] else 0)
-        self._indicators = {}
-        if settings["agent_indicator"]:
-            for i, agent in enumerate(self.possible_agents):
-                plane = np.zeros((len(self.possible_agents), self.size, self.size), np.uint8)
-                plane[i] = 255
-                self._indicators[agent] = plane
+        self._indicators = {agent: indicator_planes(self.possible_agents, agent, self.size)
+                            for agent in self.possible_agents} if settings["agent_indicator"] else {}
         self._space = spaces.Box(0, 255, (planes, self.size, self.size), np.uint8)
 
     def observation_space(self, agent: str) -> spaces.Box:

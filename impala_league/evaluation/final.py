@@ -1,5 +1,6 @@
 """The evaluation at the end of `run.py train`: the final checkpoint, greedy, against the baseline bots and,
-apart from them, against the outside judges (`evaluation.judges`, evaluation/judges.py), and earlier
+apart from them, against the outside judges (`evaluation.judges`, evaluation/judges.py) and, in two-player
+Atari, against the one-player game's built-in player (evaluation/atari_judge.py), and earlier
 policies of the run against the same bots and the first judge (evaluation/over_training.py), kept in
 RUN_DIR/evaluation.json and the run's trackers; and the lines that show a match's results per seat."""
 
@@ -10,11 +11,13 @@ import logging
 import time
 from pathlib import Path
 
-from impala_league.agents.checkpoint import read_checkpoint
+from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
 from impala_league.agents.policy import load_policy
 from impala_league.analysis.runs import EVALUATION_FILE
 from impala_league.config import Config
 from impala_league.distributed.history import history_files
+from impala_league.envs import atari2p
+from impala_league.evaluation.atari_judge import ONE_PLAYER_SEAT, JudgeError, judge, judge_line, one_player_game
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.judges import resolve_judges
 from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
@@ -27,10 +30,11 @@ log = logging.getLogger("run")  # lines of `run.py train`, as the rest of its ou
 def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, history: int = 0,
                       history_games: int = 50) -> None:
     """Play the final checkpoint greedily against the baseline bots (one-agent envs: episodes alone), then
-    against the judges (`play_judges`), log the results and keep them in RUN_DIR/evaluation.json
+    against the judges (`play_judges`) and the built-in player of a two-player Atari game's one-player game
+    (`play_built_in_player`), log the results and keep them in RUN_DIR/evaluation.json
     (`record_final_evaluation`). Games of several seats with `history` > 0: also up to `history` earlier
-    policies, `history_games` per seat, against the bots the final policy played and the first judge
-    (`play_earlier_policies`)."""
+    policies, `history_games` per seat, against the bots the final policy played and the first judge, and
+    in the built-in player's game as many games as the final policy (`play_earlier_policies`)."""
     policy = load_policy(checkpoint)
     record = {**checkpoint_facts(checkpoint), "seed": 0, "games": games}
     if len(policy.spec.seats) == 1:
@@ -51,6 +55,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         for seat, r in result["seats"].items():
             log.info("  %s", seat_line(seat, r))
     judges = play_judges(cfg, policy, record)
+    play_built_in_player(cfg, policy, checkpoint, record)
     log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
     if history > 0:
@@ -97,6 +102,9 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
              "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
     if judges:
         final["judges"] = {j: record["judges"][j] for j in judges}
+    if "built_in_player" in record:
+        built_in_over_training(entries, record["built_in_player"])
+        final["built_in_player"] = record["built_in_player"]
     if entries:
         log.info("over training: %d earlier policies, %d games per seat and bot, in %.1f s (first / second seat):",
                  len(entries), games, time.monotonic() - start)
@@ -107,7 +115,50 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
         for opponent, seats in {**entry["opponents"], **entry.get("judges", {})}.items():
             log.info("  update %s%s, %s frames, vs %s: %s", entry["step"], " (final)" if entry is final else "",
                      f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
+        if "built_in_player" in entry:
+            r = entry["built_in_player"]
+            log.info("  update %s%s, %s frames, in %s vs the built-in player: mean return %+.1f over %d games",
+                     entry["step"], " (final)" if entry is final else "", f"{entry['frames'] or 0:,}", r["env"],
+                     r["mean_return"], r["games"])
     return entries + [final]
+
+
+def play_built_in_player(cfg: Config, policy, checkpoint: Path, record: dict) -> None:
+    """Two-player Atari (`atari2p:<game>`) whose ROM has a one-player `atari:<Game>` of the same action set:
+    the final policy, greedy, as first_0 there against the game's built-in player (evaluation/atari_judge.py),
+    `evaluation.built_in_games` games, seed 0, cut at the run's own time limit (`env.kwargs.max_cycles`
+    emulator frames). Kept in `record` as `built_in_player` (`judge`'s dict), apart from the league's payoff
+    and the training opponents; a policy the judge cannot play is logged and left out."""
+    games = cfg.evaluation.built_in_games
+    if games <= 0 or not cfg.env.name.startswith("atari2p:"):
+        return
+    env = one_player_game(cfg.env.name, cfg.env.kwargs)
+    if env is None:
+        log.info("no game against a built-in player: %s has no one-player atari: game of the same ROM and actions",
+                 cfg.env.name)
+        return
+    start = time.monotonic()
+    try:
+        limit = atari2p.settings(cfg.env.name.split(":", 1)[1], cfg.env.kwargs)["max_cycles"]
+        record["built_in_player"] = judge(policy, env, ONE_PLAYER_SEAT, games, max_episode_frames=limit,
+                                          checkpoint=str(checkpoint))
+    except JudgeError as e:
+        log.warning("no game against the built-in player: %s", e)
+        return
+    log.info("held out: %s (%.0f s)", judge_line(record["built_in_player"]), time.monotonic() - start)
+
+
+def built_in_over_training(entries: list[dict], final: dict) -> None:
+    """Each earlier policy of `entries` (evaluation/over_training.py's) in the game the final policy played
+    against the built-in player (`final`, `judge`'s dict): the same games, kept in its entry as
+    `built_in_player`."""
+    for entry in entries:
+        try:
+            entry["built_in_player"] = judge(load_policy(entry["checkpoint"]), final["env"], final["seat"],
+                                             final["games"], final["seed"], max_episode_frames=final["max_episode_frames"],
+                                             checkpoint=entry["checkpoint"])
+        except (CheckpointError, JudgeError) as e:
+            log.warning("over training: %s not played against the built-in player: %s", entry["checkpoint"], e)
 
 
 def seats_summary(seats: dict) -> str:
@@ -128,12 +179,13 @@ def seats_summary(seats: dict) -> str:
 def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
     """The one place the final evaluation of `train` is kept: RUN_DIR/evaluation.json (shown by
     `run.py report`), and its numbers in the run's trackers (wandb, TensorBoard) as
-    `final_evaluation/<opponent>/<seat>/<rate>` and `final_evaluation/judges/<judge>/<seat>/<rate>` (one-agent
-    envs: `final_evaluation/episodes/<stat>`)."""
+    `final_evaluation/<opponent>/<seat>/<rate>`, `final_evaluation/judges/<judge>/<seat>/<rate>` and
+    `final_evaluation/built_in_player/<stat>` (one-agent envs: `final_evaluation/episodes/<stat>`)."""
     (run_dir / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     log.info("final evaluation saved to %s", run_dir / EVALUATION_FILE)
     results = {"episodes": record["episodes"]} if "episodes" in record else {
-        **record.get("opponents", {}), **({"judges": record["judges"]} if record.get("judges") else {})}
+        **record.get("opponents", {}), **({"judges": record["judges"]} if record.get("judges") else {}),
+        **({"built_in_player": record["built_in_player"]} if "built_in_player" in record else {})}
     log_final_evaluation(cfg, run_dir, flat(results), step=record.get("step"))
 
 
