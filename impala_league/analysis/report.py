@@ -368,10 +368,10 @@ def built_in_table(record: dict) -> str:
     final = record.get("built_in_player")
     if not final:
         return ""
-    entries = [e for e in record.get("over_training", []) if "built_in_player" in e]
-    if not entries or entries[-1]["built_in_player"] is not final:
-        entries = [e for e in entries if e.get("step") != record.get("step")]
-        entries.append({"step": record.get("step"), "frames": record.get("frames"), "built_in_player": final})
+    # The earlier policies of over_training, then the final one (over_training's last entry, when it has one).
+    entries = [e for e in record.get("over_training", [])
+               if "built_in_player" in e and e.get("step") != record.get("step")]
+    entries.append({"step": record.get("step"), "frames": record.get("frames"), "built_in_player": final})
     rows = "".join(f"<tr><td>{e['step']}</td><td>{e.get('frames') or 0:,}</td><td>{r['games']}</td>"
                    f"<td>{r['mean_return']:+.1f}</td><td>{r['min_return']:+.0f}</td><td>{r['max_return']:+.0f}</td>"
                    f"<td>{r['wins']} / {r['draws']} / {r['losses']}</td></tr>"

@@ -244,7 +244,8 @@ def judge_line(result: dict) -> str:
     """'atari:Pong (ALE/Pong-v5) as first_0 of atari2p:pong against the built-in player, 10 games, greedy:
     mean return +12.3 (std 2.1, min +9, max +16); won 10, drew 0, lost 0' for `judge`'s result."""
     cut = f", {result['truncated']} cut at the time limit" if result["truncated"] else ""
+    games = f"{result['games']} game{'s' if result['games'] != 1 else ''}"
     return (f"{result['env']} ({result['env_id']}) as {result['seat']} of {result['trained_env']} against the built-in "
-            f"player, {result['games']} game{'s' if result['games'] != 1 else ''}, {'greedy' if result['greedy'] else 'sampled'}: mean return "
+            f"player, {games}, {'greedy' if result['greedy'] else 'sampled'}: mean return "
             f"{result['mean_return']:+.1f} (std {result['std_return']:.1f}, min {result['min_return']:+.0f}, "
             f"max {result['max_return']:+.0f}); won {result['wins']}, drew {result['draws']}, lost {result['losses']}{cut}")

@@ -155,7 +155,8 @@ def built_in_over_training(entries: list[dict], final: dict) -> None:
     for entry in entries:
         try:
             entry["built_in_player"] = judge(load_policy(entry["checkpoint"]), final["env"], final["seat"],
-                                             final["games"], final["seed"], max_episode_frames=final["max_episode_frames"],
+                                             final["games"], final["seed"],
+                                             max_episode_frames=final["max_episode_frames"],
                                              checkpoint=entry["checkpoint"])
         except (CheckpointError, JudgeError) as e:
             log.warning("over training: %s not played against the built-in player: %s", entry["checkpoint"], e)
