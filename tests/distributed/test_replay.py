@@ -22,7 +22,7 @@ from impala_league.league.players import MAIN, metrics_path
 from impala_league.losses.actor_critic import off_policy_targets
 from tests.distributed.test_delivery import run_learner_until
 from tests.distributed.test_faults import REPO, T, small_config, valid_unroll
-from tests.losses.test_vtrace import reference_vtrace
+from tests.distributed.test_vtrace import reference_vtrace
 
 
 def sized_unroll(n: int, fill: int) -> dict[str, np.ndarray]:
