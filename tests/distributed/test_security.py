@@ -1,5 +1,5 @@
 """Security: TLS (`rediss://` with a CA), passwords never logged, and the least-privilege ACL user that
-README.md documents, tried with a real actor and learner."""
+docs/cluster.md documents, tried with a real actor and learner."""
 
 from __future__ import annotations
 
@@ -145,9 +145,9 @@ def test_a_password_is_never_logged_nor_written(tmp_path, run_name, caplog):
 
 
 def documented_acl(run: str, password: str) -> list[str]:
-    """README's `ACL SETUSER` line for run `run`, split into arguments."""
-    m = re.search(r"^ACL SETUSER (impala .+)$", (REPO / "README.md").read_text(), re.M)
-    assert m, "README.md lost its ACL SETUSER line"
+    """docs/cluster.md's `ACL SETUSER` line for run `run`, split into arguments."""
+    m = re.search(r"^ACL SETUSER (impala .+)$", (REPO / "docs" / "cluster.md").read_text(), re.M)
+    assert m, "docs/cluster.md lost its ACL SETUSER line"
     return m.group(1).replace("<run>", run).replace("<password>", password).split()
 
 
