@@ -72,7 +72,7 @@ def build_parser(role: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one role; returns the process's exit code (README.md, "Exit codes", lists them)."""
+    """Run one role; returns the process's exit code (docs/cluster.md, "Exit codes", lists them)."""
     argv = sys.argv[1:] if argv is None else argv
     parser, module = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)  # a usage error exits here with argparse's code, 2

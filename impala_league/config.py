@@ -134,7 +134,7 @@ class RunConfig:
                    rule=(_run_name_ok, "letters, digits, '.', '_' or '-' (starting with a letter or digit)"))
     dir: str = _f("runs", "parent folder of run directories (config, metrics.jsonl, checkpoints)")
     seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
-                   "SeedSequence of seed, actor id, start); see README 'What run.seed reproduces'",
+                   "SeedSequence of seed, actor id, start); see docs/configuration.md 'What run.seed reproduces'",
                    low=0, high=2**31, high_open=True)
     total_frames: int = _f(3_000_000, "stop once the learner has trained on this many agent steps (T per "
                            "fresh unroll; metrics.jsonl's agent_steps_trained, also the unit of SPS). Not env "

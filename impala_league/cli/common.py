@@ -42,7 +42,7 @@ def seconds(text: str) -> float:
 
 
 def wait_redis_arg(p: argparse.ArgumentParser, what: str = "Redis") -> None:
-    """--wait-redis SECONDS (README, "Exit codes": 4 once it has passed)."""
+    """--wait-redis SECONDS (docs/cluster.md, "Exit codes": 4 once it has passed)."""
     p.add_argument("--wait-redis", type=seconds, default=0.0, metavar="SECONDS",
                    help=f"at start, wait up to SECONDS for {what} to answer (default 0: try once); past that, "
                    "exit with code 4, which means: start again later (e.g. Redis starts after this process)")

@@ -22,7 +22,7 @@ local launcher makes, so a deployment runs exactly the roles and arguments of a 
 
 Every role is started with `--wait-redis` (Redis may come up after it) and, on Kubernetes, with
 `--resume` (a rescheduled pod continues from the run directory; a fresh one starts from scratch).
-Exit codes decide what the orchestrator does (README "Exit codes"): 0 the run is over (the pod
+Exit codes decide what the orchestrator does (docs/cluster.md, "Exit codes"): 0 the run is over (the pod
 completes), 2 a config error (the Job fails: a restart cannot fix it), any other code a restart.
 """
 
@@ -806,7 +806,7 @@ def deploy(target: str, cfg: Config, image: str | None, out_dir: Path, repo: Pat
     options = options or ClusterOptions()
     if target == "k8s" and not image:
         raise DeployError("deploy k8s needs --image REGISTRY/impala-league:TAG, the image every role runs "
-                          "(README, 'One image for every role', builds and pushes it)")
+                          "(docs/cluster.md, 'One image for every role', builds and pushes it)")
     if target == "slurm" and image:
         raise DeployError("deploy slurm runs this checkout's .venv on every node; --image is for k8s")
     check_cluster_config(cfg, target)

@@ -41,7 +41,7 @@ log = logging.getLogger("ownership")
 LOCK_NAME = "run.lock"
 OWNER_ENV = "IMPALA_RUN_OWNER"  # pid of the launcher that holds the run directory's lock
 WATCH_EVERY_S = 0.5
-# Exit codes of the roles (README.md, "Exit codes", has the whole table), for a launcher or a scheduler
+# Exit codes of the roles (docs/cluster.md, "Exit codes", has the whole table), for a launcher or a scheduler
 # to tell "stop" from "start again". 0: the run is over; 1: an unexpected failure; 128 + N: stopped by
 # signal N before the run was over (`stopped_exit_code`).
 # An error its one-line message explains (a UserError: a bad config or command line, as argparse's usage

@@ -194,7 +194,7 @@ def _client(url: str, *, socket_timeout: float, connect_timeout: float, retry: R
     """A redis-py client for `url` with our options. Raises RedisUnavailable (no password) for a bad URL."""
     try:
         # No CLIENT command on connect (redis-py's SETINFO and maintenance-notification handshakes):
-        # the least-privilege ACL user of README.md may not run CLIENT, and Redis logs every refusal.
+        # the least-privilege ACL user of docs/cluster.md may not run CLIENT, and Redis logs every refusal.
         return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                                     health_check_interval=30, retry=retry, driver_info=None,
                                     maint_notifications_config=MaintNotificationsConfig(enabled=False))

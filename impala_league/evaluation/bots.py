@@ -319,7 +319,7 @@ def _centre_weights(game: GridGame) -> np.ndarray:
     Connect four: ``CENTRE_WEIGHT`` per piece in the centre column, 0 elsewhere. A centre piece lies on
     the most lines of four, but the line values count only lines with two or more pieces, so without
     this every opening move scores alike. Weights 1..3 on the columns next to it as well played worse
-    against the line values alone than the centre column alone (README, "Evaluate a policy").
+    against the line values alone than the centre column alone (docs/evaluation.md, "Evaluate a policy").
     Tic-tac-toe: none. Its line values already prefer the centre, which lies on 4 lines (a corner on
     3, an edge on 2), each worth ``_LACKS_TWO`` while it holds one piece.
     """

@@ -45,7 +45,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
         record_final_evaluation(cfg, run_dir, record)
         return
-    strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths shown in README
+    strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths docs/evaluation.md shows
     board = policy.spec.name in strongest
     record["opponents"] = {}
     for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):

@@ -1,4 +1,4 @@
-"""A trained policy from Python, as the README shows it: `from impala_league.agents import load_policy`, then `act`
+"""A trained policy from Python, as docs/evaluation.md shows it: `from impala_league.agents import load_policy`, then `act`
 on what PettingZoo gives (its observation dict), refusing masks and shapes that cannot be played."""
 
 from __future__ import annotations

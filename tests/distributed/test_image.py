@@ -67,7 +67,7 @@ def test_the_package_needs_no_test_tools():
 
 
 def test_the_sc2_build_argument_adds_pysc2_without_its_declared_dependencies():
-    """SC2=1 makes an image that runs sc2:<map> envs too (README, "One image for every role"): pysc2 from
+    """SC2=1 makes an image that runs sc2:<map> envs too (docs/cluster.md, "One image for every role"): pysc2 from
     requirements-sc2.txt, after requirements.txt, with --no-deps as that file asks; SC2PATH names where
     the game is mounted. Without it the layer installs requirements.txt alone."""
     instructions = _instructions()

@@ -34,7 +34,7 @@ DEFAULT_SC2PATH = "~/StarCraftII"  # pysc2's Linux default
 
 GAME_MISSING_HELP = (
     "StarCraft II is not installed where pysc2 looks: {where}. Install the Linux game package "
-    "(see the README section 'StarCraft II'), unzip it and the maps into one folder, and set "
+    "(see docs/starcraft.md), unzip it and the maps into one folder, and set "
     "SC2PATH to that folder (e.g. `export SC2PATH=$HOME/StarCraftII`)."
 )
 
