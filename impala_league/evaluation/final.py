@@ -42,7 +42,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         record["episodes"] = r
         log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,
                  r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
-        log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
+        log.info("checkpoint: %s  (.venv/bin/python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
         record_final_evaluation(cfg, run_dir, record)
         return
     strongest = {"connect_four": "minimax:2", "tictactoe": "minimax:9"}  # the search depths docs/evaluation.md shows
@@ -56,7 +56,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
             log.info("  %s", seat_line(seat, r))
     judges = play_judges(cfg, policy, record)
     play_built_in_player(cfg, policy, checkpoint, record)
-    log.info("checkpoint: %s  (python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
+    log.info("checkpoint: %s  (.venv/bin/python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
     if history > 0:
         opponents = ("tactical", strongest[policy.spec.name]) if board else ("random",)
