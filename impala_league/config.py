@@ -384,8 +384,10 @@ class EvaluationConfig:
                                      "and tictactoe) or another bot spec; never in league.bots. The first also plays the "
                                      "earlier policies (the held-out line of the over-training figure). null = the "
                                      "game's ladder (connect_four, tictactoe: mcts:100, mcts:400, mcts:1600), [] = none")
-    judge_games: int = _f(50, "games per seat against each judge at the end of the run (its earlier policies: "
-                          "--eval-history-games); 0 = no judges", low=0, high=10_000)
+    judge_games: int = _f(10, "games per seat against each judge at the end of the run (its earlier policies: "
+                          "--eval-history-games); 0 = no judges. Connect four's ladder costs about 6 minutes at 10 "
+                          "(14 s a game at mcts:1600); 50 a seat is the protocol of the reported ladders", low=0,
+                          high=10_000)
     built_in_games: int = _f(3, "two-player Atari (atari2p:<game>) whose ROM has a one-player atari:<Game> of the "
                              "same action set: games the final policy and its earlier policies play there as first_0 "
                              "against the game's built-in player at the end of the run (evaluation/atari_judge.py), "
