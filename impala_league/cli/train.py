@@ -104,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
             from impala_league.evaluation.final import final_evaluation  # torch, after training only
 
             final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
+    if finished and code == 0:
+        log.info("the run is in %s; next: .venv/bin/python run.py report %s (a page of its curves and evaluation)",
+                 run_dir, run_dir)
     return code
 
 
