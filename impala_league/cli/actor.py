@@ -15,7 +15,8 @@ NAME = "actor"
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `actor` command's parser, added to the subparsers `sub` of run.py."""
-    p = sub.add_parser(NAME, help=help)
+    p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py actor --config configs/connect_four.yaml --redis-url redis://:PASSWORD@HOST:6379/0')
     config_args(p)
     wait_redis_arg(p, "Redis and the trajectory shards' servers")
     p.add_argument("--actor-id", type=int, default=None,

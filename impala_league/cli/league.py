@@ -15,7 +15,8 @@ NAME = "league"
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `league` command's parser, added to the subparsers `sub` of run.py."""
-    p = sub.add_parser(NAME, help=help)
+    p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py league --config configs/connect_four_league.yaml --redis-url redis://:PASSWORD@HOST:6379/0')
     config_args(p)
     wait_redis_arg(p)
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")

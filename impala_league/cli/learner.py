@@ -19,7 +19,8 @@ NAME = "learner"
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `learner` command's parser, added to the subparsers `sub` of run.py."""
-    p = sub.add_parser(NAME, help=help)
+    p = sub.add_parser(NAME, help=help,
+                       epilog='example (one host of a shared Redis): .venv/bin/python run.py learner --config configs/connect_four.yaml --redis-url redis://:PASSWORD@HOST:6379/0')
     config_args(p)
     wait_redis_arg(p, "Redis and the trajectory shards' servers")
     p.add_argument("--run-dir", help="run directory (default: <run.dir>/<run.name>)")

@@ -22,6 +22,7 @@ A replay that does not re-simulate to what it records is an error (exit code 2).
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `replay` command's parser, added to the subparsers `sub` of run.py."""
     p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py replay replays/minimax_2-vs-tactical-0000.json --gif game.gif',
                        description=REPLAY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="a replay written by `run.py evaluate --record DIR`")
     p.add_argument("--final", action="store_true", help="print only the final board (or step) instead of one per move")

@@ -14,6 +14,7 @@ NAME = "report"
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `report` command's parser, added to the subparsers `sub` of run.py."""
     p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py report runs/connect_four_league',
                        description="Write one HTML file (plots embedded as PNG) about each RUN_DIR: the architecture "
                        "with the run's SPS, queue depth, policy lag and publish rate; learning curves; throughput; "
                        "the policy-lag histogram; V-trace diagnostics; league Elo and payoff where a league ran. "

@@ -12,7 +12,8 @@ NAME = "config"
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `config` command's parser, added to the subparsers `sub` of run.py."""
-    p = sub.add_parser(NAME, help=help)
+    p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py config --config configs/atari_pong.yaml --set learner.batch_size=8')
     config_args(p)
     return p
 

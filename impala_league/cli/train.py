@@ -36,7 +36,8 @@ ARGUMENT_RULES = {"eval_games": Rule(high=MAX_EVAL_GAMES), "eval_history": Rule(
 
 def add_parser(sub, help: str) -> argparse.ArgumentParser:
     """The `train` command's parser, added to the subparsers `sub` of run.py."""
-    p = sub.add_parser(NAME, help=help)
+    p = sub.add_parser(NAME, help=help,
+                       epilog='example: .venv/bin/python run.py train --config configs/tictactoe.yaml')
     config_args(p)
     p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its checkpoint, with RUN_DIR/config.yaml as the config "
