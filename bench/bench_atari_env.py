@@ -43,7 +43,7 @@ per frame):
      array `step` returns (a new array every step: each slot's observation is a view of its row, no
      copy); a cut game's final stack is copied once more (`final_obs`, per episode, not per step).
 envpool: as ale_vector (its C++ is the same design: gray frames, max, resize, stack, one copy out).
-Both paths, in the actor (distributed/actor.py) and the wire format (distributed/codec.py):
+Both paths, in the actor (distributed/actor.py) and the wire format (distributed/wire/codec.py):
   a. 1 x stack: `UnrollBuffer.observe` writes the observation into the unroll's [T+1, ...] array
      (learning streams only). This is the one copy between the emulator and the wire:
   b. the forward pass reads the acting agents' observations as one batch: with ale_vector, whose

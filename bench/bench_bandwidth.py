@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.netns import linked_namespaces, namespaces_refused  # noqa: E402
 from impala_league.distributed.launcher import redis_server_binary  # noqa: E402
-from impala_league.distributed.transport import TrajectoryStream, connect  # noqa: E402
+from impala_league.distributed.wire.transport import TrajectoryStream, connect  # noqa: E402
 from impala_league.experiment import load_config  # noqa: E402
 
 

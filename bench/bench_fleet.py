@@ -68,8 +68,8 @@ BACKLOG_POLL_S = 0.05  # as TrajectoryStream.wait_for_room
 # -- simulated actors (a worker process: imports no torch) ----------------------------------------------
 def worker(args: argparse.Namespace) -> None:
     """Drive simulated actors `args.ids` until `args.stop_file` exists; print what they sent as JSON."""
-    from impala_league.distributed.params import ParamStore, params_replica
-    from impala_league.distributed.transport import TrajectoryStream, actor_shard, connect, shard_urls
+    from impala_league.distributed.wire.params import ParamStore, params_replica
+    from impala_league.distributed.wire.transport import TrajectoryStream, actor_shard, connect, shard_urls
 
     pool = [msgpack.unpackb(p, raw=False) for p in msgpack.unpackb(Path(args.payloads).read_bytes())]
     ids = [int(i) for i in args.ids.split(",")]
@@ -209,12 +209,12 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
     the table (actors, shards, replicas); returns its row."""
     import redis
 
-    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.wire.codec import encode_weights
     from impala_league.distributed.ingest import Prefetcher
     from impala_league.distributed.launcher import EmbeddedRedis
     from impala_league.distributed.learner import Learner
-    from impala_league.distributed.params import ParamStore
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.params import ParamStore
+    from impala_league.distributed.wire.transport import connect
 
     servers = [EmbeddedRedis()]
     servers += [EmbeddedRedis(password=servers[0].password) for _ in range(min(args.servers, shards) - 1)]
@@ -291,7 +291,7 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
     from impala_league.config import load_config
     from impala_league.distributed.launcher import EmbeddedRedis
     from impala_league.distributed.learner import Learner
-    from impala_league.distributed.transport import TrajectoryStream, connect
+    from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
     cfg = load_config(REPO / cfg_path, [*overrides, "run.name=rate", f"run.dir={tmp}", "run.wandb_mode=disabled",
                                         "run.total_frames=1000000000000"])
@@ -349,7 +349,7 @@ def main() -> None:
 
     from bench_wire import actor_unrolls
     from impala_league.config import load_config
-    from impala_league.distributed.codec import encode_unrolls
+    from impala_league.distributed.wire.codec import encode_unrolls
 
     torch.set_num_threads(1)
     unrolls, uspec = actor_unrolls(args.config, [], 32)

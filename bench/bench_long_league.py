@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from impala_league.agents.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
-from impala_league.distributed.transport import connect  # noqa: E402
+from impala_league.distributed.wire.transport import connect  # noqa: E402
 from impala_league.league.usage import tree_bytes  # noqa: E402
 
 MB = 2**20

@@ -68,9 +68,9 @@ def learner_rate(config: str, overrides: list[str], torso: str, keep: bool, devi
 def wire(config: str) -> None:
     """Bytes per unroll and Redis's memory at the high-water mark, for real unrolls of the config's actor."""
     from bench_wire import actor_unrolls
-    from impala_league.distributed.codec import encode_unrolls
+    from impala_league.distributed.wire.codec import encode_unrolls
     from impala_league.distributed.launcher import EmbeddedRedis
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     cfg = load_config(config)
     unrolls, uspec = actor_unrolls(config, [], 32)

@@ -14,7 +14,7 @@ from pathlib import Path
 from impala_league import config
 from impala_league.agents.spec import checked_spec
 from impala_league.config import Config, ConfigError, core_size
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.evaluation.bots import check_bot_spec, make_bot
 from impala_league.evaluation.judges import check_judges, resolve_judges
 

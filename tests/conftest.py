@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.transport import connect
+from impala_league.distributed.wire.transport import connect
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 from impala_league import REPO
 from impala_league.config import from_yaml_text
 from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
-from impala_league.distributed.transport import GROUP
+from impala_league.distributed.wire.transport import GROUP
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 
@@ -43,7 +43,7 @@ def finished_run(tmp_path_factory, redis_server):
 
 def test_unrolls_are_produced_consumed_acked_and_params_advance(finished_run, redis_server):
     tmp, name, proc = finished_run
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     r = connect(redis_server.url)
     checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
@@ -72,7 +72,7 @@ def test_a_run_with_ingest_workers_trains_every_unroll_once_and_leaves_nothing_b
                                                                                      run_name):
     """`learner.ingest_workers=2`: the same run through worker processes and shared-memory slots; every
     delivered unroll acked, the trained count that of the updates, and no slot left in /dev/shm."""
-    from impala_league.distributed.transport import TrajectoryStream, connect
+    from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
     def slots() -> set[Path]:  # Python's shared-memory segments
         return set(Path("/dev/shm").glob("psm_*"))
@@ -150,7 +150,7 @@ def test_crashed_actor_is_restarted_and_malformed_entries_are_dead_lettered(tmp_
     import os
     import signal
 
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     r = connect(redis_server.url)
     r.xadd(f"{run_name}:traj", {"data": b"\x93not an unroll"})
@@ -207,7 +207,7 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
     import signal
     import time
 
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
               "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",

@@ -78,7 +78,7 @@ def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis
 
 
 def test_the_league_scores_no_game_with_a_nan_return(tmp_path, redis_url, run_name):
-    from impala_league.distributed.transport import ResultsStream
+    from impala_league.distributed.wire.transport import ResultsStream
     from impala_league.envs.base import EpisodeResult
     from impala_league.league.manager import LeagueManager
 
@@ -160,7 +160,7 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
     import torch
 
     from impala_league.agents.model import make_model
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
     from impala_league.envs.registry import env_spec
 
     cfg = tictactoe_config(run_name, tmp_path)
@@ -207,7 +207,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
     import msgpack
 
     from impala_league.agents.model import make_model
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
     from impala_league.envs.registry import env_spec
 
     T = 3
@@ -253,7 +253,7 @@ def test_an_unroll_is_stamped_with_the_version_that_chose_its_first_action(tmp_p
 # -- 1. agent steps trained and env steps played are separate counts ------------------------------
 
 def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, redis_client, redis_url, run_name):
-    from impala_league.distributed.transport import TrajectoryStream
+    from impala_league.distributed.wire.transport import TrajectoryStream
 
     # Self-play duel: both players learn, so each env step is two agent steps (one per player).
     cfg = duel_config(run_name, tmp_path, "run.total_frames=24")

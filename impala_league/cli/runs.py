@@ -9,7 +9,7 @@ from pathlib import Path
 from impala_league.analysis.runs import delete_run_keys, list_redis_runs, list_run_dirs
 from impala_league.cli.common import wait_redis_arg
 from impala_league.config import ConfigError
-from impala_league.distributed.transport import connect
+from impala_league.distributed.wire.transport import connect
 
 NAME = "runs"
 

@@ -24,9 +24,9 @@ from impala_league.agents.core import forward_batch
 from impala_league.agents.heads import DiscreteHead
 from impala_league.config import Config
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.codec import DecodeError, decode_weights, encode_weights, unpack_message
+from impala_league.distributed.wire.codec import DecodeError, decode_weights, encode_weights, unpack_message
 from impala_league.distributed.learner import Batch, Ingest, Learner, optimizer_step
-from impala_league.distributed.transport import TrajectoryStream
+from impala_league.distributed.wire.transport import TrajectoryStream
 from impala_league.league.opponents import BotFactory
 from impala_league.league.players import MAIN, namespace
 from impala_league.losses.actor_critic import actor_critic_loss

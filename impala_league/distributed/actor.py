@@ -26,11 +26,11 @@ from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.config import Config, ConfigError, core_size
 from impala_league.distributed.allocator import keep_freed_memory
-from impala_league.distributed import keys
-from impala_league.distributed.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
+from impala_league.distributed.wire import keys
+from impala_league.distributed.wire.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
 from impala_league.distributed.ownership import run_role
-from impala_league.distributed.params import ParamStore, params_replica
-from impala_league.distributed.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_shard, connect,
+from impala_league.distributed.wire.params import ParamStore, params_replica
+from impala_league.distributed.wire.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_shard, connect,
                                    connect_shard, run_is_over, shard_urls)
 from impala_league.envs.registry import env_spec, make_envs
 from impala_league.league.opponents import BotFactory, Match, Opponents
@@ -389,7 +389,7 @@ class Actor:
     def sync_params(self, wait: bool = False) -> None:
         """Load the latest published weights if their name changed, the version or the SHA-256 of the
         blob (waiting for the first ones): after a learner's rollback one version number can name two
-        sets of weights (see distributed/params.py). Weights that fail their SHA-256 are logged, counted
+        sets of weights (see distributed/wire/params.py). Weights that fail their SHA-256 are logged, counted
         (`counters.corrupt_weights`, and in Redis by ParamStore) and not loaded: the previous weights stay."""
         waited, start = False, time.monotonic()
         while True:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import yaml
 
 from impala_league.config import Config, UserError, core_size, to_yaml, without_secrets
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.distributed.launcher import REDIS_URL_ENV, learner_rank_args, worker_commands
 from impala_league.distributed.ownership import USER_ERROR_EXIT
 from impala_league.envs.registry import env_spec

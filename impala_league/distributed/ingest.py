@@ -17,9 +17,9 @@ from typing import Callable, Generic, TypeVar
 import numpy as np
 import redis
 
-from impala_league.distributed.codec import DecodeError
-from impala_league.distributed.shards import ShardedTrajectories, ShardEntry
-from impala_league.distributed.transport import DeadConsumerSweeper
+from impala_league.distributed.wire.codec import DecodeError
+from impala_league.distributed.wire.shards import ShardedTrajectories, ShardEntry
+from impala_league.distributed.wire.transport import DeadConsumerSweeper
 
 log = logging.getLogger("learner")
 

@@ -29,11 +29,11 @@ import redis
 
 from impala_league import REPO
 from impala_league.config import Config
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 from impala_league.distributed.ownership import EXIT_NAMES, OWNER_ENV, PEER_LOST_EXIT, USER_ERROR_EXIT, stopped_exit_code
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.distributed.restarts import RestartBudget
-from impala_league.distributed.transport import LearnerLease, RedisUnavailable, connect, run_is_over
+from impala_league.distributed.wire.transport import LearnerLease, RedisUnavailable, connect, run_is_over
 from impala_league.league.players import MAIN, learner_players, namespace
 from impala_league.league.store import LeagueStore
 

@@ -28,10 +28,10 @@ from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.agents.redo import recycle_dormant_units
 from impala_league.config import Config, ConfigError, LearnerConfig, core_size, replayed_per_batch
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 from impala_league.distributed.allocator import keep_freed_memory
 from impala_league.distributed.checkpoints import Checkpoints
-from impala_league.distributed.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
+from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, as_entry, decode_unrolls
 from impala_league.distributed.data_parallel import (DataParallelError, Group, average_gradients, average_tensor,
                                                      broadcast_state, cuda_device_for, join)
 from impala_league.distributed.ingest import BatchReader, Prefetcher, stack_entries, unstack
@@ -39,10 +39,10 @@ from impala_league.distributed.ingest_workers import (IngestWorkerError, IngestW
                                         worker_settings)
 from impala_league.distributed.metrics import LearnerMetrics
 from impala_league.distributed.ownership import run_role
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.distributed.replay import ReplayBuffer
-from impala_league.distributed.shards import ShardedTrajectories
-from impala_league.distributed.transport import LearnerLease, TrajectoryStream, connect, run_is_over
+from impala_league.distributed.wire.shards import ShardedTrajectories
+from impala_league.distributed.wire.transport import LearnerLease, TrajectoryStream, connect, run_is_over
 from impala_league.league.players import MAIN, namespace
 from impala_league.league.store import LeagueStore
 from impala_league.losses.actor_critic import actor_critic_loss

@@ -20,10 +20,10 @@ import numpy as np
 import redis
 
 from impala_league.config import Config
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.distributed.replay import ReplayBuffer
-from impala_league.distributed.shards import ShardedTrajectories
-from impala_league.distributed.transport import ResultsStream, redis_outages
+from impala_league.distributed.wire.shards import ShardedTrajectories
+from impala_league.distributed.wire.transport import ResultsStream, redis_outages
 from impala_league.envs.registry import EnvSpec
 from impala_league.league.matchmaking import SELF
 from impala_league.league.payoff import episode_score

@@ -32,8 +32,8 @@ from typing import Callable
 import redis
 
 from impala_league.config import Config, ConfigError, UserError, from_yaml_text, to_yaml, without_secrets
-from impala_league.distributed import keys
-from impala_league.distributed.transport import LearnerLease, LeaseHeld, RedisUnavailable
+from impala_league.distributed.wire import keys
+from impala_league.distributed.wire.transport import LearnerLease, LeaseHeld, RedisUnavailable
 from impala_league.league.players import learner_players, namespace
 
 log = logging.getLogger("ownership")

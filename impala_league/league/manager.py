@@ -35,11 +35,11 @@ from safetensors import SafetensorError
 from impala_league.agents.checkpoint import CheckpointError, read_meta, save_checkpoint
 from impala_league.agents.model import make_model
 from impala_league.config import Config, ConfigError, to_yaml, without_secrets
-from impala_league.distributed import keys
-from impala_league.distributed.codec import WeightsCorrupt, decode_weights
+from impala_league.distributed.wire import keys
+from impala_league.distributed.wire.codec import WeightsCorrupt, decode_weights
 from impala_league.distributed.ownership import owns_run_dir, run_role
-from impala_league.distributed.params import ParamStore
-from impala_league.distributed.transport import LearnerLease, ResultsStream, connect, run_is_over
+from impala_league.distributed.wire.params import ParamStore
+from impala_league.distributed.wire.transport import LearnerLease, ResultsStream, connect, run_is_over
 from impala_league.envs.registry import env_spec
 from impala_league.league.matchmaking import SELF, league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents
 from impala_league.league.payoff import EloRatings, PayoffTable, episode_score

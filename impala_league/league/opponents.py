@@ -17,8 +17,8 @@ from safetensors import SafetensorError
 
 from impala_league.agents.model import make_model
 from impala_league.config import Config
-from impala_league.distributed.codec import WeightsCorrupt, decode_weights
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.codec import WeightsCorrupt, decode_weights
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.league.matchmaking import SELF
 from impala_league.league.players import PLAYER_ID, SNAPSHOT_ID, namespace
 from impala_league.league.store import LeagueStore
@@ -190,7 +190,7 @@ class Opponents:
         `fetch_pending`."""
         self.fetch_pending()
         for opponent_id, (store, version, _) in list(self.learners.items()):
-            # A new version, or the same number naming other weights (a rollback; see distributed/params.py).
+            # A new version, or the same number naming other weights (a rollback; see distributed/wire/params.py).
             if store.name() != (version, self.digests.get(opponent_id)):
                 try:
                     fetched = store.fetch()

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from impala_league.agents.checkpoint import CheckpointError, model_state, read_checkpoint
-from impala_league.distributed.codec import encode_weights
+from impala_league.distributed.wire.codec import encode_weights
 from impala_league.league.store import LeagueStore
 
 log = logging.getLogger("league")

@@ -22,8 +22,8 @@ import time
 
 import redis
 
-from impala_league.distributed import keys
-from impala_league.distributed.codec import WeightsCorrupt, verify_weights, weights_digest
+from impala_league.distributed.wire import keys
+from impala_league.distributed.wire.codec import WeightsCorrupt, verify_weights, weights_digest
 
 MAX_OPPONENTS = 10_000
 

@@ -19,9 +19,9 @@ from impala_league.agents.model import make_model, policy_head
 from impala_league.agents.policy import Policy
 from impala_league.config import load_config
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
+from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
 from impala_league.distributed.learner import Batch, learn_step, make_optimizer
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.evaluate import episode_returns
 
@@ -241,7 +241,7 @@ def test_a_bad_core_state_rejects_its_entry_alone_with_the_reason():
 def test_a_recurrent_snapshot_opponent_carries_its_own_state_per_game(tmp_path, run_name, redis_client, redis_url):
     """Against a league snapshot with a core, the opponent's seat in each env keeps its own state (the
     slot's, started afresh each episode) while the learning seat's unrolls still replay exactly."""
-    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.wire.codec import encode_weights
     from impala_league.league.store import LeagueStore
 
     cfg = load_config(None, [f"run.name={run_name}", f"run.dir={tmp_path}", "env.name=tictactoe", "agent.torso=mlp",

@@ -115,7 +115,7 @@ def test_a_lost_life_settles_the_learning_episode_and_the_game_goes_on():
     (np.zeros((21, 4, 84, 84), np.float32), r"array 'obs' has dtype '<f4', expected '\|u1'"),
 ])
 def test_an_unroll_of_frames_of_the_wrong_shape_or_dtype_is_refused_alone(bad, reason):
-    from impala_league.distributed.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls
+    from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls
 
     uspec, T, A = UnrollSpec(env_spec("atari:Pong"), 20), 20, 6
     rng = np.random.default_rng(0)

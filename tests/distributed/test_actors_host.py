@@ -78,7 +78,7 @@ def test_an_actor_that_exits_with_a_config_error_stops_all_with_code_2(redis_cli
     code 2, which a restart cannot fix; the supervisor stops the other and exits 2 without a restart."""
     import torch
 
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
 
     ParamStore(redis_client, run_name).publish({"not_this_network.weight": torch.zeros(3)}, 1)
     proc = _start_actors(run_name, redis_url, 2)

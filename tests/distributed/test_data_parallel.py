@@ -172,7 +172,7 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     import subprocess
 
     from impala_league.agents.checkpoint import read_checkpoint
-    from impala_league.distributed.transport import GROUP, TrajectoryStream, connect
+    from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, connect
 
     run_dir = tmp_path / run_name
     proc = subprocess.Popen(_train(tmp_path, run_name, redis_server.url, "--set", "run.total_frames=1000000"),

@@ -20,7 +20,7 @@ import pytest
 
 from impala_league import REPO
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.transport import GROUP, TrajectoryStream, connect, redis_outages
+from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, connect, redis_outages
 from tests.distributed.test_faults import T, encode, small_config, valid_unroll
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's

@@ -38,10 +38,10 @@ import run
 from impala_league import REPO
 from impala_league.config import UserError, from_yaml_text
 from impala_league.experiment import load_config
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 from impala_league.distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
 from impala_league.distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
-from impala_league.distributed.transport import TrajectoryStream, connect
+from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 

@@ -25,7 +25,7 @@ import zstandard
 from impala_league import REPO
 from impala_league.config import load_config
 from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
-from impala_league.distributed.codec import UnrollSpec, encode_unroll
+from impala_league.distributed.wire.codec import UnrollSpec, encode_unroll
 from impala_league.envs.registry import env_spec
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
@@ -157,7 +157,7 @@ def test_a_starting_learner_clears_the_done_flag_of_an_earlier_end(tmp_path, red
 def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, redis_client, redis_url, run_name):
     from impala_league.config import ConfigError
     from impala_league.distributed.actor import Actor
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
     from impala_league.agents.network import ActorCritic
 
     cfg = small_config(run_name, tmp_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from impala_league.distributed.actor import UnrollBuffer, stacked
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.envs.registry import env_spec, make_envs
 
 T = 3

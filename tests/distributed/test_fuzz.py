@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from impala_league.config import SECTIONS, Config, ConfigError, from_yaml_text, load_config, to_yaml
-from impala_league.distributed.codec import MAX_MESSAGE_BYTES, DecodeError, UnrollSpec, decode_unroll, encode_unroll
+from impala_league.distributed.wire.codec import MAX_MESSAGE_BYTES, DecodeError, UnrollSpec, decode_unroll, encode_unroll
 from impala_league.envs.registry import env_spec
 
 FUZZ = dict(deadline=None, database=None, derandomize=bool(os.environ.get("CI")),

@@ -12,7 +12,7 @@ import torch
 
 from impala_league.distributed.ingest import Prefetcher
 from impala_league.distributed.learner import Batch
-from impala_league.distributed.transport import GROUP, TrajectoryStream
+from impala_league.distributed.wire.transport import GROUP, TrajectoryStream
 from tests.distributed.test_delivery import run_learner_until
 from tests.distributed.test_faults import T, encode, small_config, valid_unroll
 

@@ -16,12 +16,12 @@ import redis
 import torch
 
 from impala_league.config import ConfigError
-from impala_league.distributed.codec import UnrollSpec, decode_unrolls
+from impala_league.distributed.wire.codec import UnrollSpec, decode_unrolls
 from impala_league.distributed.ingest import BatchReader, stack_entries, unstack
 from impala_league.distributed.ingest_workers import IngestWorkerError, _check_shared_memory
 from impala_league.distributed.learner import Batch, Learner
-from impala_league.distributed.shards import ShardedTrajectories
-from impala_league.distributed.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
+from impala_league.distributed.wire.shards import ShardedTrajectories
+from impala_league.distributed.wire.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
 from impala_league.envs.registry import env_spec
 from tests.distributed.test_faults import T, encode, small_config, tampered, valid_unroll
 

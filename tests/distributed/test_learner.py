@@ -157,7 +157,7 @@ def test_reward_on_the_last_step_survives_batch_assembly():
     """T=4, rewards [0, 0, 0, 1], the episode ends at t=3: vs = pg_advantages = [0.970299, 0.9801, 0.99, 1]."""
     from impala_league.distributed import vtrace
     from impala_league.distributed.actor import UnrollBuffer
-    from impala_league.distributed.codec import UnrollSpec
+    from impala_league.distributed.wire.codec import UnrollSpec
 
     spec = env_spec("tictactoe")
     buffers = [UnrollBuffer(UnrollSpec(spec, 4)) for _ in range(2)]

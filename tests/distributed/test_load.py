@@ -19,7 +19,7 @@ import pytest
 
 from impala_league import REPO
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.transport import TrajectoryStream, connect
+from impala_league.distributed.wire.transport import TrajectoryStream, connect
 from tests.distributed.test_faults import encode, small_config, valid_unroll
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's

@@ -22,7 +22,7 @@ import pytest
 from bench.netns import ip, linked_namespaces, namespaces_refused
 from impala_league import REPO
 from impala_league.distributed.launcher import redis_server_binary
-from impala_league.distributed.transport import TrajectoryStream, connect
+from impala_league.distributed.wire.transport import TrajectoryStream, connect
 from tests.distributed.test_delivery import _wait
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's

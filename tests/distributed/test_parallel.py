@@ -14,7 +14,7 @@ from pettingzoo.utils.env import ParallelEnv
 
 from impala_league import REPO
 from impala_league.distributed.actor import UnrollBuffer
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.envs.parallel import ParallelAdapter
 from impala_league.envs.registry import EnvSpec, env_spec, make_env
 from impala_league.envs.spaces import UnsupportedSpace, observation_encoder
@@ -225,7 +225,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
                            "actor.unroll_length=10", "learner.batch_size=8", "agent.channels=8", "agent.hidden=32",
                            eval_games=2)
     assert records[-1]["frames"] >= 6000
-    from impala_league.distributed.transport import ResultsStream
+    from impala_league.distributed.wire.transport import ResultsStream
 
     results = ResultsStream(redis_client, run_name).read_new()
     assert results and all(r["length"] <= 30 and len(r["returns"]) == 2 for r in results)

@@ -16,9 +16,9 @@ import torch
 
 from impala_league import REPO
 from impala_league.config import ConfigError, load_config
-from impala_league.distributed.codec import encode_weights, weights_digest
+from impala_league.distributed.wire.codec import encode_weights, weights_digest
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.params import ParamStore, params_replica
+from impala_league.distributed.wire.params import ParamStore, params_replica
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 
@@ -56,7 +56,7 @@ def _publish(client: redis.Redis, run: str, weights: dict[str, torch.Tensor], ve
 
 
 def _reader(redis_url: str, run: str, url: str, delay: int = 0) -> ParamStore:
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     client, name = params_replica(redis_url, [url], actor_id=0)
     return ParamStore(connect(redis_url), run, delay=delay, replica=client, replica_name=name)
@@ -120,7 +120,7 @@ def test_a_replica_one_publish_behind_is_read_again_and_used_once_it_caught_up(
         redis_client, redis_url, run_name, impostor, monkeypatch):
     import threading
 
-    from impala_league.distributed import params as params_module
+    from impala_league.distributed.wire import params as params_module
 
     monkeypatch.setattr(params_module, "REPLICA_CATCH_UP_S", 0.5)  # room for the late write below
     weights = _weights(6)

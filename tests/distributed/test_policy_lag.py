@@ -8,7 +8,7 @@ import torch
 from impala_league.agents.network import ActorCritic
 from impala_league.config import load_config
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 
 

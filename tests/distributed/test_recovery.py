@@ -24,7 +24,7 @@ import redis
 
 from impala_league import REPO
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
+from impala_league.distributed.wire.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
                                    TrajectoryStream, connect, redis_outages)
 from tests.background import Background
 from tests.distributed.test_faults import T, _descendants, encode, small_config, valid_unroll
@@ -284,7 +284,7 @@ def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, vol
 
 
 def test_a_lease_lost_with_redis_data_is_taken_again_by_its_learner(redis_client, run_name, caplog):
-    from impala_league.distributed.transport import LearnerLease
+    from impala_league.distributed.wire.transport import LearnerLease
 
     lease = LearnerLease(redis_client, run_name, "host-a pid 1")
     lease.TTL_MS = 600
@@ -377,7 +377,7 @@ def test_an_actor_exits_with_redis_unavailable_when_redis_stays_down(tmp_path, o
 
     from impala_league.agents.network import ActorCritic
     from impala_league.distributed.actor import run_actor
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
     from impala_league.envs.registry import env_spec
 
     cfg = small_config(run_name, tmp_path, "actor.num_envs=2", "run.redis_retry_s=1")

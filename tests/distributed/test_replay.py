@@ -13,10 +13,10 @@ import torch
 
 from impala_league.agents.core import forward_batch
 from impala_league.config import ConfigError, load_config, replayed_per_batch
-from impala_league.distributed.codec import UnrollSpec, decode_unrolls, encode_unrolls
+from impala_league.distributed.wire.codec import UnrollSpec, decode_unrolls, encode_unrolls
 from impala_league.distributed.learner import Learner
 from impala_league.distributed.replay import ReplayBuffer, unroll_nbytes
-from impala_league.distributed.transport import GROUP, TrajectoryStream
+from impala_league.distributed.wire.transport import GROUP, TrajectoryStream
 from impala_league.envs.registry import env_spec
 from impala_league.league.players import MAIN, metrics_path
 from impala_league.losses.actor_critic import off_policy_targets

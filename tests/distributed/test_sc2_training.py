@@ -19,9 +19,9 @@ from impala_league.agents.model import make_model, policy_head
 from impala_league.config import LearnerConfig, load_config
 from impala_league.distributed.actor import UnrollBuffer
 from impala_league.agents.checkpoint import read_checkpoint
-from impala_league.distributed.codec import UnrollSpec, decode_unroll, encode_unroll
+from impala_league.distributed.wire.codec import UnrollSpec, decode_unroll, encode_unroll
 from impala_league.distributed.learner import Batch, learn_step
-from impala_league.distributed.transport import GROUP
+from impala_league.distributed.wire.transport import GROUP
 from impala_league.envs.registry import env_spec, make_env
 
 KWARGS = {"mock": True, "screen_size": 8, "minimap_size": 8}
@@ -82,7 +82,7 @@ def test_unrolls_carry_masks_and_heads_and_log_rhos_sum_the_used_heads():
 
 
 def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_name):
-    from impala_league.distributed.transport import connect
+    from impala_league.distributed.wire.transport import connect
 
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/sc2_move_to_beacon.yaml"),
            "--redis-url", redis_server.url,

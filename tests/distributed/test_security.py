@@ -18,7 +18,7 @@ import redis
 
 from impala_league import REPO
 from impala_league.distributed.launcher import EmbeddedRedis, _free_port, redis_server_binary
-from impala_league.distributed.transport import RedisUnavailable, TrajectoryStream, connect
+from impala_league.distributed.wire.transport import RedisUnavailable, TrajectoryStream, connect
 from tests.background import Background
 from tests.distributed.test_delivery import run_learner_until
 from tests.distributed.test_faults import encode, small_config, valid_unroll

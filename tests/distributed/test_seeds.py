@@ -13,7 +13,7 @@ import numpy as np
 
 from impala_league import REPO
 from impala_league.config import load_config
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 from impala_league.distributed.actor import Actor, ActorSeeds
 
 from impala_league.envs.base import EpisodeSeeds

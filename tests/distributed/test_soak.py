@@ -25,7 +25,7 @@ import pytest
 
 from impala_league import REPO
 from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.transport import RESULTS_MAXLEN, connect
+from impala_league.distributed.wire.transport import RESULTS_MAXLEN, connect
 from tests.distributed.test_faults import _descendants
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's

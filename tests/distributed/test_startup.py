@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from impala_league import REPO
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 from impala_league.distributed.launcher import _describe_exit, redis_server_binary
 from impala_league.distributed.ownership import PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
-from impala_league.distributed.transport import RedisUnavailable, RedisUnreachable, connect
+from impala_league.distributed.wire.transport import RedisUnavailable, RedisUnreachable, connect
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 

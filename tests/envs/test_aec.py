@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from impala_league.distributed.actor import UnrollBuffer
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.envs.registry import env_spec, make_env
 
 

@@ -201,7 +201,7 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     from impala_league.agents.model import make_model
     from impala_league.config import load_config
     from impala_league.distributed.actor import Actor
-    from impala_league.distributed.params import ParamStore
+    from impala_league.distributed.wire.params import ParamStore
 
     cfg = load_config("configs/atari_pong.yaml", [
         f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "actor.num_envs=2",

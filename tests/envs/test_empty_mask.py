@@ -9,7 +9,7 @@ from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
 from impala_league.distributed.actor import UnrollBuffer
-from impala_league.distributed.codec import UnrollSpec
+from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.envs.aec import AECAdapter
 from impala_league.envs.base import NoLegalAction
 from impala_league.envs.parallel import ParallelAdapter

@@ -11,7 +11,7 @@ import pytest
 from impala_league.agents.network import ActorCritic
 from impala_league.config import ConfigError
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec, make_env
 from impala_league.experiment import load_config
 

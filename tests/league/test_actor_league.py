@@ -12,8 +12,8 @@ import torch
 from impala_league.agents.network import ActorCritic
 from impala_league.config import load_config
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.codec import decode_unrolls
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.codec import decode_unrolls
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import league_bot
 from impala_league.league.opponents import Match
@@ -78,7 +78,7 @@ def test_unloadable_opponents_fall_back_to_self_play_and_say_why(tmp_path, redis
 
 
 def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis_client, redis_url, run_name):
-    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.wire.codec import encode_weights
 
     actor = _actor(tmp_path, run_name, redis_client, redis_url, "league.opponent_cache=1")
     spec = env_spec("tictactoe")
@@ -99,7 +99,7 @@ def test_a_snapshot_opponent_is_loaded_from_the_store_and_cached(tmp_path, redis
 
 
 def test_snapshot_opponents_play_their_argmax_at_temperature_zero(tmp_path, redis_client, redis_url, run_name):
-    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.wire.codec import encode_weights
 
     spec = env_spec("tictactoe")
     torch.manual_seed(5)

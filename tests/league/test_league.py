@@ -14,7 +14,7 @@ import torch
 from impala_league.agents.network import ActorCritic
 from impala_league.agents.policy import load_policy
 from impala_league.config import LeagueConfig, load_config
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.league.matchmaking import (league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents,
                                 pfsp_probabilities)

@@ -21,7 +21,7 @@ from impala_league import REPO
 from impala_league.agents.checkpoint import model_state, read_checkpoint
 from impala_league.agents.network import ActorCritic
 from impala_league.config import load_config
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.league.opponents import Opponents
 

@@ -14,8 +14,8 @@ import torch
 from impala_league.agents.network import ActorCritic
 from impala_league.config import load_config
 from impala_league.distributed.actor import Actor
-from impala_league.distributed.codec import WeightsCorrupt, encode_weights
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.codec import WeightsCorrupt, encode_weights
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import league_bot
 from impala_league.league.manager import LeagueManager, single_opponent

@@ -15,7 +15,7 @@ import torch
 from impala_league.agents.checkpoint import model_state, read_checkpoint
 from impala_league.agents.network import ActorCritic
 from impala_league.config import ConfigError, load_config
-from impala_league.distributed.params import ParamStore
+from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.league.opponents import Opponents
 from impala_league.league.residency import WANT_HOLD_S, choose_resident
@@ -262,7 +262,7 @@ def test_at_most_loads_per_pass_snapshots_come_back_per_pass_and_the_bound_holds
 def test_an_actor_that_draws_an_evicted_snapshot_plays_one_it_can_play_now(tmp_path, redis_client, run_name):
     cfg = _config(tmp_path, run_name, "league.redis_snapshots=3", "league.bots=[random]")
     store = LeagueStore(redis_client, run_name)
-    from impala_league.distributed.codec import encode_weights
+    from impala_league.distributed.wire.codec import encode_weights
 
     store.put_snapshot("main-0000003", encode_weights(_weights(cfg, 3)))
     # 98 snapshots drawn with 0.5% each, one of them resident; a bot; self-play half the games.

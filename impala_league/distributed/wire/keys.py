@@ -37,7 +37,7 @@ def lease(ns: str, role: str) -> str:
 
 
 def params(ns: str, part: str = "") -> str:
-    """The learner's published weights (`part` ""), or one of their PARAMS_PARTS (distributed/params.py)."""
+    """The learner's published weights (`part` ""), or one of their PARAMS_PARTS (distributed/wire/params.py)."""
     if part and part not in PARAMS_PARTS:
         raise ValueError(f"no weights key part {part!r}; one of {', '.join(PARAMS_PARTS)}")
     return f"{ns}:params" + (f":{part}" if part else "")

@@ -1,4 +1,4 @@
-"""Sharded trajectory streams (`transport.shards`, `transport.shard_urls`; distributed/shards.py): each actor
+"""Sharded trajectory streams (`transport.shards`, `transport.shard_urls`; distributed/wire/shards.py): each actor
 writes to shard actor_id % shards, the learner trains on every shard, acks go to the shard an entry came
 from, and the delivery accounting balances per shard and in total, also across a shard server's outage.
 """
@@ -18,10 +18,10 @@ from redis.crc import key_slot
 
 from impala_league.analysis.runs import delete_run_keys, list_redis_runs
 from impala_league.config import ConfigError
-from impala_league.distributed import shards as shards_module
+from impala_league.distributed.wire import shards as shards_module
 from impala_league.distributed.launcher import EmbeddedRedis, redis_server_binary
-from impala_league.distributed.shards import ShardedTrajectories
-from impala_league.distributed.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard, shard_namespace,
+from impala_league.distributed.wire.shards import ShardedTrajectories
+from impala_league.distributed.wire.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard, shard_namespace,
                                    shard_urls)
 from tests.background import Background
 from tests.distributed.test_faults import T, encode, small_config, valid_unroll

@@ -1,4 +1,4 @@
-"""Tests for distributed/transport.py and distributed/params.py against a real redis-server."""
+"""Tests for distributed/wire/transport.py and distributed/wire/params.py against a real redis-server."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import torch
 
-from impala_league.distributed.params import ParamStore
-from impala_league.distributed.transport import GROUP, RedisUnavailable, ResultsStream, TrajectoryStream, connect
+from impala_league.distributed.wire.params import ParamStore
+from impala_league.distributed.wire.transport import GROUP, RedisUnavailable, ResultsStream, TrajectoryStream, connect
 
 
 def free_port() -> int:
@@ -356,7 +356,7 @@ def test_param_store_publish_fetch_replace(redis_client, run_name):
 # -- one learner per run ----------------------------------------------------------------------------
 
 def test_a_second_learner_is_refused_and_a_dead_ones_lease_lapses(redis_client, run_name):
-    from impala_league.distributed.transport import LearnerLease, LeaseHeld
+    from impala_league.distributed.wire.transport import LearnerLease, LeaseHeld
 
     def lease(holder: str) -> LearnerLease:
         return LearnerLease(redis_client, run_name, holder, ttl_s=0.6)  # run.lease_ttl_s

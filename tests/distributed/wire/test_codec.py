@@ -1,4 +1,4 @@
-"""Tests for distributed/codec.py: the unroll wire format and the weights format.
+"""Tests for distributed/wire/codec.py: the unroll wire format and the weights format.
 
 The valid unroll is played in the real connect_four env (one seat's learning stream, episodes
 concatenated), so its observations, masks, actions, rewards and done flags are the ones an actor sends.
@@ -19,7 +19,7 @@ import zstandard
 from pettingzoo.classic import connect_four_v3
 from safetensors import SafetensorError
 
-from impala_league.distributed.codec import (
+from impala_league.distributed.wire.codec import (
     MAX_MESSAGE_BYTES,
     SCHEMA,
     DecodeError,

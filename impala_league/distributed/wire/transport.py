@@ -56,7 +56,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from impala_league.config import UserError
-from impala_league.distributed import keys
+from impala_league.distributed.wire import keys
 
 log = logging.getLogger("transport")
 
