@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from bench.netns import linked_namespaces, namespaces_refused  # noqa: E402
 from impala_league.distributed.launcher import redis_server_binary  # noqa: E402
 from impala_league.distributed.wire.transport import TrajectoryStream, connect  # noqa: E402
-from impala_league.experiment import load_config  # noqa: E402
+from impala_league.checked_config import load_config  # noqa: E402
 
 
 @contextmanager
@@ -59,7 +59,7 @@ def measure(config: str, overrides: list[str], compression: str, mbit: float, se
         password = secrets.token_hex(16)
         sock = tmp / "redis.sock"  # this process's own way in: a unix socket crosses namespaces
         settings = [*overrides, "run.name=bw", f"run.dir={tmp}", "run.wandb_mode=disabled", "run.log_every_s=2",
-                    "run.total_frames=1000000000", f"transport.compression={compression}"]
+                    "run.total_agent_steps=1000000000", f"transport.compression={compression}"]
         args = ["--config", config, *[a for s in settings for a in ("--set", s)]]
         env = dict(os.environ, IMPALA_REDIS_URL=f"redis://:{password}@{server_ip}:6379/0", PYTHONUNBUFFERED="1")
         procs = []

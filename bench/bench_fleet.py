@@ -145,7 +145,7 @@ def _fleet_config(args: argparse.Namespace, run: str, shards: int, urls: list[st
     from impala_league.config import load_config
 
     overrides = [*args.overrides, f"run.name={run}", f"run.dir={tmp}", "run.wandb_mode=disabled",
-                 f"transport.shards={shards}", "run.total_frames=1000000000000"]
+                 f"transport.shards={shards}", "run.total_agent_steps=1000000000000"]
     if urls:
         overrides.append(f"transport.shard_urls=[{','.join(urls)}]")
     if params_urls:
@@ -294,7 +294,7 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
     from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
     cfg = load_config(REPO / cfg_path, [*overrides, "run.name=rate", f"run.dir={tmp}", "run.wandb_mode=disabled",
-                                        "run.total_frames=1000000000000"])
+                                        "run.total_agent_steps=1000000000000"])
     (Path(tmp) / "rate").mkdir(exist_ok=True)
     with EmbeddedRedis(appendonly=False) as server:
         learner = Learner(cfg, server.url, Path(tmp) / "rate")

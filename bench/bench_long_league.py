@@ -45,7 +45,7 @@ COLUMNS = ("s", "snapshots", "in_redis", "redis_MB", "peak_MB", "aof_MB", "run_d
 
 
 def train_command(args, run_dir: Path, url: str) -> list[str]:
-    sets = [f"run.name={run_dir.name}", f"run.dir={run_dir.parent}", "run.total_frames=1000000000",
+    sets = [f"run.name={run_dir.name}", f"run.dir={run_dir.parent}", "run.total_agent_steps=1000000000",
             f"run.max_minutes={args.minutes + 1}", "run.wandb_mode=disabled", "run.log_every_s=10",
             "env.name=tictactoe", "agent.torso=mlp", f"agent.hidden={args.hidden}", "actor.num_actors=1",
             "actor.num_envs=16", "actor.unroll_length=8", "actor.epsilon=0.3", "learner.batch_size=8",

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from impala_league.agents.heads import sample_actions  # noqa: E402
 from impala_league.agents.core import zero_core_input  # noqa: E402
 from impala_league.agents.model import make_model  # noqa: E402
-from impala_league.experiment import load_config  # noqa: E402
+from impala_league.checked_config import load_config  # noqa: E402
 from impala_league.envs.registry import env_spec, make_envs  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def end_to_end_sps(config: str, overrides: list[str], seconds: float, warmup: fl
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", config, "--eval-games", "0",
                "--set", f"run.dir={tmp}", "--set", "run.name=bench", "--set", "run.wandb_mode=disabled",
-               "--set", "run.log_every_s=2", "--set", "run.total_frames=1000000000",
+               "--set", "run.log_every_s=2", "--set", "run.total_agent_steps=1000000000",
                "--set", f"run.max_minutes={(seconds + warmup) / 60}", *[a for o in overrides for a in ("--set", o)]]
         subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         records = [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]

@@ -12,6 +12,7 @@ import difflib
 import io
 import math
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,7 @@ class RunConfig:
     seed: int = _f(0, "root random seed: the learner's initial weights and every actor's streams (numpy "
                    "SeedSequence of seed, actor id, start); see docs/configuration.md 'What run.seed reproduces'",
                    low=0, high=2**31, high_open=True)
-    total_frames: int = _f(3_000_000, "stop once the learner has trained on this many agent steps (T per "
+    total_agent_steps: int = _f(3_000_000, "stop once the learner has trained on this many agent steps (T per "
                            "fresh unroll; metrics.jsonl's agent_steps_trained, also the unit of SPS). Not env "
                            "steps (env_steps_played): a league game trains only the learner's seat, a battle "
                            "every unit of a learning team", low=1)
@@ -240,7 +241,7 @@ class LearnerConfig:
     optimizer: str = _f("adam", "adam or rmsprop", choices=("adam", "rmsprop"))
     learning_rate: float = _f(6e-4, "optimizer learning rate", low=0, low_open=True, finite=True)
     lr_schedule: str = _f("constant", "constant, or linear: anneal the learning rate linearly to 0 at the end of "
-                          "the run (IMPALA), whichever of run.total_frames and run.max_minutes comes first",
+                          "the run (IMPALA), whichever of run.total_agent_steps and run.max_minutes comes first",
                           choices=("constant", "linear"))
     rmsprop_alpha: float = _f(0.99, "RMSProp smoothing constant (IMPALA: 0.99)", low=0, high=1)
     rmsprop_eps: float = _f(1e-5, "RMSProp epsilon. The loss here is a mean over the T x B steps; IMPALA's 0.01 "
@@ -450,9 +451,35 @@ def _check_keys(node: Any, prefix: str = "") -> None:
             _check_value(f"{k}.{sub}", value)
 
 
+# Keys renamed since configs were first written: old dotted key -> new one. An old key still works,
+# with a notice on stderr; the new one wins where a config gives both.
+RENAMED_KEYS = {"run.total_frames": "run.total_agent_steps"}
+
+
+def _notice_renamed(old: str, source: str) -> None:
+    new = RENAMED_KEYS[old]
+    print(f"notice: {source}: '{old}' is now '{new}' (the same agent steps); the old name still works",
+          file=sys.stderr)
+
+
+def _renamed(raw: Any, source: str) -> Any:
+    """`raw` (a config mapping) with renamed keys under their new names (RENAMED_KEYS), each noticed."""
+    if not isinstance(raw, dict):
+        return raw
+    out = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
+    for old, new in RENAMED_KEYS.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        values = out.get(old_section)
+        if isinstance(values, dict) and old_key in values:
+            _notice_renamed(old, source)
+            value = values.pop(old_key)
+            out.setdefault(new_section, {}).setdefault(new_key, value)
+    return out
+
+
 def _integral_floats(raw: Any) -> Any:
     """`raw` with integral floats given to integer fields made ints: YAML reads `1e6` as a float, and
-    run.total_frames=1e6 means 1000000. A float with a fraction (1.5) is left for OmegaConf to refuse."""
+    run.total_agent_steps=1e6 means 1000000. A float with a fraction (1.5) is left for OmegaConf to refuse."""
     if not isinstance(raw, dict):
         return raw
     out = {}
@@ -518,7 +545,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not p.is_file():
                 raise ConfigError(f"config file not found: {p}")
             try:
-                raw = _integral_floats(OmegaConf.to_container(OmegaConf.load(p)) or {})
+                raw = _integral_floats(_renamed(OmegaConf.to_container(OmegaConf.load(p)) or {}, str(p)))
             except yaml.YAMLError as e:
                 raise _yaml_error(str(p), e) from None
             except (UnicodeDecodeError, OSError) as e:
@@ -533,6 +560,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if "=" not in item:
                 raise ConfigError(f"override '{item}' must look like section.key=value")
             key = item.split("=", 1)[0].strip()
+            if key in RENAMED_KEYS:
+                _notice_renamed(key, "--set")
+                key, item = RENAMED_KEYS[key], RENAMED_KEYS[key] + "=" + item.split("=", 1)[1]
             if key not in _all_keys() and not key.startswith("env.kwargs."):
                 raise _unknown_key_error(key)
             try:  # one layer per override (later ones win), so a parse error names its override
@@ -640,7 +670,7 @@ def validate(cfg: Config) -> None:
     together, each with why it holds. Raises ConfigError.
 
     Checks that need the env registry or the baseline bots (does env.name exist, do league.bots play
-    it, does the network fit the board) are `experiment.check`'s: this module imports nothing of ours.
+    it, does the network fit the board) are `checked_config.check`'s: this module imports nothing of ours.
     """
     check_fields(cfg)
     checks = [

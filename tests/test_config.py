@@ -14,7 +14,7 @@ import yaml
 
 from impala_league import REPO
 from impala_league.config import SECTIONS, Config, ConfigError, describe, to_yaml
-from impala_league.experiment import from_yaml_text, load_config
+from impala_league.checked_config import from_yaml_text, load_config
 
 CONFIG_FILES = sorted((REPO / "configs").glob("*.yaml"))
 ALL_KEYS = [(s, f) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
@@ -255,17 +255,17 @@ def test_malformed_yaml_file_is_a_config_error(tmp_path):
 
 
 def test_yaml_syntax_errors_give_the_line_and_column(tmp_path):
-    path = write(tmp_path, "run:\n  seed: 3\n  name: [a\n  total_frames: 10\n")
+    path = write(tmp_path, "run:\n  seed: 3\n  name: [a\n  total_agent_steps: 10\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert str(e.value).startswith(f"{path}, line 4, column 15: not valid YAML: did not find expected ',' or ']'")
+    assert str(e.value).startswith(f"{path}, line 4, column 20: not valid YAML: did not find expected ',' or ']'")
 
 
 @pytest.mark.parametrize("text, message", [
     ("run:\n  seed: 3\nactor:\n  num_envz: 4\n", ", line 4, column 3: unknown config key 'actor.num_envz'; "
      "did you mean 'actor.num_envs'?"),
     ("run:\n  seed: 3\nactor:\n    num_envs: many\n", ", line 4, column 5: bad config value for actor.num_envs"),
-    ("run:\n  seed: 3\n  total_frames: 1.5\n", ", line 3, column 3: bad config value for run.total_frames"),
+    ("run:\n  seed: 3\n  total_agent_steps: 1.5\n", ", line 3, column 3: bad config value for run.total_agent_steps"),
 ])
 def test_bad_keys_and_values_in_a_file_give_their_line_and_column(tmp_path, text, message):
     path = write(tmp_path, text)
@@ -277,21 +277,21 @@ def test_bad_keys_and_values_in_a_file_give_their_line_and_column(tmp_path, text
 @pytest.mark.parametrize("value", ["1e6", "1E6", "1.0e6", "1e+6", "1000000.0"])
 def test_integral_floats_are_accepted_for_integer_fields(tmp_path, value):
     """YAML reads 1e6 as a float; an integer field takes it as the integer it is."""
-    from_file = load_config(write(tmp_path, f"run:\n  total_frames: {value}\n"))
-    from_set = load_config(None, [f"run.total_frames={value}"])
-    assert from_file.run.total_frames == from_set.run.total_frames == 1_000_000
-    assert type(from_file.run.total_frames) is int and type(from_set.run.total_frames) is int
-    assert from_yaml_text(f"run:\n  total_frames: {value}\n").run.total_frames == 1_000_000
+    from_file = load_config(write(tmp_path, f"run:\n  total_agent_steps: {value}\n"))
+    from_set = load_config(None, [f"run.total_agent_steps={value}"])
+    assert from_file.run.total_agent_steps == from_set.run.total_agent_steps == 1_000_000
+    assert type(from_file.run.total_agent_steps) is int and type(from_set.run.total_agent_steps) is int
+    assert from_yaml_text(f"run:\n  total_agent_steps: {value}\n").run.total_agent_steps == 1_000_000
 
 
 def test_fractions_for_integer_fields_are_still_refused(tmp_path):
     for value in ("1.5", "2.5e0"):
-        with pytest.raises(ConfigError, match="run.total_frames"):
-            load_config(None, [f"run.total_frames={value}"])
-        with pytest.raises(ConfigError, match="run.total_frames"):
-            load_config(write(tmp_path, f"run:\n  total_frames: {value}\n"))
+        with pytest.raises(ConfigError, match="run.total_agent_steps"):
+            load_config(None, [f"run.total_agent_steps={value}"])
+        with pytest.raises(ConfigError, match="run.total_agent_steps"):
+            load_config(write(tmp_path, f"run:\n  total_agent_steps: {value}\n"))
     with pytest.raises(ConfigError, match="out of range"):
-        load_config(None, ["run.total_frames=1e30"])
+        load_config(None, ["run.total_agent_steps=1e30"])
     assert load_config(None, ["learner.learning_rate=1e-3"]).learner.learning_rate == 0.001  # floats stay floats
     assert type(load_config(None, ["run.max_minutes=2"]).run.max_minutes) is float
 
@@ -313,7 +313,7 @@ def test_from_yaml_text_wrong_type_is_a_config_error():
 COMMANDS = {
     "train typo": ["train", "--config", str(REPO / "configs/connect_four.yaml"), "--set", "learner.batch_sise=3"],
     "help-config": ["train", "--help-config"],
-    "train no config": ["train", "--set", "run.total_frames=100"],
+    "train no config": ["train", "--set", "run.total_agent_steps=100"],
     "actor no redis": ["actor", "--redis-url", "redis://127.0.0.1:1/0", "--config",
                        str(REPO / "configs/connect_four.yaml")],
 }
@@ -414,3 +414,15 @@ def test_final_evaluation_defaults_are_fewer_games_for_atari_and_leave_what_was_
     args = Namespace(eval_games=0, eval_history=1, eval_history_games=None)
     evaluation_defaults(args, "atari:Pong")
     assert (args.eval_games, args.eval_history, args.eval_history_games) == (0, 1, 5)
+
+
+def test_the_old_name_of_total_agent_steps_still_works_with_a_notice(tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text("run:\n  total_frames: 2e4\n")
+    assert load_config(path).run.total_agent_steps == 20_000
+    assert "'run.total_frames' is now 'run.total_agent_steps'" in capsys.readouterr().err
+    assert load_config(None, ["run.total_frames=300"]).run.total_agent_steps == 300
+    assert "--set: 'run.total_frames'" in capsys.readouterr().err
+    both = tmp_path / "both.yaml"
+    both.write_text("run:\n  total_frames: 5\n  total_agent_steps: 7\n")
+    assert load_config(both).run.total_agent_steps == 7

@@ -22,7 +22,7 @@ def train_command(tmp_path: Path, run_name: str, redis_url: str, *extra: str, fr
     return [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--redis-url", redis_url, "--eval-games", "0",
            "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
-           "--set", f"run.total_frames={frames}", "--set", "run.log_every_s=1",
+           "--set", f"run.total_agent_steps={frames}", "--set", "run.log_every_s=1",
            "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
            "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", *extra]
 
@@ -157,7 +157,7 @@ def test_crashed_actor_is_restarted_and_malformed_entries_are_dead_lettered(tmp_
     r.xadd(f"{run_name}:traj", {"junk": b"no data field"})
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--redis-url", redis_server.url, "--eval-games", "0", "--set", f"run.name={run_name}",
-           "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "run.total_frames=20000",
+           "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "run.total_agent_steps=20000",
            "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
            "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the math of learning", ("losses",)),
     ("games", ("envs",)),
     ("networks", ("agents",)),
-    ("roles", ("distributed", "league", "evaluation", "analysis", "experiment")),
+    ("roles", ("distributed", "league", "evaluation", "analysis", "checked_config")),
     ("entry point", ("run", "cli")),
 )
 # Within the lowest layer each module imports nothing of ours, except tracking, which reads the config.
@@ -130,7 +130,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_package_is_read_whole():
-    assert {"run", "config", "tracking", "experiment", "distributed.learner", "distributed.vtrace", "agents.heads",
+    assert {"run", "config", "tracking", "checked_config", "distributed.learner", "distributed.vtrace", "agents.heads",
             "agents.checkpoint", "envs.registry", "envs.sc2_wrappers.actions", "analysis.report"} <= set(MODULES)
     assert "tests.test_layers" not in MODULES and not any(m.startswith("bench") for m in MODULES)
     assert "agents.network" in GRAPH["agents.heads"] and "config" in GRAPH["agents.network"]
@@ -181,7 +181,7 @@ def test_the_train_launcher_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, run, impala_league.cli.train, impala_league.experiment, impala_league.distributed.launcher, "
+    code = ("import sys, run, impala_league.cli.train, impala_league.checked_config, impala_league.distributed.launcher, "
             "impala_league.distributed.live, impala_league.distributed.ownership;"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

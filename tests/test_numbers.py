@@ -13,7 +13,7 @@ import pytest
 from impala_league.distributed.actor import Actor
 from impala_league.envs.base import leader
 from impala_league.envs.registry import make_env
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 from impala_league.league.opponents import Match
 
 DUEL = "pettingzoo:tests.duel_env"
@@ -35,7 +35,7 @@ def strict_lines(path: Path) -> list[dict]:
 
 
 def train_with_one_actor(cfg, redis_url: str, run_dir: Path):
-    """Run a learner to `run.total_frames` with one real actor in a thread; returns (learner, actor)."""
+    """Run a learner to `run.total_agent_steps` with one real actor in a thread; returns (learner, actor)."""
     from impala_league.distributed.learner import Learner
 
     learner = Learner(cfg, redis_url, run_dir)
@@ -68,7 +68,7 @@ def test_leader_picks_no_winner_from_a_nan_score():
 def test_a_nan_episode_is_counted_and_kept_out_of_the_statistics(tmp_path, redis_url, run_name, monkeypatch):
     monkeypatch.setattr("impala_league.distributed.actor.RESULTS_EVERY_S", 0.0)  # results reach the learner's first logs
     # Every second episode ends with a NaN reward: its unroll is dead-lettered, its result counted apart.
-    cfg = duel_config(run_name, tmp_path, "env.kwargs.nan_every=2", "run.total_frames=24")
+    cfg = duel_config(run_name, tmp_path, "env.kwargs.nan_every=2", "run.total_agent_steps=24")
     train_with_one_actor(cfg, redis_url, tmp_path / run_name)
     records = strict_lines(tmp_path / run_name / "metrics.jsonl")
     assert sum(r["nonfinite_episodes"] for r in records) >= 1
@@ -256,7 +256,7 @@ def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, 
     from impala_league.distributed.wire.transport import TrajectoryStream
 
     # Self-play duel: both players learn, so each env step is two agent steps (one per player).
-    cfg = duel_config(run_name, tmp_path, "run.total_frames=24")
+    cfg = duel_config(run_name, tmp_path, "run.total_agent_steps=24")
     learner, actor = train_with_one_actor(cfg, redis_url, tmp_path / run_name)
     records = strict_lines(tmp_path / run_name / "metrics.jsonl")
     assert all(r["agent_steps_trained"] == r["frames"] for r in records)

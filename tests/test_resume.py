@@ -38,7 +38,7 @@ def resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     first = run_py("train", "--config", str(REPO / "configs/tictactoe.yaml"), "--eval-games", "0",
                    "--set", "run.name=sched", "--set", f"run.dir={tmp}", "--set", "run.wandb_mode=disabled",
-                   "--set", "run.total_frames=100000000", "--set", "run.max_minutes=0.05", "--set", "run.log_every_s=1",
+                   "--set", "run.total_agent_steps=100000000", "--set", "run.max_minutes=0.05", "--set", "run.log_every_s=1",
                    "--set", "learner.lr_schedule=linear", "--set", f"learner.learning_rate={LR}",
                    "--set", "actor.num_actors=1", "--set", "actor.num_envs=4", "--set", "agent.hidden=16",
                    "--set", "learner.checkpoint_every_s=1")  # copies in checkpoints/history/ to play after the resume

@@ -36,7 +36,7 @@ log = logging.getLogger("compare")
 STUDIES = ("algos", "corrections", "actors")
 SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
 UNLIMITED_FRAMES = 10**15
-FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_frames, ends compared runs
+FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_agent_steps, ends compared runs
 REPLAY_SUFFIX = "-replay"  # `vtrace-replay`: a run name, so no '+' (run.name allows letters, digits, . _ -)
 CONFIDENCE = 0.95
 IQM_TRIM = 0.25  # the interquartile mean drops int(0.25 n) of the n values from each end (scipy's trim_mean)
@@ -89,7 +89,7 @@ def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, m
                   frames: int | None, redis_url: str | None) -> list[str]:
     """The `run.py train` command of one compared run (no final evaluation, wandb as configured)."""
     sets = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", f"run.seed={seed}",
-            f"run.max_minutes={minutes}", f"run.total_frames={frames or UNLIMITED_FRAMES}", *overrides]
+            f"run.max_minutes={minutes}", f"run.total_agent_steps={frames or UNLIMITED_FRAMES}", *overrides]
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(config), "--eval-games", "0"]
     for item in sets:
         cmd += ["--set", item]

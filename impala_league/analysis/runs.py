@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from impala_league.config import Config, ConfigError
-from impala_league.experiment import from_yaml_text
+from impala_league.checked_config import from_yaml_text
 from impala_league.distributed.wire import keys as run_keys
 from impala_league.distributed.ownership import lock_holder
 

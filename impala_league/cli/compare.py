@@ -12,7 +12,7 @@ from impala_league.cli.common import MAX_EVAL_GAMES, config_args, load
 from impala_league.config import MAX_ACTORS, MAX_WEIGHT_DELAY, ConfigError, Rule, check_arguments
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import make_bot
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 
 NAME = "compare"
 

@@ -20,7 +20,7 @@ from impala_league.distributed.live import LiveView
 from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
                                    write_run_config)
 from impala_league.evaluation.judges import is_judge_spec, require_openspiel, resolve_judges
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 
 log = logging.getLogger("run")
 

@@ -115,7 +115,7 @@ class IngestWorkers:
 
     settings: what a worker needs to read (`worker_settings`). consumer: the learner's consumer name
     (worker i reads as `<consumer>-ingest<i>`). fresh: F, unrolls a batch reads. unrolls_left(): unrolls
-    the run may still take (run.total_frames), so that no slot is asked for beyond it. prepare(arrays):
+    the run may still take (run.total_agent_steps), so that no slot is asked for beyond it. prepare(arrays):
     what `get` returns for a batch's time-major arrays (views of its slot, valid until `release`).
     keep_reading(): false once the learner stops (a `get` waiting then returns None).
     Raises RuntimeError from `get` when a worker fails or dies, with its reason.
@@ -183,7 +183,7 @@ class IngestWorkers:
                     self.ended = True
                     return None
                 return self._batch(message)
-            self._ask()  # slots held back by run.total_frames
+            self._ask()  # slots held back by run.total_agent_steps
         return None
 
     def _batch(self, message: dict) -> tuple[list[ShardEntry], list[dict], object]:
@@ -209,7 +209,7 @@ class IngestWorkers:
         else:
             self.idle.append(slot)
         self._send(worker, message)
-        self._ask()  # slots held back by run.total_frames, if the run now has room for them
+        self._ask()  # slots held back by run.total_agent_steps, if the run now has room for them
 
     def close(self) -> None:
         """Stop the workers (their held batches stay pending for the next learner) and free the slots."""

@@ -281,13 +281,13 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Op
 def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float:
     """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
     (as in the IMPALA experiments, Espeholt et al. 2018) over the run's budget: progress is the larger of
-    frames / run.total_frames and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
+    frames / run.total_agent_steps and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
     `elapsed_s` is the run's training time so far, as run.max_minutes counts it: a resumed learner starts
     from the seconds its checkpoint recorded, so the schedule and the budget go on where they stopped."""
     lr = cfg.learner.learning_rate
     if cfg.learner.lr_schedule == "constant":
         return lr
-    progress = frames / cfg.run.total_frames
+    progress = frames / cfg.run.total_agent_steps
     if cfg.run.max_minutes:
         progress = max(progress, elapsed_s / (60 * cfg.run.max_minutes))
     return lr * max(0.0, 1.0 - progress)
@@ -328,7 +328,7 @@ class Ingest:
 
     Owns the stream (`trajectories`: every shard, read and acked as one; ids carry their shard), this
     learner's consumer name in its group and its reader (`reader`: own pending entries first, malformed
-    entries dead-lettered), the unrolls in flight (read and not yet acked: `run.total_frames` counts
+    entries dead-lettered), the unrolls in flight (read and not yet acked: `run.total_agent_steps` counts
     them before more are read), what reads ahead of the update (`start`: the ingest thread,
     `learner.prefetch_batches` deep, or `learner.ingest_workers` processes; without either, `get`
     reads in the update's thread), and the replay, whose k unrolls join the F = `batch_size` fresh ones
@@ -336,7 +336,7 @@ class Ingest:
 
     `decode`, `unrolls_in` and `prepare` say what an entry holds and what a batch of them becomes; A3C's
     parameter server reads gradients through them (distributed/a3c.py). What it reads of the learner:
-    unrolls_left(), unrolls the run may still take (run.total_frames); stopping(); run_over(), whether
+    unrolls_left(), unrolls the run may still take (run.total_agent_steps); stopping(); run_over(), whether
     no more entries will come (an exploiter's run ends with the main agent's).
     """
 
@@ -435,7 +435,7 @@ class Ingest:
         """Read, de-duplicate, decode, validate and prepare the next batch (`read`, `prepare`), marking
         it in flight until `acknowledge`. None when stopping.
 
-        It reads nothing while the batches in flight already reach `run.total_frames`, so a run that
+        It reads nothing while the batches in flight already reach `run.total_agent_steps`, so a run that
         ends there leaves no unroll delivered and unacked."""
         while self.in_flight_unrolls >= self.unrolls_left():
             if not self.keep_reading():
@@ -621,9 +621,9 @@ class Learner:
             pin=self.device.type == "cuda", worker_settings=settings)
 
     def unrolls_left(self) -> float:
-        """Unrolls the run may still read before run.total_frames (every rank reads as many: frames count
+        """Unrolls the run may still read before run.total_agent_steps (every rank reads as many: frames count
         every rank's unrolls)."""
-        return (self.cfg.run.total_frames - self.frames) / (self.cfg.actor.unroll_length * self.group.size)
+        return (self.cfg.run.total_agent_steps - self.frames) / (self.cfg.actor.unroll_length * self.group.size)
 
     def run_is_over(self) -> bool:
         """An exploiter's reads end with the main agent's run (its actors are gone then)."""
@@ -637,7 +637,7 @@ class Learner:
 
     # -- main loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        """Train until `run.total_frames` (or `run.max_minutes`, or a stop signal), then checkpoint: take
+        """Train until `run.total_agent_steps` (or `run.max_minutes`, or a stop signal), then checkpoint: take
         the next batch, train on it, acknowledge it, record it; checkpoint when one is due.
 
         Several learners (`learner.num_learners`) run this loop in step: they agree before every update
@@ -690,7 +690,7 @@ class Learner:
             self.params.publish(self.model.state_dict(), self.step, self.frames)
             self.metrics.start_tracking(self.step)
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
-                 sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_frames:,}",
+                 sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_agent_steps:,}",
                  f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")
         started = time.monotonic()
         self.checkpoints.start_clock(started)
@@ -714,9 +714,9 @@ class Learner:
         return None if stop else (got, lr)
 
     def reached_end(self) -> bool:
-        """This learner's own reasons to stop before the next update: a stop signal, run.total_frames
+        """This learner's own reasons to stop before the next update: a stop signal, run.total_agent_steps
         (the same on every rank: frames count every rank's unrolls), run.max_minutes."""
-        if self.stopping or self.frames >= self.cfg.run.total_frames:
+        if self.stopping or self.frames >= self.cfg.run.total_agent_steps:
             return True
         if self.cfg.run.max_minutes and self.checkpoints.elapsed() > 60 * self.cfg.run.max_minutes:
             log.info("reached run.max_minutes=%s", self.cfg.run.max_minutes)

@@ -1,4 +1,4 @@
-"""The live terminal view of `run.py train`: a progress bar to `run.total_frames` with SPS, policy lag,
+"""The live terminal view of `run.py train`: a progress bar to `run.total_agent_steps` with SPS, policy lag,
 queue depth and the latest score, read from the learner's metrics.jsonl as it grows.
 
 Only on a terminal: the launcher then routes its children's output through `print_line`, so that
@@ -43,7 +43,7 @@ class LiveView:
         self.console = console or Console()
         self.progress = Progress(TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=self.console)
-        self.task = self.progress.add_task("train", total=cfg.run.total_frames, run=cfg.run.name,
+        self.task = self.progress.add_task("train", total=cfg.run.total_agent_steps, run=cfg.run.name,
                                            status="waiting for the first metrics")
         self.live = Live(self.progress, console=self.console, refresh_per_second=2, transient=False)
         self.lock = threading.Lock()

@@ -150,7 +150,7 @@ class LearnerMetrics:
         episodes = [e for e in episodes if not e.get("nonfinite")]
         record = self.window.summary(now)
         record.update({
-            # Agent steps trained (`frames`, its older name; the unit of run.total_frames and SPS) and
+            # Agent steps trained (`frames`, its older name; the unit of run.total_agent_steps and SPS) and
             # env steps played by the actors (each env.step once, whoever acted).
             "step": step, "frames": frames, "agent_steps_trained": frames,
             "env_steps_played": counts["env_steps"], "time": time.time(),
@@ -211,7 +211,7 @@ class LearnerMetrics:
             games.append(f"emulator frames {record['emulator_frames']:,}")
         log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
                  "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ",
-                 f"{record['frames']:,}", f"{self.cfg.run.total_frames:,}", f"{record['env_steps_played']:,}",
+                 f"{record['frames']:,}", f"{self.cfg.run.total_agent_steps:,}", f"{record['env_steps_played']:,}",
                  record["sps"], record["policy_lag"], record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 

@@ -15,7 +15,7 @@ from impala_league.agents.spec import checked_spec
 from impala_league.agents.torsos import ResNetTorso, ShallowTorso
 from impala_league.config import AgentConfig, ConfigError
 from impala_league.envs.registry import env_spec, make_env
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 from impala_league.distributed.vtrace import clip_rewards
 
 pytest.importorskip("ale_py")

@@ -12,7 +12,7 @@ from impala_league.agents.heads import FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.agents.network import MASKED_LOGIT
 from impala_league.config import ConfigError
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 from impala_league.envs.registry import env_spec, make_env
 from impala_league.envs.sc2_wrappers.compat import SC2NotInstalledError
 from impala_league.envs.sc2_wrappers.env import check_game_installed, sc2_game

@@ -175,7 +175,7 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, connect
 
     run_dir = tmp_path / run_name
-    proc = subprocess.Popen(_train(tmp_path, run_name, redis_server.url, "--set", "run.total_frames=1000000"),
+    proc = subprocess.Popen(_train(tmp_path, run_name, redis_server.url, "--set", "run.total_agent_steps=1000000"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines = []
     for line in proc.stdout:  # the launcher names each learner rank's pid
@@ -197,7 +197,7 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     assert stopped["step"] > 0 and stopped["frames"] == stopped["step"] * 2 * 4 * 8
 
     total = stopped["frames"] + 512
-    done = subprocess.run(_train(tmp_path, run_name, redis_server.url, "--resume", "--set", f"run.total_frames={total}"),
+    done = subprocess.run(_train(tmp_path, run_name, redis_server.url, "--resume", "--set", f"run.total_agent_steps={total}"),
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out

@@ -181,7 +181,7 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
     run_dir = tmp_path / run_name
     run_dir.mkdir()
     settings = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "run.log_every_s=1",
-                "run.total_frames=1000000000", f"actor.unroll_length={T}", "actor.num_envs=2",
+                "run.total_agent_steps=1000000000", f"actor.unroll_length={T}", "actor.num_envs=2",
                 "actor.high_water_mark=8", "learner.batch_size=1", "learner.checkpoint_every_s=1",
                 "learner.read_block_ms=100", "agent.hidden=16"]
     config = ["--config", str(REPO / "configs/tictactoe.yaml"), *[a for s in settings for a in ("--set", s)]]

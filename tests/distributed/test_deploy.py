@@ -37,7 +37,7 @@ import yaml
 import run
 from impala_league import REPO
 from impala_league.config import UserError, from_yaml_text
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 from impala_league.distributed.wire import keys
 from impala_league.distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
 from impala_league.distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
@@ -224,7 +224,7 @@ def test_the_rendered_pods_train_as_local_processes_until_the_run_ends(tmp_path,
     continues the run (`--resume` on every pod); every process then ends with exit code 0 and the
     delivery accounting balances."""
     name = f"Dry_Run_{uuid.uuid4().hex[:6]}"  # not a DNS label: deployed as dry-run-<hex>
-    settings = [f"run.name={name}", "run.max_minutes=0.2", "run.total_frames=1000000000", "run.wandb_mode=disabled",
+    settings = [f"run.name={name}", "run.max_minutes=0.2", "run.total_agent_steps=1000000000", "run.wandb_mode=disabled",
                 "run.log_every_s=2", "run.lease_ttl_s=2", "actor.num_envs=4", "actor.unroll_length=10",
                 "actor.high_water_mark=16", "learner.batch_size=4", "learner.checkpoint_every_s=3",
                 "learner.read_block_ms=200", "agent.hidden=32", "league.enabled=true", "league.snapshot_every=20",
@@ -461,7 +461,7 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
 
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.08",
-                "run.total_frames=1000000000", "run.wandb_mode=disabled", "run.log_every_s=2", "actor.num_envs=4",
+                "run.total_agent_steps=1000000000", "run.wandb_mode=disabled", "run.log_every_s=2", "actor.num_envs=4",
                 "actor.unroll_length=10", "actor.high_water_mark=16", "learner.batch_size=4",
                 "learner.read_block_ms=200", "agent.hidden=32"]
     cfg = load_config(TICTACTOE, settings)

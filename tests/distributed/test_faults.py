@@ -114,7 +114,7 @@ def test_live_learner_dead_letters_garbage_and_survives_a_poisoned_unroll(tmp_pa
         redis_client.xadd(key, fields)
     for compression in ("none", "zstd", "zstd"):  # a learner trains on raw and compressed unrolls alike
         redis_client.xadd(key, {"data": encode(valid_unroll(1.0), compression=compression)})
-    cfg = small_config(run_name, tmp_path, f"run.total_frames={2 * 2 * T}")
+    cfg = small_config(run_name, tmp_path, f"run.total_agent_steps={2 * 2 * T}")
     learner = Learner(cfg, redis_url, tmp_path / run_name)
     learner.run()
     assert learner.step == 2
@@ -138,7 +138,7 @@ def test_a_starting_learner_clears_the_done_flag_of_an_earlier_end(tmp_path, red
     from impala_league.distributed.learner import Learner
 
     redis_client.set(f"{run_name}:done", 1)
-    learner = Learner(small_config(run_name, tmp_path, "run.total_frames=1000"), redis_url, tmp_path / run_name)
+    learner = Learner(small_config(run_name, tmp_path, "run.total_agent_steps=1000"), redis_url, tmp_path / run_name)
     thread = threading.Thread(target=learner.run)
     thread.start()
     try:
@@ -174,7 +174,7 @@ def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, 
 def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path, redis_url, run_name):
     from impala_league.distributed.learner import Learner
 
-    cfg = small_config(run_name, tmp_path, "run.total_frames=1")
+    cfg = small_config(run_name, tmp_path, "run.total_agent_steps=1")
     first = Learner(cfg, redis_url, tmp_path / run_name)
     first.checkpoint()
     first.metrics.file.close()
@@ -315,7 +315,7 @@ def _alive(pids: set[int]) -> set[int]:
 def _start_train(tmp_path: Path, run_name: str, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--eval-games", "1", "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}",
-           "--set", "run.wandb_mode=disabled", "--set", "run.total_frames=10000000", "--set", "actor.num_actors=1",
+           "--set", "run.wandb_mode=disabled", "--set", "run.total_agent_steps=10000000", "--set", "actor.num_actors=1",
            "--set", "actor.num_envs=2", "--set", "actor.unroll_length=4", "--set", "learner.batch_size=2",
            "--set", "actor.high_water_mark=8", "--set", "agent.hidden=16", *extra]
     env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}

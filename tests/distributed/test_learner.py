@@ -205,7 +205,7 @@ def test_a_batch_whose_loss_overflows_skips_the_update_instead_of_poisoning_the_
 
 
 def test_linear_schedule_anneals_to_zero_over_whichever_budget_ends_first():
-    cfg = Config(run=RunConfig(total_frames=1_000_000, max_minutes=10.0),
+    cfg = Config(run=RunConfig(total_agent_steps=1_000_000, max_minutes=10.0),
                  learner=LearnerConfig(learning_rate=4e-4, lr_schedule="linear"))
     # frames 25% through, time 10% through (60 of 600 s): 4e-4 * 0.75
     assert scheduled_learning_rate(cfg, 250_000, 60.0) == pytest.approx(3e-4)

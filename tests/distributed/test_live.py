@@ -12,7 +12,7 @@ from impala_league.distributed.live import LiveView, describe
 
 
 def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):
-    cfg = load_config(None, ["run.total_frames=1000", "run.name=live"])
+    cfg = load_config(None, ["run.total_agent_steps=1000", "run.name=live"])
     metrics = tmp_path / "metrics.jsonl"
     out = io.StringIO()
     view = LiveView(cfg, metrics, Console(file=out, force_terminal=True, width=200))

@@ -63,7 +63,7 @@ def test_32_actors_against_a_slow_learner_stay_within_the_memory_bound_and_recov
     from impala_league.distributed.learner import Learner
 
     overrides = [f"actor.num_envs={NUM_ENVS}", f"actor.high_water_mark={HIGH_WATER_MARK}", "learner.batch_size=8",
-                 "run.total_frames=1000000000", "run.log_every_s=1", "learner.mirror_augment=none"]
+                 "run.total_agent_steps=1000000000", "run.log_every_s=1", "learner.mirror_augment=none"]
     cfg = small_config(run_name, tmp_path, *overrides)
     unroll_bytes = len(encode(valid_unroll()))
     with EmbeddedRedis() as server:

@@ -47,7 +47,7 @@ def test_actors_in_another_namespace_resume_after_the_link_is_cut_and_restored(t
     socket_path = tmp_path / "redis.sock"  # this test's own way in: a unix socket crosses namespaces
     url = f"redis://:{password}@{server_ip}:6379/0"
     settings = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "run.log_every_s=1",
-                "run.total_frames=1000000000", "actor.unroll_length=4", "actor.num_envs=2", "actor.high_water_mark=8",
+                "run.total_agent_steps=1000000000", "actor.unroll_length=4", "actor.num_envs=2", "actor.high_water_mark=8",
                 "learner.batch_size=1", "learner.read_block_ms=100", "agent.hidden=16"]
     config = ["--config", str(REPO / "configs/tictactoe.yaml"), *[a for s in settings for a in ("--set", s)]]
     env = dict(os.environ, IMPALA_REDIS_URL=url, PYTHONUNBUFFERED="1")

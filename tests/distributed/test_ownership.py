@@ -225,7 +225,7 @@ def test_children_of_a_killed_launcher_stop_within_seconds_and_write_nothing(tmp
 
 def test_a_run_that_ended_while_its_learner_was_closing_is_reported_as_finished(tmp_path, run_name):
     # With wandb on, the learner spends seconds closing after it sets the run's done key.
-    proc = _start_train(tmp_path, run_name, "--set", "run.total_frames=600", "--set", "run.wandb_mode=offline")
+    proc = _start_train(tmp_path, run_name, "--set", "run.total_agent_steps=600", "--set", "run.wandb_mode=offline")
     lines: list[str] = []
     try:
         _read_until(proc, r"learner done:", lines)
@@ -262,7 +262,7 @@ def test_ctrl_c_during_the_embedded_redis_fork_stops_start_up_with_130_and_leave
     cmd = [sys.executable, "-c", _CTRL_C_AT_REDIS_FORK, str(REPO / "run.py"), "train", "--config",
            str(REPO / "configs/tictactoe.yaml"), "--eval-games", "0", "--set", f"run.name={run_name}",
            "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled", "--set", "actor.num_actors=1",
-           "--set", "run.total_frames=10000000", "--set", "actor.num_envs=2", "--set", "agent.hidden=16"]
+           "--set", "run.total_agent_steps=10000000", "--set", "actor.num_envs=2", "--set", "agent.hidden=16"]
     # PYTHONFAULTHANDLER: a launcher that does not stop is sent SIGABRT and prints where each thread was.
     env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"} | {"PYTHONFAULTHANDLER": "1"}
     # Started with SIGINT ignored, as a shell starts a background job (`cmd &`): Python then installs no

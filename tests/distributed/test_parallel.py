@@ -221,7 +221,7 @@ def _train(tmp_path, redis_url, config: str, name: str, *overrides: str, eval_ga
 def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_client, run_name):
     # A small map: 4 units a team (map_size 12), 30-step battles, both teams the learning policy.
     proc, records = _train(tmp_path, redis_url, "configs/battle.yaml", run_name, "env.kwargs.map_size=12",
-                           "env.kwargs.max_cycles=30", "run.total_frames=6000", "actor.num_envs=2",
+                           "env.kwargs.max_cycles=30", "run.total_agent_steps=6000", "actor.num_envs=2",
                            "actor.unroll_length=10", "learner.batch_size=8", "agent.channels=8", "agent.hidden=32",
                            eval_games=2)
     assert records[-1]["frames"] >= 6000
@@ -234,7 +234,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
 
 
 def test_gym_env_trains_and_reports_returns(tmp_path, redis_url, run_name):
-    proc, records = _train(tmp_path, redis_url, "configs/cartpole.yaml", run_name, "run.total_frames=20000",
+    proc, records = _train(tmp_path, redis_url, "configs/cartpole.yaml", run_name, "run.total_agent_steps=20000",
                            "actor.num_envs=4", eval_games=3)
     assert records[-1]["frames"] >= 20000
     returns = [r["episode_return"] for r in records if "episode_return" in r]

@@ -257,7 +257,7 @@ def test_a_racing_learner_that_recreates_the_group_first_is_tolerated(redis_clie
 def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, volatile_redis, run_name, caplog):
     from impala_league.distributed.learner import Learner
 
-    cfg = small_config(run_name, tmp_path, f"run.total_frames={2 * 2 * T}", "run.redis_retry_s=20")
+    cfg = small_config(run_name, tmp_path, f"run.total_agent_steps={2 * 2 * T}", "run.redis_retry_s=20")
     learner = Learner(cfg, volatile_redis.url, tmp_path / run_name)
     feeder = connect(volatile_redis.url, retry_s=20)
     for reward in (1.0, -1.0):
@@ -349,7 +349,7 @@ def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_pat
     for reward in (1.0, -1.0):
         redis_client.xadd(key, {"data": encode(valid_unroll(reward))})
     stream.read("learner-deadhost", count=2, block_ms=10)  # delivered to a learner that then died
-    learner = Learner(small_config(run_name, tmp_path, f"run.total_frames={2 * T}"), redis_url, tmp_path / run_name)
+    learner = Learner(small_config(run_name, tmp_path, f"run.total_agent_steps={2 * T}"), redis_url, tmp_path / run_name)
     # A minute each in production: here the first sweep comes 0.2 s after start, for entries idle 0.3 s.
     learner.ingest.reader.sweeper = DeadConsumerSweeper(learner.ingest.trajectories, learner.ingest.consumer,
                                                         min_idle_ms=300, every_s=0.2)
@@ -445,7 +445,7 @@ def test_redis_killed_under_a_running_train_is_restarted_and_the_run_finishes(tm
     reconnect, nothing in the stream is lost, and the run reaches its frames."""
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--eval-games", "0", "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}",
-           "--set", "run.wandb_mode=disabled", "--set", "run.total_frames=6000", "--set", "run.log_every_s=1",
+           "--set", "run.wandb_mode=disabled", "--set", "run.total_agent_steps=6000", "--set", "run.log_every_s=1",
            "--set", "actor.num_actors=1", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
            "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", "--set", "agent.hidden=16"]
     env = {k: v for k, v in os.environ.items() if k != "IMPALA_REDIS_URL"}

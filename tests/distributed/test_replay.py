@@ -176,7 +176,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
     frames count the fresh steps only, and the metrics carry the replay's keys."""
     N = 24
     cfg = small_config(run_name, tmp_path, "learner.batch_size=4", "learner.replay_fraction=0.5",
-                       f"run.total_frames={N * T}", "learner.replay_memory_mb=0.005", f"actor.send_batch={per_entry}")
+                       f"run.total_agent_steps={N * T}", "learner.replay_memory_mb=0.005", f"actor.send_batch={per_entry}")
     stream = TrajectoryStream(redis_client, run_name)
     payloads = [encode_unrolls([valid_unroll(float(j % 3) - 1) for j in range(i, i + per_entry)],
                                unroll_id=f"r-0-{i}", policy_version=0, actor_id=0, env="tictactoe")

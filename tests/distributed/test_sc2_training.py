@@ -87,7 +87,7 @@ def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_nam
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/sc2_move_to_beacon.yaml"),
            "--redis-url", redis_server.url,
            "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
-           "--set", "run.total_frames=160", "--set", "run.log_every_s=1",
+           "--set", "run.total_agent_steps=160", "--set", "run.log_every_s=1",
            "--set", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8, step_mul: 8}",
            "--set", "agent.hidden=32", "--set", "actor.num_actors=1", "--set", "actor.num_envs=2",
            "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=8"]

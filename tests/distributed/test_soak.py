@@ -68,7 +68,7 @@ def test_no_process_and_not_redis_grows_in_memory_over_a_run(tmp_path, run_name)
         client = connect(server.url)
         cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
                "--eval-games", "0", "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}",
-               "--set", "run.wandb_mode=disabled", "--set", "run.total_frames=1000000000", "--set", "run.log_every_s=1",
+               "--set", "run.wandb_mode=disabled", "--set", "run.total_agent_steps=1000000000", "--set", "run.log_every_s=1",
                "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
                "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", "--set", "agent.hidden=16",
                "--set", "learner.checkpoint_every_s=5"]

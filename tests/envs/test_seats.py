@@ -13,7 +13,7 @@ from impala_league.config import ConfigError
 from impala_league.distributed.actor import Actor
 from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec, make_env
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 
 DUEL = "pettingzoo:tests.duel_env"
 RPS = "pettingzoo:pettingzoo.classic.rps_v2"

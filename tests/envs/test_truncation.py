@@ -248,7 +248,7 @@ SHORT_RUNS = {
     # A 15-step TimeLimit on CartPole: most episodes are cut (none falls before step 8).
     "gym:CartPole-v1": ("configs/cartpole.yaml", ["env.kwargs.max_episode_steps=15"]),
 }
-SMALL = ["actor.unroll_length=20", "run.total_frames=3000", "actor.num_envs=2", "learner.batch_size=4",
+SMALL = ["actor.unroll_length=20", "run.total_agent_steps=3000", "actor.num_envs=2", "learner.batch_size=4",
          "agent.hidden=32", "actor.epsilon=0.5"]
 
 

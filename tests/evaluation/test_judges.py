@@ -16,7 +16,7 @@ from impala_league.evaluation.bots import BOT_SPECS, league_bot, make_bot
 from impala_league.evaluation.evaluate import count_outcomes, play_games, score_interval
 from impala_league.evaluation.judges import (LockstepError, MCTSJudge, OpenSpielMissing, check_judges, parse_judge,
                                              require_openspiel, resolve_judges)
-from impala_league.experiment import load_config
+from impala_league.checked_config import load_config
 
 openspiel = pytest.mark.skipif(importlib.util.find_spec("pyspiel") is None, reason="open-spiel is not installed")
 

@@ -99,7 +99,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
     from impala_league.distributed.actor import Actor
     from impala_league.distributed.learner import Learner
 
-    cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_frames=100000")
+    cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_agent_steps=100000")
     actor = Actor(cfg, redis_url, actor_id=4)  # the real actor: id 4 writes to shard 1 and counts there
     assert actor.link.trajectories.key == f"{{{run_name}:s1}}:traj"
     actor.policy.version = 0  # as if it had loaded the learner's first weights (-1 is dead-lettered)
@@ -148,7 +148,7 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
     other = EmbeddedRedis(password=redis_server.password)
     try:
         urls = [f"redis://127.0.0.1:{server.port}/0" for server in (redis_server, other)]
-        cfg = small_config(run_name, tmp_path, "transport.shards=2", "run.total_frames=100000",
+        cfg = small_config(run_name, tmp_path, "transport.shards=2", "run.total_agent_steps=100000",
                            f"transport.shard_urls=[{','.join(urls)}]")
         far = connect(other.url)
         shard0, shard1 = TrajectoryStream(redis_client, run_name, shard=0), TrajectoryStream(far, run_name, shard=1)
@@ -309,7 +309,7 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
     # The tags spread: for a fixed run name, shards 0..2 fall on all three thirds of the slots.
     assert {key_slot(f"{shard_namespace('run', s, cluster=True)}:traj".encode()) * 3 // 16384
             for s in range(3)} == {0, 1, 2}
-    cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_frames=100000",
+    cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_agent_steps=100000",
                        f"transport.shard_urls=[{cluster_node}]")
     actor = Actor(cfg, redis_server.url, actor_id=1)
     assert isinstance(actor.link.trajectories.r, RedisCluster) and actor.link.trajectories.key == f"{{{run_name}:s1}}:traj"
