@@ -232,20 +232,19 @@ def test_manager_snapshots_on_schedule_into_a_loadable_file_and_redis(tmp_path, 
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
     model = _publish(redis_client, cfg, run_name, 99, frames=1234)
     manager.snapshot_due_learners()
-    assert manager.snapshots() == []  # 99 < snapshot_every
+    assert manager.state.snapshots() == []  # 99 < snapshot_every
     model = _publish(redis_client, cfg, run_name, 100, frames=5678)
     manager.snapshot_due_learners()
-    assert manager.snapshots() == ["main-0000100"]
-    info = manager.members["main-0000100"]
-    assert (info["player"], info["role"], info["step"], info["frames"], info["parent"]) == ("main", "main", 100, 5678,
-                                                                                           None)
+    assert manager.state.snapshots() == ["main-0000100"]
+    info = manager.state.members["main-0000100"]
+    assert (info.player, info.role, info.step, info.frames, info.parent) == ("main", "main", 100, 5678, None)
     policy = load_policy(tmp_path / run_name / "league" / "snapshots" / "main-0000100.safetensors")
     for name, tensor in model.state_dict().items():
         assert torch.equal(policy.model.state_dict()[name], tensor)
     assert LeagueStore(redis_client, run_name).has_snapshot("main-0000100")
     _publish(redis_client, cfg, run_name, 200)
     manager.snapshot_due_learners()
-    assert manager.members["main-0000200"]["parent"] == "main-0000100"
+    assert manager.state.members["main-0000200"].parent == "main-0000100"
 
 
 def test_manager_scores_league_games_and_skips_self_play_and_junk(tmp_path, redis_client, redis_url, run_name):
@@ -259,10 +258,10 @@ def test_manager_scores_league_games_and_skips_self_play_and_junk(tmp_path, redi
         _result("main", "self", -1, 0), _result("main", "nobody", 0, 0)])
     redis_client.xadd(f"{run_name}:results", {"data": b"\xc1"})
     assert manager.consume_results() == 3
-    record = manager.payoff.records[("main", "random")]
+    record = manager.state.payoff.records[("main", "random")]
     assert (record.wins, record.draws, record.losses) == (1, 1, 1)
-    assert manager.skipped == 2  # the unknown opponent and the malformed entry
-    assert manager.elo.get("main").elo != 0.0
+    assert manager.state.skipped == 2  # the unknown opponent and the malformed entry
+    assert manager.state.elo.get("main").elo != 0.0
     assert manager.consume_results() == 0  # acknowledged: nothing is scored twice
 
 
@@ -295,10 +294,10 @@ def test_main_exploiter_that_beats_the_main_agent_is_snapshotted_and_reset(tmp_p
     store = LeagueStore(redis_client, run_name)
     assert store.reset_count("main_exploiter_0") == 0
     manager.snapshot_due_learners()  # 75% >= exploiter_reset_win_rate 70%
-    assert "main_exploiter_0-0000030" in manager.snapshots()
+    assert "main_exploiter_0-0000030" in manager.state.snapshots()
     assert store.reset_count("main_exploiter_0") == 1
-    assert manager.payoff.win_rate("main_exploiter_0", "main") is None  # its old results are forgotten
-    assert manager.lineage["main_exploiter_0"] is None
+    assert manager.state.payoff.win_rate("main_exploiter_0", "main") is None  # its old results are forgotten
+    assert manager.state.lineage["main_exploiter_0"] is None
 
 
 def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(tmp_path, redis_client, redis_url,
@@ -319,10 +318,10 @@ def test_manager_resumes_its_state_and_drops_a_corrupt_snapshot_with_a_message(t
     (run_dir / "league" / "snapshots" / "main-0000200.safetensors").write_bytes(b"garbage")
     resumed = LeagueManager(cfg, redis_url, run_dir, resume=True)
     resumed.rebalance_snapshots(fill=True)  # run's first pass, once it holds the lease
-    assert resumed.snapshots() == ["main-0000100"]
+    assert resumed.state.snapshots() == ["main-0000100"]
     assert "main-0000200" in caplog.text and "leaves the league" in caplog.text
-    assert resumed.payoff.win_rate("main", "main-0000100") == 1.0
-    assert resumed.last_snapshot["main"] == 200
+    assert resumed.state.payoff.win_rate("main", "main-0000100") == 1.0
+    assert resumed.state.last_snapshot["main"] == 200
     assert LeagueStore(redis_client, run_name).has_snapshot("main-0000100")
 
 
@@ -360,11 +359,11 @@ def test_results_are_acknowledged_only_once_saved_and_reread_after_a_crash(tmp_p
     _add_results(redis_client, run_name, [_result("main", "random", 0, 0)] * 3)
     assert manager.consume_results() == 3  # folded in, then the manager dies before saving
     resumed = LeagueManager(cfg, redis_url, run_dir, resume=True)
-    assert resumed.games == 0
+    assert resumed.state.games == 0
     assert resumed.consume_results(pending=True) == 3  # nothing lost
     resumed.save()
     assert resumed.consume_results(pending=True) == 0  # acknowledged once saved
-    assert LeagueManager(cfg, redis_url, run_dir, resume=True).games == 3
+    assert LeagueManager(cfg, redis_url, run_dir, resume=True).state.games == 3
 
 
 def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume(tmp_path, redis_client, redis_url,
@@ -382,14 +381,15 @@ def test_snapshots_that_redis_lost_are_put_back_and_removed_bots_leave_on_resume
     assert store.has_snapshot("main-0000100")
     manager.save()
     resumed = LeagueManager(_config(tmp_path, run_name, "league.bots=[random]"), redis_url, run_dir, resume=True)
-    assert "tactical" not in resumed.members and "tactical" not in resumed.frozen()
+    assert "tactical" not in resumed.state.members and "tactical" not in resumed.state.frozen()
 
 
 @pytest.mark.parametrize("members", [{"x": {}}, {"main-0000100": {"kind": "snapshot"}},
                                      {"../../checkpoints/latest": {"kind": "snapshot", "player": "main"}}])
 def test_malformed_members_in_the_saved_state_are_refused(tmp_path, redis_url, run_name, members):
     from impala_league.agents.checkpoint import CheckpointError
-    from impala_league.league.manager import STATE_VERSION, LeagueManager
+    from impala_league.league.manager import LeagueManager
+    from impala_league.league.state import STATE_VERSION
 
     cfg = _config(tmp_path, run_name)
     state = tmp_path / run_name / "league" / "state.json"

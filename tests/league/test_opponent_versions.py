@@ -18,7 +18,8 @@ from impala_league.distributed.wire.codec import WeightsCorrupt, encode_weights
 from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import league_bot
-from impala_league.league.manager import LeagueManager, single_opponent
+from impala_league.league.manager import LeagueManager
+from impala_league.league.state import single_opponent
 from impala_league.league.players import namespace
 from impala_league.league.store import LeagueStore
 
@@ -107,8 +108,8 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
         redis_client.xadd(f"{run_name}:results", {"data": msgpack.packb({k: v for k, v in r.items()
                                                                           if k != "played_by"})})
     assert manager.consume_results() == len(results)
-    assert manager.payoff.games(EXPLOITER, "main") == len(against_main)
-    assert manager.skipped == 15
+    assert manager.state.payoff.games(EXPLOITER, "main") == len(against_main)
+    assert manager.state.skipped == 15
     actor.close()
 
 

@@ -81,7 +81,7 @@ def test_redis_holds_at_most_the_bound_and_an_evicted_snapshot_is_played_with_it
     cfg = _config(tmp_path, run_name)
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
     _grow(manager, redis_client, cfg, run_name, range(1, 7))
-    assert len(manager.snapshots()) == 6  # every snapshot stays a member
+    assert len(manager.state.snapshots()) == 6  # every snapshot stays a member
     store = LeagueStore(redis_client, run_name)
     assert "main-0000006" in store.resident()  # the newest is pinned
     assert {"main-0000001", "main-0000002"} <= manager.residency.evicted_ever
@@ -108,7 +108,7 @@ def test_redis_holds_at_most_the_bound_and_an_evicted_snapshot_is_played_with_it
     redis_client.xadd(f"{run_name}:results", {"data": msgpack.packb(
         {"player": "main", "opponent_id": "main-0000001", "opponent_version": "main-0000001", "learner_seat": 0,
          "winner": 0, "length": 5, "returns": [1.0, -1.0]})})
-    assert manager.consume_results() == 1 and manager.evicted_games == 1
+    assert manager.consume_results() == 1 and manager.state.evicted_games == 1
 
 
 def test_a_wanted_snapshot_stays_for_the_hold_then_the_weights_decide(tmp_path, redis_client, redis_url, run_name):
@@ -126,7 +126,7 @@ def test_a_wanted_snapshot_stays_for_the_hold_then_the_weights_decide(tmp_path, 
     manager.rebalance_snapshots()  # still held: no want since, but within WANT_HOLD_S
     assert "main-0000002" in store.resident()
     manager.residency.wanted["main-0000002"] -= WANT_HOLD_S + 1
-    manager.distributions = {"main": {"main-0000003": 1.0}}
+    manager.state.distributions = {"main": {"main-0000003": 1.0}}
     manager.rebalance_snapshots()
     assert store.resident() == {"main-0000004", "main-0000003"}
 
@@ -152,8 +152,8 @@ def test_a_missing_or_corrupt_file_of_an_evicted_snapshot_takes_it_out_of_the_le
         manager.rebalance_snapshots()
     assert f"snapshot main-0000001 leaves the league: {corrupt} is corrupt" in caplog.text
     assert f"snapshot main-0000002 leaves the league: checkpoint not found: {missing}" in caplog.text
-    assert manager.snapshots() == ["main-0000003", "main-0000004", "main-0000005"]
-    assert set(manager.dropped) == {"main-0000001", "main-0000002"}
+    assert manager.state.snapshots() == ["main-0000003", "main-0000004", "main-0000005"]
+    assert set(manager.state.dropped) == {"main-0000001", "main-0000002"}
     assert len(_snapshot_keys(redis_client, run_name)) <= 3
     _grow(manager, redis_client, cfg, run_name, [6])  # the run goes on
     manager.save()
@@ -183,14 +183,14 @@ def test_a_full_disk_while_writing_a_snapshot_leaves_the_previous_files_whole(tm
     with caplog.at_level(logging.ERROR):
         manager.snapshot_due_learners()
     assert "no snapshot of main this pass" in caplog.text and "No space left on device" in caplog.text
-    assert manager.snapshots() == ["main-0000001"]
+    assert manager.state.snapshots() == ["main-0000001"]
     files = sorted(p.name for p in (run_dir / "league" / "snapshots").iterdir())
     assert files == ["main-0000001.json", "main-0000001.safetensors"]  # no partial file left
     tensors, _ = read_checkpoint(run_dir / "league" / "snapshots" / "main-0000001.safetensors")
     assert all(torch.equal(model_state(tensors)[k], v) for k, v in _weights(cfg, 1).items())
     monkeypatch.setattr(checkpoint, "save_file", real_save_file)
     manager.snapshot_due_learners()  # the disk has room again: the next pass takes it
-    assert manager.snapshots() == ["main-0000001", "main-0000002"]
+    assert manager.state.snapshots() == ["main-0000001", "main-0000002"]
 
 
 def test_resume_adopts_a_snapshot_written_after_the_last_save_and_fills_redis_up_to_the_bound(
@@ -205,9 +205,9 @@ def test_resume_adopts_a_snapshot_written_after_the_last_save_and_fills_redis_up
     _grow(manager, redis_client, cfg, run_name, [5])  # then killed before saving
     redis_client.delete(*redis_client.keys(f"{run_name}:league:*"))  # and a fresh Redis
     resumed = LeagueManager(cfg, redis_url, run_dir, resume=True)
-    assert resumed.snapshots() == [f"main-000000{k}" for k in range(1, 6)]
-    assert resumed.last_snapshot["main"] == 5 and resumed.lineage["main"] == "main-0000005"
-    assert resumed.members["main-0000005"]["parent"] == "main-0000004"
+    assert resumed.state.snapshots() == [f"main-000000{k}" for k in range(1, 6)]
+    assert resumed.state.last_snapshot["main"] == 5 and resumed.state.lineage["main"] == "main-0000005"
+    assert resumed.state.members["main-0000005"].parent == "main-0000004"
     assert _snapshot_keys(redis_client, run_name) == []  # nothing written before it holds the lease
     resumed.publish()
     resumed.rebalance_snapshots(fill=True)
