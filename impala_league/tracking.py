@@ -210,20 +210,22 @@ class Tracker:
         self.sinks = []
 
 
-def start_tracking(cfg: Config, run_dir: str | Path, name: str, step: int = 0) -> Tracker:
+def start_tracking(cfg: Config, run_dir: str | Path, name: str, step: int = 0, announce: bool = True) -> Tracker:
     """The trackers `cfg.run` selects for the learner `name` (the wandb id and the TensorBoard folder).
 
     step: the learner's update step at the start, > 0 when it resumed from a checkpoint: TensorBoard
     drops what an earlier process logged after that step, wandb continues the run with that id.
+    announce: log where each tracker writes (False for the final evaluation's few numbers: the run's
+    closing lines give the upload command of all its segments).
     """
     run_dir = Path(run_dir)
     sinks: list = []
     if cfg.run.wandb_mode != "disabled":
-        sinks.append(WandbSink(_wandb_init(cfg, run_dir, name)))
+        sinks.append(WandbSink(_wandb_init(cfg, run_dir, name, announce)))
     if cfg.run.tensorboard:
         # Events an earlier process logged after the checkpoint it resumed from describe lost training.
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR / name, purge_step=step + 1 if step else None))
-        log.info("tensorboard: %s (tensorboard --logdir %s)", run_dir / TENSORBOARD_DIR / name,
+        log.log(logging.INFO if announce else logging.DEBUG, "tensorboard: %s (tensorboard --logdir %s)", run_dir / TENSORBOARD_DIR / name,
                  run_dir / TENSORBOARD_DIR)
     return Tracker(sinks)
 
@@ -235,7 +237,7 @@ def offline_segments(run_dir: str | Path, name: str) -> list[Path]:
     return sorted(p.parent for p in (Path(run_dir) / "wandb").glob(f"offline-run-*/run-{name}.wandb"))
 
 
-def _wandb_init(cfg: Config, run_dir: Path, name: str) -> Any:
+def _wandb_init(cfg: Config, run_dir: Path, name: str, announce: bool = True) -> Any:
     quiet_wandb_environment()
     import wandb
 
@@ -243,6 +245,8 @@ def _wandb_init(cfg: Config, run_dir: Path, name: str) -> Any:
     run = wandb.init(project=cfg.run.wandb_project, name=name, group=cfg.run.name, id=name, resume="allow",
                      dir=str(run_dir), mode=cfg.run.wandb_mode, settings=settings,
                      config=json.loads(json.dumps(_plain(without_secrets(cfg)))))
+    if not announce:
+        return run
     if cfg.run.wandb_mode == "offline":
         segments = offline_segments(run_dir, name)
         # The wandb command beside this Python (the project's .venv), runnable as printed without activating it.
@@ -273,7 +277,7 @@ def log_final_evaluation(cfg: Config, run_dir: str | Path, metrics: Mapping[str,
     wandb run (its summary, and its history at `step` if given) and its TensorBoard folder (scalars at
     `step`, else at 0). Non-numbers are left out. One call after `run.py train`'s evaluation, e.g.
     `log_final_evaluation(cfg, run_dir, flat_results, step=checkpoint_step)`."""
-    tracker = start_tracking(cfg, run_dir, cfg.run.name, step=0) if _any(cfg) else Tracker([])
+    tracker = start_tracking(cfg, run_dir, cfg.run.name, step=0, announce=False) if _any(cfg) else Tracker([])
     try:
         tracker.log_summary({FINAL_EVALUATION_PREFIX + k: v for k, v in metrics.items()}, step)
     finally:

@@ -141,7 +141,8 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
     """One line per key of `keys` that the records have, against `x` (a key of X_AXES: agent steps
     trained, emulator frames, or the run's training seconds; a resumed run's learner processes as
     separate pieces of one line)."""
-    present = [k for k in keys if any(k in r and (x == "time" or x in r) for r in run.records)]
+    # A key at 0 in every record says nothing: e.g. the mean return of self-play, whose seats' returns cancel.
+    present = [k for k in keys if any(r.get(k) not in (None, 0) and (x == "time" or x in r) for r in run.records)]
     if not present:
         return None
     plt = _pyplot()
@@ -151,6 +152,10 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
         ax.plot(*_broken(run, recs, run.elapsed if x == "time" else (lambda r: r[x]), lambda r: r[k]),
                 ".-", label=k)
     ax.set_xlabel(X_AXES[x])
+    if x != "time":
+        from matplotlib.ticker import EngFormatter  # matplotlib loads with the first figure (_pyplot)
+
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 1.5M, not 1500000 or an offset
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -289,7 +294,7 @@ def run_figures(run: Run) -> dict[str, list]:
                      _lines(run, CURVE_KEYS[:2], "emulator_frames", "score against emulator frames"),
                      _lines(run, CURVE_KEYS[:2], "time", "score against time")
                      if _has(run, "emulator_frames") else None,
-                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes"),
+                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes", "fraction of games"),
                      _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps"),
                      _lines(run, _seat_keys(run), "frames", "league score per learner seat (seat 0 moves first)")],
         "throughput": [throughput(run)],

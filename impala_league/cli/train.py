@@ -15,6 +15,7 @@ from pathlib import Path
 from impala_league.cli.common import (MAX_EVAL_GAMES, config_args, connect_waiting, load, redis_url, require_game,
                         wait_redis_arg)
 from impala_league.config import Config, ConfigError, Rule, check_arguments
+from impala_league.analysis.summary import end_summary
 from impala_league.distributed.launcher import EmbeddedRedis, supervise
 from impala_league.distributed.live import LiveView
 from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
@@ -80,11 +81,28 @@ def run(args: argparse.Namespace) -> int:
         device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
         check_learner_gpus(cfg, device)
     run_dir = new_run_dir(cfg, resume)
+    # A live progress view on a terminal, through training and the final evaluation; plain log lines otherwise.
+    view = LiveView(cfg, run_dir / "metrics.jsonl") if sys.stdout.isatty() else None
+    with view or contextlib.nullcontext():
+        code, finished = supervised(args, cfg, client, run_dir, url, resume, view)
+        if finished and code == 0:
+            evaluate_final(args, cfg, run_dir, view)
+    if finished and code == 0:
+        for line in end_summary(run_dir, cfg.run.name):
+            log.info("%s", line)
+    return code
+
+
+def supervised(args: argparse.Namespace, cfg: Config, client, run_dir: Path, url: str | None, resume: bool,
+               view: LiveView | None) -> tuple[int, bool]:
+    """`train` in the claimed run directory, under the run name's lease on a shared Redis; a fresh run that
+    stopped before its first checkpoint leaves no directory. Returns (exit code, finished) and says how to
+    go on where the run stopped early."""
     with run_lease(client, cfg) if client is not None else contextlib.nullcontext():  # before anything is made
         lock = claim_run_dir(run_dir, resume)
         code = None
         try:
-            code, finished = train(args, cfg, run_dir, url, resume)
+            code, finished = train(args, cfg, run_dir, url, resume, view)
         finally:
             if not resume and (code is None or code >= 128) and not has_checkpoint(run_dir):
                 # Nothing to resume: a directory left here would only push the next run to <name>-2.
@@ -97,18 +115,25 @@ def run(args: argparse.Namespace) -> int:
                  "`run.py evaluate --checkpoint %s` plays it", checkpoint)
     elif not finished and has_checkpoint(run_dir) and code in (0, *range(128, 160)):
         log.info("stopped before the end of the run; `run.py train --resume %s` continues it", run_dir)
-    if finished and code == 0 and checkpoint.exists() and args.eval_games > 0:
-        if cfg.env.name.startswith("sc2:"):
-            log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
-                     "checkpoint: %s", checkpoint)
-        else:
-            from impala_league.evaluation.final import final_evaluation  # torch, after training only
+    return code, finished
 
-            final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
-    if finished and code == 0:
-        log.info("the run is in %s; next: .venv/bin/python run.py report %s (a page of its curves and evaluation)",
-                 run_dir, run_dir)
-    return code
+
+def evaluate_final(args: argparse.Namespace, cfg: Config, run_dir: Path, view: LiveView | None) -> None:
+    """The final checkpoint's evaluation (evaluation/final.py), `--eval-games` per seat; none for StarCraft
+    II, whose bots play other actions."""
+    checkpoint = run_dir / "checkpoints" / "latest.safetensors"
+    if not checkpoint.exists() or args.eval_games <= 0:
+        return
+    if cfg.env.name.startswith("sc2:"):
+        log.info("StarCraft II: no baseline-bot evaluation after training (the bots play Discrete actions); "
+                 "checkpoint: %s", checkpoint)
+        return
+    from impala_league.evaluation.final import final_evaluation  # torch, after training only
+
+    if view is not None:
+        view.evaluating(f"evaluating the final policy: {args.eval_games} games per seat against each baseline "
+                        "bot, then the judges")
+    final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
 
 
 def evaluation_defaults(args: argparse.Namespace, env: str) -> None:
@@ -159,7 +184,8 @@ def check_learner_gpus(cfg: Config, device) -> None:
                           f"{torch.cuda.device_count()}: lower it, or set learner.device=cpu")
 
 
-def train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None, resume: bool) -> tuple[int, bool]:
+def train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None, resume: bool,
+          view: LiveView | None = None) -> tuple[int, bool]:
     """The run itself, in its locked directory: config file, Redis, supervision. Returns supervise's
     (exit code, finished)."""
     if resume:
@@ -171,12 +197,8 @@ def train(args: argparse.Namespace, cfg: Config, run_dir: Path, url: str | None,
     write_run_config(run_dir, cfg, "run.dir")  # children get the URL from the environment
     log.info("run %s: %s, %d actors x %d envs; run directory %s", cfg.run.name, cfg.env.name,
              cfg.actor.num_actors, cfg.actor.num_envs, run_dir)
-    view = None
-    if sys.stdout.isatty():  # a live progress view on a terminal; plain log lines otherwise
-        view = LiveView(cfg, run_dir / "metrics.jsonl")
-    with view or contextlib.nullcontext():
-        if url:
-            return supervise(cfg, config_path, run_dir, url, resume, view)
-        with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
-            log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
-            return supervise(cfg, config_path, run_dir, server.url, resume, view)
+    if url:
+        return supervise(cfg, config_path, run_dir, url, resume, view)
+    with EmbeddedRedis(run_dir / "redis", restart_on_exit=True) as server:  # its AOF lives in the run dir
+        log.info("embedded redis-server on 127.0.0.1:%d (password protected)", server.port)
+        return supervise(cfg, config_path, run_dir, server.url, resume, view)

@@ -1,5 +1,7 @@
-"""The live terminal view of `run.py train`: a progress bar to `run.total_agent_steps` with SPS, policy lag,
-queue depth and the latest score, read from the learner's metrics.jsonl as it grows.
+"""The live terminal view of `run.py train`: a progress bar to the run's real end (`run.total_agent_steps`
+or `run.max_minutes` of training, whichever comes first) with an estimate of the time left, and below
+it SPS, policy lag, queue depth and the latest score, read from the learner's metrics.jsonl as it grows;
+then, while the final policy is evaluated, a line that says so.
 
 Only on a terminal: the launcher then routes its children's output through `print_line`, so that
 their log lines scroll above the bar instead of tearing it.
@@ -14,9 +16,10 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from impala_league.config import Config
 
@@ -34,22 +37,51 @@ def describe(record: dict) -> str:
     return "  ".join(parts)
 
 
+def clock(seconds: float) -> str:
+    """'1:05:09' or '4:07': hours, minutes and seconds as the bar's elapsed time shows them."""
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def progress_to_end(record: dict, total_steps: int, max_minutes: float) -> tuple[float, str]:
+    """(fraction of the run done, 'ends in ~M:SS (time limit)') for a metrics `record` (`frames`: agent
+    steps trained, `elapsed_s`: training seconds, `sps`). The run ends at `total_steps` agent steps or
+    `max_minutes` of training (0 = none), whichever comes first; the estimate assumes the current SPS."""
+    frames, elapsed = record.get("frames", 0), record.get("elapsed_s", 0.0)
+    fraction, left, why = frames / total_steps, None, "agent steps"
+    if record.get("sps"):
+        left = max(0.0, (total_steps - frames) / record["sps"])
+    if max_minutes > 0:
+        fraction = max(fraction, elapsed / (60 * max_minutes))
+        time_left = max(0.0, 60 * max_minutes - elapsed)
+        if left is None or time_left < left:
+            left, why = time_left, "time limit"
+    eta = f"ends in ~{clock(left)} ({why})" if left is not None else ""
+    return min(1.0, fraction), eta
+
+
 class LiveView:
-    """Context manager: shows the bar while the run lasts; `refresh` re-reads new metrics records."""
+    """Context manager: shows the bar while the run lasts; `refresh` re-reads new metrics records,
+    `evaluating` says what the run does after training."""
 
     def __init__(self, cfg: Config, metrics_file: Path, console: Console | None = None):
         self.metrics_file = Path(metrics_file)
         self.offset = 0
+        self.total_steps, self.max_minutes = cfg.run.total_agent_steps, cfg.run.max_minutes
         self.console = console or Console()
-        self.progress = Progress(TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=self.console)
-        self.task = self.progress.add_task("train", total=cfg.run.total_agent_steps, run=cfg.run.name,
-                                           status="waiting for the first metrics")
-        self.live = Live(self.progress, console=self.console, refresh_per_second=2, transient=False)
+        self.limit = limit = f" or {cfg.run.max_minutes:g} min" if cfg.run.max_minutes > 0 else ""
+        self.progress = Progress(TextColumn("[bold]{task.fields[run]}"), BarColumn(), TextColumn("{task.fields[steps]}"),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), console=self.console)
+        self.task = self.progress.add_task("train", total=1.0, run=cfg.run.name, eta="",
+                                           steps=f"0 / {self.total_steps:,} agent steps{limit}")
+        self.status = Text("waiting for the first metrics")
+        self.live = Live(Group(self.progress, self.status), console=self.console, refresh_per_second=2,
+                         transient=False)
         self.lock = threading.Lock()
 
     def refresh(self) -> dict | None:
-        """Advance the bar to the newest record's frames; returns that record (None if none is new)."""
+        """Advance the bar to the newest record; returns that record (None if none is new)."""
         if not self.metrics_file.is_file():
             return None
         with self.metrics_file.open() as f:
@@ -64,8 +96,17 @@ class LiveView:
             except json.JSONDecodeError:
                 continue
         if latest is not None:
-            self.progress.update(self.task, completed=latest.get("frames", 0), status=describe(latest))
+            fraction, eta = progress_to_end(latest, self.total_steps, self.max_minutes)
+            self.progress.update(self.task, completed=fraction, eta=eta,
+                                 steps=f"{latest.get('frames', 0):,} / {self.total_steps:,} agent steps{self.limit}")
+            self.status.plain = describe(latest)
         return latest
+
+    def evaluating(self, what: str) -> None:
+        """Training is over: the bar full, and the line below it `what` the run now does."""
+        self.refresh()
+        self.progress.update(self.task, completed=1.0, eta="trained")
+        self.status.plain = what
 
     def print_line(self, line: str) -> None:
         """A child's output line, printed above the bar."""
