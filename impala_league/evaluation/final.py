@@ -113,11 +113,11 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
                  if cfg.league.enabled else "no copy in checkpoints/history/")
     for entry in entries + [final]:
         for opponent, seats in {**entry["opponents"], **entry.get("judges", {})}.items():
-            log.info("  update %s%s, %s frames, vs %s: %s", entry["step"], " (final)" if entry is final else "",
+            log.info("  update %s%s, %s agent steps, vs %s: %s", entry["step"], " (final)" if entry is final else "",
                      f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
         if "built_in_player" in entry:
             r = entry["built_in_player"]
-            log.info("  update %s%s, %s frames, in %s vs the built-in player: mean return %+.1f over %d games",
+            log.info("  update %s%s, %s agent steps, in %s vs the built-in player: mean return %+.1f over %d games",
                      entry["step"], " (final)" if entry is final else "", f"{entry['frames'] or 0:,}", r["env"],
                      r["mean_return"], r["games"])
     return entries + [final]

@@ -184,7 +184,7 @@ def test_the_final_evaluation_plays_the_built_in_player_apart_from_the_training_
     assert over[0]["built_in_player"]["games"] == 2 and over[0]["built_in_player"]["seed"] == 0
     assert "held out: atari:Pong (ALE/Pong-v5) as first_0 of atari2p:pong against the built-in player, 2 games" \
         in caplog.text
-    assert "update 10, 40 frames, in atari:Pong vs the built-in player: mean return" in caplog.text
+    assert "update 10, 40 agent steps, in atari:Pong vs the built-in player: mean return" in caplog.text
     table = evaluation_table(record)
     assert "as first_0 against the game's built-in player, greedy, seed 0" in table
     assert table.count("<td>2</td><td>") == 2  # one row per policy (the games column)

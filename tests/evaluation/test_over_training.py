@@ -131,9 +131,9 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
     assert "as player_1: won" in text and "forced blocks" in text
     assert "over training: 2 earlier policies, 3 games per seat and bot" in text
     assert "leaving out" in text and "main-0000350.safetensors is corrupt" in text
-    assert "update 300, 3,000 frames, vs minimax:9: won" in text and "update 400 (final), 4,000 frames" in text
+    assert "update 300, 3,000 agent steps, vs minimax:9: won" in text and "update 400 (final), 4,000 agent steps" in text
     assert "held out: greedy policy vs judge mcts:30 over 3 games per seat" in text and "] of 3" in text
-    assert "update 300, 3,000 frames, vs mcts:10: won" in text
+    assert "update 300, 3,000 agent steps, vs mcts:10: won" in text
 
 
 @pytest.mark.parametrize("tactics, line", [
