@@ -8,9 +8,9 @@ from pathlib import Path
 from impala_league import REPO
 from impala_league.cli.common import load
 from impala_league.config import Rule, check_arguments
-from impala_league.distributed.deploy import (GRES_GPUS, OBJECT_NAME, ROLES, SLURM_NAME, SLURM_TIME, VOLUMES,
-                                              ClusterOptions, assignment_ok, cores, deploy, label_ok, size_bytes,
-                                              toleration)
+from impala_league.distributed.cluster import (GRES_GPUS, OBJECT_NAME, ROLES, SLURM_NAME, SLURM_TIME, VOLUMES,
+                                               ClusterOptions, assignment_ok, cores, label_ok, size_bytes, toleration)
+from impala_league.distributed.deploy import deploy
 
 NAME = "deploy"
 
@@ -49,7 +49,7 @@ def _positive(parse):
 
 
 # The options' own rules (config.check_arguments); what ties them to the target and the config is
-# deploy.check_options'.
+# cluster.check_options'.
 ARGUMENT_RULES = {
     "cpu": Rule(predicate=lambda v: assignment_ok(v, ROLES, _positive(cores)),
                 text=f"ROLE=CORES, ROLE one of {', '.join(ROLES)}, and CORES a number > 0 (2, 0.5, 500m)"),

@@ -39,7 +39,8 @@ from impala_league import REPO
 from impala_league.config import UserError, from_yaml_text
 from impala_league.checked_config import load_config
 from impala_league.distributed.wire import keys
-from impala_league.distributed.deploy import CONFIG_DIR, K8S_VERSION, RUNS_MOUNT, WAIT_REDIS_S
+from impala_league.distributed.cluster import RUNS_MOUNT, WAIT_REDIS_S
+from impala_league.distributed.k8s import CONFIG_DIR, K8S_VERSION
 from impala_league.distributed.launcher import learner_rank_args, redis_server_binary, worker_commands
 from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
@@ -342,7 +343,7 @@ def test_every_pod_asks_for_its_resources_and_a_gpu_learner_for_its_gpu(tmp_path
 def test_the_default_resources_follow_the_config():
     """An actor's CPUs from its envs (Atari's emulator threads), its memory from its envs and their
     unrolls; a learner's CPUs from its threads and ingest workers, its memory from its batches and replay."""
-    from impala_league.distributed.deploy import Resources, default_resources
+    from impala_league.distributed.cluster import Resources, default_resources
 
     base = default_resources(load_config(TICTACTOE))
     assert base["learner"] == Resources("2", "2304Mi")  # 1 update thread + the ingest thread; 2 GiB + batches
@@ -434,13 +435,13 @@ def test_the_sbatch_script_asks_for_its_time_partition_account_and_gpus_and_bind
 
 
 def test_node_0_keeps_cores_for_redis_and_each_learner_rank():
-    from impala_league.distributed.deploy import cpu_sets, node_cpus
+    from impala_league.distributed.slurm import cpu_sets, node_cpus
 
     # Redis, the other roles, then rank 0 and rank 1.
     assert cpu_sets(list(range(16)), 1, 4, 2) == ["0", "9-15", "1-4", "5-8"]
     assert cpu_sets([0, 2, 4, 6, 8, 9], 1, 2, 1) == ["0", "6,8-9", "2,4"]
     assert cpu_sets(list(range(5)), 1, 2, 2) is None  # nothing left for the others: no binding
-    code = ("from impala_league.distributed.deploy import node_cpus; import os; os.sched_setaffinity(0, {0}); "
+    code = ("from impala_league.distributed.slurm import node_cpus; import os; os.sched_setaffinity(0, {0}); "
             "print(*node_cpus(1, 2, 1))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.stdout.split() == ["0", "0", "0"] and "every role of node 0 runs on all of them" in done.stderr
@@ -457,7 +458,8 @@ def test_the_sbatch_script_trains_a_run_on_two_nodes_until_it_ends(tmp_path):
     namespace, the other node's `srun` in another, linked by a veth pair (root); else both here, the
     head node named 127.0.0.1. The run ends; the script exits 0, its Redis stopped; the accounting balances."""
     from bench.netns import linked_namespaces, namespaces_refused
-    from impala_league.distributed.deploy import check_cluster_config, render_slurm
+    from impala_league.distributed.cluster import check_cluster_config
+    from impala_league.distributed.slurm import render_slurm
 
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     settings = [f"run.name={name}", f"run.dir={tmp_path / 'shared'}", "run.max_minutes=0.08",
