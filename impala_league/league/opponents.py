@@ -8,6 +8,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -45,11 +46,23 @@ class Match:
     learner_seat: int = -1  # the seat the learner plays and learns from; -1 = every seat (self-play)
 
 
+@dataclass
+class LearnerWeights:
+    """Another learner's weights as an actor plays them: where they come from, the version and SHA-256
+    loaded (`ParamStore.name`: a changed pair means new weights), and the model made of them."""
+
+    store: ParamStore
+    version: int
+    digest: bytes | None
+    model: torch.nn.Module
+
+
 class Opponents:
     """The policies that play a learner's opponents, by id, loaded on first use and cached.
 
-    Ids: a learner id (`main`, ...) = that learner's latest published weights, re-read by `refresh`
-    into a new model (the one a running game holds is never changed under it); a snapshot id = frozen
+    Ids: a learner id (`main`, ...) = that learner's latest published weights (`learners`: id ->
+    LearnerWeights), re-read by `refresh` into a new model (the one a running game holds is never changed
+    under it); a snapshot id = frozen
     weights from the league store (beyond `league.opponent_cache` of them, the least recently used
     one is dropped from the cache; see "Evicted snapshots" below); an id that `bots` makes a bot of (`random`, `tactical`, `minimax:D`:
     evaluation.bots.league_bot, handed in by run.py) = that bot.
@@ -73,8 +86,8 @@ class Opponents:
     def __init__(self, client: redis.Redis, cfg: Config, spec, player: str, seed: int,
                  draw_seed: np.random.SeedSequence, bots: BotFactory | None = None,
                  replica: redis.Redis | None = None, replica_name: str = "replica"):
-        self.r = client
-        self.replica, self.replica_name = replica, replica_name  # other learners' weights come from there too
+        # Other learners' weights: from the run's Redis, or its read-only replica.
+        self._param_store = partial(ParamStore, client, replica=replica, replica_name=replica_name)
         self.cfg = cfg
         self.spec = spec
         self.player = player
@@ -84,8 +97,7 @@ class Opponents:
         self.make_bot = bots
         self.store = LeagueStore(client, cfg.run.name)
         self.snapshots: OrderedDict[str, torch.nn.Module] = OrderedDict()
-        self.learners: dict[str, tuple[ParamStore, int, torch.nn.Module]] = {}
-        self.digests: dict[str, bytes | None] = {}  # per learner id: SHA-256 of the weights loaded (ParamStore.name)
+        self.learners: dict[str, LearnerWeights] = {}
         self.bots: dict[str, object] = {}
         self.failed: set[str] = set()
         self.corrupt = 0  # weight blobs refused for a SHA-256 mismatch
@@ -109,7 +121,7 @@ class Opponents:
         """The exact weights `get(opponent_id)` returns now: `<learner>@<version>` for a learner, the
         id itself for a snapshot (frozen) or a bot."""
         if opponent_id in self.learners:
-            return f"{opponent_id}@{self.learners[opponent_id][1]}"
+            return f"{opponent_id}@{self.learners[opponent_id].version}"
         return opponent_id
 
     def get(self, opponent_id: str, in_use: set[str] = frozenset()):
@@ -119,7 +131,7 @@ class Opponents:
             self.snapshots.move_to_end(opponent_id)
             return self.snapshots[opponent_id]
         if opponent_id in self.learners:
-            return self.learners[opponent_id][2]
+            return self.learners[opponent_id].model
         if opponent_id in self.bots:
             return self.bots[opponent_id]
         if opponent_id in self.failed:
@@ -130,8 +142,7 @@ class Opponents:
                 self.bots[opponent_id] = bot
                 return bot
             if PLAYER_ID.fullmatch(opponent_id):
-                store = ParamStore(self.r, namespace(self.cfg.run.name, opponent_id), replica=self.replica,
-                                   replica_name=self.replica_name)
+                store = self._param_store(namespace(self.cfg.run.name, opponent_id))
                 try:
                     fetched = store.fetch()
                 except WeightsCorrupt as e:
@@ -140,9 +151,9 @@ class Opponents:
                     return None  # tried again at its next draw
                 if fetched is None:
                     return None  # that learner has not published yet: not a failure
-                self.learners[opponent_id] = (store, fetched[0], self._model(fetched[1]))
-                self.digests[opponent_id] = store.fetched_digest
-                return self.learners[opponent_id][2]
+                weights = LearnerWeights(store, fetched[0], store.fetched_digest, self._model(fetched[1]))
+                self.learners[opponent_id] = weights
+                return weights.model
             try:
                 data = self.store.snapshot(opponent_id)
             except WeightsCorrupt:
@@ -189,9 +200,10 @@ class Opponents:
         Weights failing their SHA-256 are logged and counted, and the previous ones kept. Then
         `fetch_pending`."""
         self.fetch_pending()
-        for opponent_id, (store, version, _) in list(self.learners.items()):
+        for opponent_id, loaded in list(self.learners.items()):
+            store, version = loaded.store, loaded.version
             # A new version, or the same number naming other weights (a rollback; see distributed/wire/params.py).
-            if store.name() != (version, self.digests.get(opponent_id)):
+            if store.name() != (version, loaded.digest):
                 try:
                     fetched = store.fetch()
                 except WeightsCorrupt as e:
@@ -205,8 +217,7 @@ class Opponents:
                         self._fail(opponent_id, f"weights do not fit: {str(e).splitlines()[0]}")
                         del self.learners[opponent_id]
                         continue
-                    self.learners[opponent_id] = (store, fetched[0], model)
-                    self.digests[opponent_id] = store.fetched_digest
+                    self.learners[opponent_id] = LearnerWeights(store, fetched[0], store.fetched_digest, model)
 
     def read_distribution(self) -> None:
         """Re-read the league's opponent distribution for `player`. Raises ValueError when the stored one

@@ -65,8 +65,8 @@ def test_swaps_at_random_steps_never_mix_two_opponent_versions_in_a_scored_game(
     actor.forward = spy
 
     def note_versions():
-        for opponent_id, (_, version, model) in actor.opponents.learners.items():
-            version_of[id(model)] = version
+        for loaded in actor.opponents.learners.values():
+            version_of[id(loaded.model)] = loaded.version
 
     rng = np.random.default_rng(0)
     version, results, swaps = 1, [], 0
