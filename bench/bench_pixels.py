@@ -30,7 +30,8 @@ import torch  # noqa: E402
 
 from impala_league.agents.model import make_model  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
-from impala_league.distributed.learner import Batch, learn_step, make_optimizer  # noqa: E402
+from impala_league.batch import Batch  # noqa: E402
+from impala_league.distributed.update import learn_step, make_optimizer  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402
 
 

@@ -18,7 +18,7 @@ NOT_PACKAGE = {"tests", "bench", "scripts", ".venv", "venv", ".git", "runs", "wa
 
 # Lowest first; a module may import modules of its own layer or of a lower one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plain data and pure math", ("config", "config_schema", "tracking", "distributed.vtrace")),
+    ("plain data and pure math", ("config", "config_schema", "tracking", "batch", "distributed.vtrace")),
     ("the math of learning", ("losses",)),
     ("games", ("envs",)),
     ("networks", ("agents",)),
@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Within the lowest layer each module imports nothing of ours, except config, which re-exports its schema,
 # and tracking, which reads the config.
 BASE_IMPORTS = {"config_schema": set(), "config": {"config_schema"}, "distributed.vtrace": set(),
-                "tracking": {"config"}}
+                "tracking": {"config"}, "batch": set()}
 # Training processes carry no plotting or report code.
 FORBIDDEN = (("distributed", "analysis", "training roles know no report code"),
              ("league", "analysis", "training roles know no report code"))
@@ -175,6 +175,8 @@ def test_the_known_wrong_ways_are_gone():
     assert not any(t.startswith(("distributed", "league", "evaluation", "analysis")) and t != "distributed.vtrace"
                    for m in GRAPH if m.startswith("agents") for t in GRAPH[m])
     assert not any(t.startswith("agents") for t in GRAPH["losses.actor_critic"])
+    # the learner's batch record is read by agents/ and losses/ from below them, not from distributed/
+    assert "batch" in GRAPH["agents.core"] and "batch" in GRAPH["losses.actor_critic"] and GRAPH["batch"] == set()
 
 
 def test_the_train_launcher_imports_no_torch():

@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from impala_league.batch import Batch
+
 NO_ACTION = -1  # the last action at an episode's first step: fed to the core as an all-zero one-hot
 
 
@@ -202,8 +204,8 @@ def flatten_steps(obs):
     return {k: v.flatten(0, 1) for k, v in obs.items()} if isinstance(obs, dict) else obs.flatten(0, 1)
 
 
-def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward pass of `model` over a learner batch's (distributed.learner.Batch) T+1 observations and
+def forward_batch(model: Network, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward pass of `model` over a learner batch's (impala_league.batch.Batch) T+1 observations and
     its final observations together.
 
     Returns logits [T+1, B, ...] and values [T+1, B] (with gradient), and final_values [T, B]: V of the
@@ -237,7 +239,7 @@ def forward_batch(model: Network, batch) -> tuple[torch.Tensor, torch.Tensor, to
     return logits.view(T + 1, B, -1), values.view(T + 1, B), final_values
 
 
-def recurrent_features(core, features: torch.Tensor, batch) -> torch.Tensor:
+def recurrent_features(core, features: torch.Tensor, batch: Batch) -> torch.Tensor:
     """The core's outputs for the torso's `features` [(T+1) B + N, F] (the batch's T+1 steps time-major,
     then its N final observations) -> [(T+1) B + N, core_size], row for row.
 

@@ -22,10 +22,14 @@ from safetensors import SafetensorError
 
 from impala_league.agents.core import forward_batch
 from impala_league.agents.heads import DiscreteHead
+from impala_league.batch import Batch
 from impala_league.config import Config
 from impala_league.distributed.actor import Actor
 from impala_league.distributed.wire.codec import DecodeError, decode_weights, encode_weights, unpack_message
-from impala_league.distributed.learner import Batch, Ingest, Learner, optimizer_step
+from impala_league.distributed.learner import Learner
+from impala_league.distributed.learner_ingest import Ingest
+from impala_league.distributed.mirror import mirrored
+from impala_league.distributed.update import optimizer_step
 from impala_league.distributed.wire.transport import TrajectoryStream
 from impala_league.league.opponents import BotFactory
 from impala_league.league.players import MAIN, namespace
@@ -121,7 +125,7 @@ class A3CWorker(Actor):
             return True
         batch = Batch.stack(unrolls, torch.device("cpu"))
         if self.mirror:
-            batch = batch.with_mirror(self.spec)
+            batch = mirrored(batch, self.spec)
         self.policy.model.zero_grad(set_to_none=True)
         loss, parts = actor_critic_loss(*forward_batch(self.policy.model, batch), batch, self.loss_cfg, DiscreteHead())
         loss.backward()

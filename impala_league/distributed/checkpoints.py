@@ -2,9 +2,10 @@
 
 The file's format (one safetensors file: tensors, config, meta; atomic writes) is agents/checkpoint.py's.
 `Checkpoints` owns the file and the state of the run that it carries from one learner process to the
-next, beside the model and the optimizer: the training seconds, the stream's trained count (which tells
-a resumed learner how many acked unrolls its model lacks), the delivery counters of metrics.jsonl (so
-that they continue on a new Redis), the league's resets and whether the run finished.
+next, beside the model and the optimizer: the training clock (distributed/clock.py: the training
+seconds and the stream's trained count, which tells a resumed learner how many acked unrolls its model
+lacks), the delivery counters of metrics.jsonl (so that they continue on a new Redis), the league's
+resets and whether the run finished.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from impala_league.agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state, read_checkpoint,
-                               save_checkpoint)
+from impala_league.agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state,
+                                             read_checkpoint, save_checkpoint)
 from impala_league.config import Config, to_yaml, without_secrets
+from impala_league.distributed.clock import TrainingClock
 from impala_league.distributed.history import CheckpointHistory
 from impala_league.distributed.ownership import owns_run_dir
 from impala_league.evaluation.bots import GAMES
@@ -35,11 +37,10 @@ class Checkpoints:
     (`path`), and the run's state it carries across processes (each value is the checkpoint meta's key
     of the same name):
 
-    elapsed_s (`elapsed()`): the run's training seconds, those of earlier processes (`elapsed_before`,
-      restored) and this one's since `start_clock`; run.max_minutes and the `linear` schedule count them.
-    unrolls_trained: `{ns}:traj:trained` as of the last ack. After a crash, the unrolls acked after the
+    elapsed_s, unrolls_trained: the training clock (`clock`, a `TrainingClock`): the run's training
+      seconds, and `{ns}:traj:trained` as of the last ack. After a crash, the unrolls acked after the
       checkpoint was written were trained on by updates the resumed model lacks: `count_rolled_back`
-      counts them (`rolled_back`, see docs/architecture.md).
+      counts them (`clock.rolled_back`, see docs/architecture.md).
     counters: the delivery counters of metrics.jsonl (COUNTERS). On a new Redis (an embedded one is new
       every run) they start again from 0, so `carry` adds the checkpoint's values (`counter_base`).
     league_resets: the league's resets of this learner applied to its weights, so that a reset asked for
@@ -60,12 +61,8 @@ class Checkpoints:
         self.label = label
         self.history = (CheckpointHistory(self.path)
                         if player == MAIN and not cfg.league.enabled and cfg.env.name in GAMES else None)
-        self.elapsed_before = 0.0  # seconds
-        self.started: float | None = None  # monotonic start of this process's training
+        self.clock = TrainingClock()
         self.last_saved = 0.0  # monotonic time of the last `due` checkpoint
-        self.unrolls_trained = 0
-        self.restored_trained: int | None = None
-        self.rolled_back = 0
         self.restored_counters: dict[str, int] = {}
         self.counter_base: dict[str, int] = {}
         self.last_counters: dict[str, int] = {}
@@ -88,8 +85,7 @@ class Checkpoints:
             meta = json.loads(metadata["meta"])
             step, frames = int(meta["step"]), int(meta["frames"])
             self.league_resets = int(meta.get("league_resets", 0))
-            self.restored_trained = int(meta.get("unrolls_trained", 0))
-            self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+            self.clock.restore(meta)
             self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"--resume: {self.path} does not fit this run's config (were "
@@ -111,21 +107,27 @@ class Checkpoints:
             return
         save_checkpoint(self.path, model, optimizer, to_yaml(without_secrets(self.cfg)),
                         {"step": step, "frames": frames, "params_version": step,
-                         "league_resets": self.league_resets, "unrolls_trained": self.unrolls_trained,
-                         "env": self.env, "time": time.time(), "elapsed_s": self.elapsed(),
+                         "league_resets": self.league_resets, **self.clock.meta(),
+                         "env": self.env, "time": time.time(),
                          "counters": self.last_counters or self.counter_base,
                          "finished": self.finished})
         if self.history is not None:
             self.history.update()
 
-    def start_clock(self, now: float) -> None:
-        """Training starts at `now` (monotonic seconds): this process's seconds count from it, and so
-        does the time to the first `due` checkpoint."""
-        self.started = self.last_saved = now
+    @property
+    def unrolls_trained(self) -> int:
+        """The stream's trained count the next checkpoint records (the clock's)."""
+        return self.clock.unrolls_trained
 
-    def elapsed(self) -> float:
-        """Training seconds of the whole run: earlier processes' (restored) plus this one's."""
-        return self.elapsed_before + (0.0 if self.started is None else time.monotonic() - self.started)
+    @unrolls_trained.setter
+    def unrolls_trained(self, trained: int) -> None:
+        self.clock.unrolls_trained = trained
+
+    def start(self, now: float) -> None:
+        """Training starts at `now` (monotonic seconds): the clock counts this process's seconds from it,
+        and the first `due` checkpoint is learner.checkpoint_every_s after it."""
+        self.clock.start(now)
+        self.last_saved = now
 
     def due(self, now: float) -> bool:
         """Whether `learner.checkpoint_every_s` has passed since the last checkpoint that was due (at
@@ -136,18 +138,11 @@ class Checkpoints:
         return True
 
     def count_rolled_back(self, trained: int) -> None:
-        """After a resume, with the stream's trained count now (`trained`): unrolls acked after the
-        checkpoint was written were trained on by updates that died with the old process. They stay
-        counted as trained; this counts and logs them. A count below the checkpoint's is a new Redis,
+        """After a resume, with the stream's trained count now (`trained`): the clock counts the unrolls
+        rolled back (`TrainingClock.count_rolled_back`). A count below the checkpoint's is a new Redis,
         whose delivery counters start again: the checkpoint's are added to them from now on."""
-        self.unrolls_trained = trained
-        if self.restored_trained is not None and self.unrolls_trained < self.restored_trained:
+        if self.clock.count_rolled_back(trained):
             self.counter_base = dict(self.restored_counters)  # a new Redis: its counts restarted
-        if self.restored_trained is not None and self.unrolls_trained > self.restored_trained:
-            self.rolled_back = self.unrolls_trained - self.restored_trained
-            log.warning("%d unrolls acked after the checkpoint (trained count %d -> %d) were trained on by updates "
-                        "the resumed model does not have (the previous learner died before checkpointing them)",
-                        self.rolled_back, self.restored_trained, self.unrolls_trained)
 
     def carry(self, counts: dict[str, float]) -> dict[str, float]:
         """The stream's `accounting()` with the counters of earlier Redis servers of the run added

@@ -14,9 +14,9 @@ import queue
 import threading
 from typing import Callable, Generic, TypeVar
 
-import numpy as np
 import redis
 
+from impala_league.batch import stack_entries, unstack  # noqa: F401  (the batch's own; ingest workers stack with it)
 from impala_league.distributed.wire.codec import DecodeError
 from impala_league.distributed.wire.shards import ShardedTrajectories, ShardEntry
 from impala_league.distributed.wire.transport import DeadConsumerSweeper
@@ -167,36 +167,3 @@ class BatchReader:
                 self.trajectories.touch(self.consumer, held)
             except redis.RedisError as e:  # the reads report a lost Redis; this tries again next time
                 log.debug("could not renew the entries in flight: %s", e)
-
-
-def stack_entries(entries: list[dict[str, np.ndarray]],
-                  alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """The unrolls of decoded stream entries (`codec.decode_unrolls`: arrays [n_e, ...], final
-    observations [N_e, ...]), one after the other, as time-major arrays of U = sum n_e unrolls:
-    obs [T+1, U, ...], action [T, U], ... (`UnrollSpec`'s arrays with U after the time axis), and the
-    final observations concatenated, [N, ...] with N = sum N_e (unroll after unroll, in step order).
-
-    alloc(name, shape, dtype) gives each output array, in the order of the entries' arrays (default:
-    new memory; an ingest worker places them in a shared-memory slot). Each array is copied twice (concatenate, then the time-major copy): two
-    numpy calls per array whatever the number of entries.
-
-    An entry without final observations (an actor's own unrolls leave them out when no step is
-    truncated: N_e = 0) adds no rows to them, whichever entry comes first. Raises KeyError when an entry
-    lacks any other array."""
-    out = {}
-    for name in dict.fromkeys(name for e in entries for name in e):  # every entry's names, first seen first
-        finals = name.startswith("final_obs")
-        joined = np.concatenate([e[name] for e in entries if not finals or name in e])
-        target = joined if finals else joined.swapaxes(0, 1)
-        out[name] = alloc(name, target.shape, target.dtype) if alloc else np.empty(target.shape, target.dtype)
-        np.copyto(out[name], target)
-    return out
-
-
-def unstack(arrays: dict[str, np.ndarray], first: int | None = None) -> list[dict[str, np.ndarray]]:
-    """The U unrolls of `stack_entries`'s arrays (or the `first` of them), each as `UnrollSpec` lists them
-    ([T+1, ...], final observations [N_u, ...]): views, no copies."""
-    counts = np.count_nonzero(arrays["truncated"], axis=0)
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    return [{name: a[bounds[u]:bounds[u + 1]] if name.startswith("final_obs") else a[:, u] for name, a in arrays.items()}
-            for u in range(len(counts) if first is None else first)]

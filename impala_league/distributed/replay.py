@@ -11,11 +11,14 @@ buffer, in memory only: a resumed learner starts with an empty one.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import deque
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from impala_league.config import Config, ConfigError
+from impala_league.distributed.wire.codec import UnrollSpec
 
 
 class Replayed(NamedTuple):
@@ -88,6 +91,19 @@ class ReplayBuffer:
         with self.lock:
             self.items.clear()
             self.nbytes = 0
+
+
+def make_replay(cfg: Config, unroll_spec: UnrollSpec, replayed: int, rank: int, player: str) -> ReplayBuffer:
+    """The replay of learner `rank` of `player`, seeded by run.seed, its rank and its player (crc32:
+    Python's str hash differs between processes). Raises ConfigError when learner.replay_memory_mb cannot
+    hold the `replayed` unrolls a batch replays."""
+    capacity = int(cfg.learner.replay_memory_mb * 2**20)
+    largest = unroll_spec.max_unroll_nbytes
+    if capacity < replayed * largest:
+        raise ConfigError(f"learner.replay_memory_mb={cfg.learner.replay_memory_mb} holds fewer than the "
+                          f"{replayed} unrolls a batch replays (up to {largest / 2**20:.3f} MB each for "
+                          f"{unroll_spec.env.name} with T={cfg.actor.unroll_length}): raise it")
+    return ReplayBuffer(capacity, seed=(cfg.run.seed, rank, zlib.crc32(player.encode())))
 
 
 def _read_only_copy(a: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The actor-critic losses of IMPALA (Espeholt et al. 2018, sec. 4) on a batch of unrolls, under one of the
 off-policy corrections of its Table 2, from what the network computed on the batch.
 
-`batch` is the learner's stacked batch (distributed.learner.Batch), read for its time-major `[T, B]`
+`batch` is the learner's stacked batch (impala_league.batch.Batch), read for its time-major `[T, B]`
 fields: reward, done, truncated, action and behaviour_logits. `head` is the policy head of the network's
 action space (agents.heads: DiscreteHead, FunctionCallHead), read through `ActionHead`.
 """
@@ -13,8 +13,9 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from impala_league.config import LearnerConfig
 import impala_league.distributed.vtrace as vtrace
+from impala_league.batch import Batch
+from impala_league.config import LearnerConfig
 
 
 class ActionHead(Protocol):
@@ -47,7 +48,7 @@ class Targets(NamedTuple):
     log_rhos: torch.Tensor
 
 
-def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch, cfg: LearnerConfig,
+def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch: Batch, cfg: LearnerConfig,
                        head: ActionHead, final_values: torch.Tensor | None = None) -> Targets:
     """Value targets and policy-gradient advantages under the off-policy correction `cfg.correction`
     (IMPALA, Espeholt et al. 2018, Table 2 and appendix D):
@@ -107,7 +108,7 @@ def off_policy_targets(logits: torch.Tensor, values: torch.Tensor, batch, cfg: L
     return Targets(plain.vs, plain.pg_advantages, log_pi, log_rhos)
 
 
-def actor_critic_loss(logits: torch.Tensor, values: torch.Tensor, final_values: torch.Tensor | None, batch,
+def actor_critic_loss(logits: torch.Tensor, values: torch.Tensor, final_values: torch.Tensor | None, batch: Batch,
                       cfg: LearnerConfig, head: ActionHead) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The IMPALA loss on `batch` (with gradient) and its parts and diagnostics (0-dim tensors, no gradient),
     from the network's outputs on it (agents.core.forward_batch): logits [T+1, B, ...] (masked) and values

@@ -17,7 +17,8 @@ from impala_league import REPO
 from impala_league.agents.model import make_model, policy_head
 from impala_league.config import AgentConfig, ConfigError, LearnerConfig, from_yaml_text, validate
 from impala_league.distributed.data_parallel import average_gradients, broadcast_state, join
-from impala_league.distributed.learner import Batch, learn_step, make_optimizer
+from impala_league.batch import Batch
+from impala_league.distributed.update import learn_step, make_optimizer
 from impala_league.envs.registry import env_spec
 
 T, B, UPDATES = 5, 3, 4

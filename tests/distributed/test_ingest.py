@@ -8,13 +8,11 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from impala_league.distributed.ingest import Prefetcher
-from impala_league.distributed.learner import Batch
 from impala_league.distributed.wire.transport import GROUP, TrajectoryStream
 from tests.distributed.test_delivery import run_learner_until
-from tests.distributed.test_faults import T, encode, small_config, valid_unroll
+from tests.distributed.test_faults import encode, small_config, valid_unroll
 
 
 def test_prefetcher_keeps_depth_items_ready_and_ends_with_none():
@@ -106,15 +104,6 @@ def test_nothing_prefetched_is_acked_when_the_learner_stops(tmp_path, redis_clie
     assert redis_client.xpending(key, GROUP)["pending"] == 0
 
 
-def test_a_stacked_batch_moves_to_the_device_unchanged():
-    unrolls = [valid_unroll(1.0), valid_unroll(-1.0), valid_unroll(0.5)]
-    batch = Batch.stack(unrolls, torch.device("cpu"))
-    moved = batch.to(torch.device("cpu"))
-    assert moved.obs.shape == (T + 1, 3, *unrolls[0]["obs"].shape[1:])
-    np.testing.assert_array_equal(moved.reward[0].numpy(), [1.0, -1.0, 0.5])
-    assert moved.done.dtype == torch.bool
-
-
 def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, redis_url, run_name):
     """With prefetch, the ingest thread reads batch k+1 while update k runs: some read starts before
     an update that began earlier has ended."""
@@ -144,15 +133,3 @@ def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, re
     reads = [t for n, k, t in events if n == "ingest" and k == "start"]
     assert len(updates) >= 4
     assert any(s < r < e for s, e in updates for r in reads)
-
-
-def test_an_actors_own_unrolls_without_final_observations_stack_and_mirror():
-    """A3C workers stack their own buffers' unrolls, which leave `final_obs` out when no step is
-    truncated: the batch then has N = 0 final observations, also after the board's mirror."""
-    from impala_league.envs.registry import env_spec
-
-    unrolls = [dict(valid_unroll(1.0), truncated=np.zeros(T, np.uint8)) for _ in range(2)]
-    batch = Batch.stack(unrolls, torch.device("cpu"))
-    assert batch.final_obs.shape == (0, *unrolls[0]["obs"].shape[1:]) and batch.final_t.shape == (0,)
-    mirrored = batch.with_mirror(env_spec("tictactoe"))
-    assert mirrored.final_obs.shape[0] == 0 and mirrored.reward.shape == (T, 4)

@@ -19,7 +19,8 @@ from impala_league.config import ConfigError
 from impala_league.distributed.wire.codec import UnrollSpec, decode_unrolls
 from impala_league.distributed.ingest import BatchReader, stack_entries, unstack
 from impala_league.distributed.ingest_workers import IngestWorkerError, _check_shared_memory
-from impala_league.distributed.learner import Batch, Learner
+from impala_league.batch import Batch
+from impala_league.distributed.learner import Learner
 from impala_league.distributed.wire.shards import ShardedTrajectories
 from impala_league.distributed.wire.transport import GROUP, DeadConsumerSweeper, TrajectoryStream
 from impala_league.envs.registry import env_spec

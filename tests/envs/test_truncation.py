@@ -21,7 +21,7 @@ from impala_league.agents.heads import DiscreteHead
 from impala_league.config import LearnerConfig
 from impala_league.distributed.actor import UnrollBuffer
 from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unroll, decode_unrolls, encode_unroll
-from impala_league.distributed.learner import Batch
+from impala_league.batch import Batch
 from impala_league.envs.aec import AECAdapter
 from impala_league.envs.parallel import ParallelAdapter
 from impala_league.envs.registry import EnvSpec, make_env

@@ -32,7 +32,7 @@ from impala_league.distributed.wire.codec import (
     encode_weights,
     split_unrolls,
 )
-from impala_league.distributed.learner import Batch
+from impala_league.batch import Batch
 from impala_league.envs.registry import env_spec
 
 T = 24
