@@ -186,7 +186,8 @@ class LeagueManager:
     def rebalance_snapshots(self, fill: bool = False) -> None:
         """Take the actors' asks, then make Redis hold the chosen snapshots (league/residency.py), with
         `fill` all of them at once (the first pass: a resumed league's Redis may be empty), else a few
-        (residency.LOADS_PER_PASS, LOAD_BUDGET_S). A snapshot whose file cannot be loaded leaves the league, the reason logged."""
+        (residency.LOADS_PER_PASS, LOAD_BUDGET_S). A snapshot whose file cannot be loaded leaves the league,
+        the reason logged."""
         self.residency.take_wants(set(self.state.snapshots()))
         for snapshot_id, why in self.residency.rebalance(*self.state.residency_inputs(), fill=fill).items():
             self.drop(snapshot_id, why)
