@@ -45,7 +45,7 @@ import redis
 from impala_league import REPO
 from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unrolls
 from impala_league.distributed.ingest import BatchReader, stack_entries
-from impala_league.distributed.launcher import die_with_parent
+from impala_league.distributed.children import die_with_parent
 from impala_league.distributed.wire.shards import ShardedTrajectories, ShardEntry
 from impala_league.config import UserError
 from impala_league.distributed.wire.transport import RedisUnavailable, connect

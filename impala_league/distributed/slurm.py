@@ -62,7 +62,7 @@ export IMPALA_REDIS_URL="redis://:${{REDIS_PASSWORD}}@${{HEAD}}:${{REDIS_PORT}}/
 read -ra BIND <<< "$("$PYTHON" -c 'import sys; from impala_league.distributed.slurm import node_cpus; print(*node_cpus(*map(int, sys.argv[1:])))' {redis_cores} {learner_cores} {ranks})"
 
 # Redis on node 0 (the binary `run.py train` embeds): the password on stdin, not on the command line.
-REDIS_SERVER=$("$PYTHON" -c 'from impala_league.distributed.launcher import redis_server_binary; print(redis_server_binary())')
+REDIS_SERVER=$("$PYTHON" -c 'from impala_league.distributed.embedded_redis import redis_server_binary; print(redis_server_binary())')
 if [ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ]; then
     rm -rf "$RUN_DIR/redis"  # a fresh start: what an earlier job of this run left must not be loaded
 fi

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from impala_league.distributed import launcher
+from impala_league.distributed import children
 from impala_league.distributed.restarts import RestartBudget
 
 
@@ -53,17 +53,17 @@ def test_a_budget_that_means_nothing_is_refused(max_restarts, window_s):
         RestartBudget(max_restarts, window_s)
 
 
-def _workers(monkeypatch, client, run_name: str, clock: Clock) -> launcher.Workers:
+def _workers(monkeypatch, client, run_name: str, clock: Clock) -> children.Workers:
     """Two actors whose every start is a process that exits with code 1 at once."""
-    monkeypatch.setattr(launcher, "_spawn", lambda *args, **kwargs: subprocess.Popen(
+    monkeypatch.setattr(children, "spawn", lambda *args, **kwargs: subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.exit(1)"]))
     commands = {f"actor #{i}": ("actor", ["--player", "main"], 0) for i in (1, 2)}
-    workers = launcher.Workers(commands, None, "redis://unused", client, run_name, RestartBudget(20, 600.0, clock))
+    workers = children.Workers(commands, None, "redis://unused", client, run_name, RestartBudget(20, 600.0, clock))
     workers.start()
     return workers
 
 
-def _crash_all(workers: launcher.Workers) -> None:
+def _crash_all(workers: children.Workers) -> None:
     for proc in workers.procs.values():
         proc.wait(timeout=30)
 

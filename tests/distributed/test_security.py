@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from impala_league import REPO
-from impala_league.distributed.launcher import EmbeddedRedis, _free_port, redis_server_binary
+from impala_league.distributed.embedded_redis import EmbeddedRedis, free_port, redis_server_binary
 from impala_league.distributed.wire.transport import RedisUnavailable, TrajectoryStream, connect
 from tests.background import Background
 from tests.distributed.test_delivery import run_learner_until
@@ -49,7 +49,7 @@ def tls_redis(tmp_path):
     if shutil.which("openssl") is None:
         pytest.skip("no openssl to make test certificates")
     ca, cert, key = make_certificates(tmp_path)
-    password, port = secrets.token_hex(16), _free_port()
+    password, port = secrets.token_hex(16), free_port()
     binary = redis_server_binary()
     proc = subprocess.Popen([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file",
                              str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients",

@@ -21,7 +21,8 @@ import pytest
 
 from impala_league import REPO
 from impala_league.distributed.wire import keys
-from impala_league.distributed.launcher import _describe_exit, redis_server_binary
+from impala_league.distributed.children import describe_exit
+from impala_league.distributed.embedded_redis import redis_server_binary
 from impala_league.distributed.ownership import PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
 from impala_league.distributed.wire.transport import RedisUnavailable, RedisUnreachable, connect
 
@@ -39,9 +40,9 @@ def closed_port() -> int:
 
 def test_exit_codes_are_distinct_and_named():
     assert len({USER_ERROR_EXIT, PEER_LOST_EXIT, REDIS_UNREACHABLE_EXIT} | {0, 1}) == 5
-    assert _describe_exit(REDIS_UNREACHABLE_EXIT) == "exited with code 4 (Redis unreachable at start)"
-    assert _describe_exit(1) == "exited with code 1"
-    assert _describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert describe_exit(REDIS_UNREACHABLE_EXIT) == "exited with code 4 (Redis unreachable at start)"
+    assert describe_exit(1) == "exited with code 1"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
 
 
 # -- connect(wait_s=...) in this process ------------------------------------------------------------
