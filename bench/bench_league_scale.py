@@ -45,7 +45,8 @@ from impala_league.distributed.wire.params import ParamStore  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402
 from impala_league.league.manager import LeagueManager  # noqa: E402
 from impala_league.league.payoff import Rating, Record  # noqa: E402
-from impala_league.league.players import namespace  # noqa: E402
+from impala_league.league.players import namespace, role  # noqa: E402
+from impala_league.league.state import Member  # noqa: E402
 
 LEARNERS = ("main", "main_exploiter_0", "league_exploiter_0")
 PARTS = ("results", "snapshot", "pfsp", "residency", "pass", "save")
@@ -71,24 +72,23 @@ def build(cfg, url: str, run_dir: Path, n: int, rng: np.random.Generator) -> Lea
         player = LEARNERS[0] if k % 5 < 3 else LEARNERS[1 + k % 5 % 2]
         snapshot_id = f"{player}-{k + 1:07d}"
         shutil.copyfile(source, manager.residency.path(snapshot_id))
-        manager.members[snapshot_id] = {"kind": "snapshot", "id": snapshot_id, "player": player, "role":
-                                        player.rsplit("_", 1)[0] if player != "main" else "main", "step": k + 1,
-                                        "frames": 0, "parent": None, "created": now - n + k}
-    for s in manager.snapshots():
-        manager.elo.ratings[s] = Rating(float(rng.normal(0, 200)), 10.0)
+        manager.state.members[snapshot_id] = Member(snapshot_id, "snapshot", role(player), player, k + 1, 0, None,
+                                                    now - n + k)
+    for s in manager.state.snapshots():
+        manager.state.elo.ratings[s] = Rating(float(rng.normal(0, 200)), 10.0)
         for p in LEARNERS:
             w, d, l = rng.integers(0, 15, 3).astype(float)
-            manager.payoff.records[(p, s)] = Record(w, d, l)
-            manager.payoff.records[(s, p)] = Record(l, d, w)
+            manager.state.payoff.records[(p, s)] = Record(w, d, l)
+            manager.state.payoff.records[(s, p)] = Record(l, d, w)
             for seat in (0, 1):
-                manager.payoff.seat_records[(p, s, seat)] = Record(w / 2, d / 2, l / 2)
-    manager.payoff.seats.update((0, 1))
-    manager.last_snapshot = {p: 1 for p in LEARNERS}
+                manager.state.payoff.seat_records[(p, s, seat)] = Record(w / 2, d / 2, l / 2)
+    manager.state.payoff.seats.update((0, 1))
+    manager.state.last_snapshot = {p: 1 for p in LEARNERS}
     return manager
 
 
 def post_results(manager: LeagueManager, count: int, rng: np.random.Generator) -> None:
-    snapshots = manager.snapshots()
+    snapshots = manager.state.snapshots()
     pipe = manager.redis.pipeline(transaction=False)
     for _ in range(count):
         opponent = snapshots[rng.integers(len(snapshots))]
@@ -103,7 +103,7 @@ def timed_pass(manager: LeagueManager, version: int, results: int, wants: int,
     """One pass of `LeagueManager.one_pass`, each part timed (seconds), after `results` results and
     `wants` actors' asks for random snapshots."""
     post_results(manager, results, rng)
-    snapshots = manager.snapshots()
+    snapshots = manager.state.snapshots()
     for k in rng.choice(len(snapshots), size=min(wants, len(snapshots)), replace=False):
         manager.store.want(snapshots[k])
     ParamStore(manager.redis, namespace(manager.cfg.run.name, "main")).publish(
@@ -120,7 +120,7 @@ def timed_pass(manager: LeagueManager, version: int, results: int, wants: int,
 
 def figures_seconds(cfg, run_dir: Path, manager: LeagueManager) -> float:
     """Seconds to draw the report's league figures from 100 ratings lines and the saved state."""
-    line = json.dumps({"time": time.time(), "games": 0, "elo": {m: r.elo for m, r in manager.elo.ratings.items()}})
+    line = json.dumps({"time": time.time(), "games": 0, "elo": {m: r.elo for m, r in manager.state.elo.ratings.items()}})
     (run_dir / "league" / "ratings.jsonl").write_text((line + "\n") * 100)
     start = time.perf_counter()
     figs = league_figures(Run(run_dir, cfg, [], time.time() - 100))
@@ -150,7 +150,7 @@ def measure(n: int, passes: int, results: int, wants: int, url: str, root: Path)
     resumed.publish()
     resumed.rebalance_snapshots(fill=True)
     filled = time.perf_counter()
-    row = {"players": len(manager.members), "state_mb": state_mb, "resume_s": loaded - start,
+    row = {"players": len(manager.state.members), "state_mb": state_mb, "resume_s": loaded - start,
            "fill_s": filled - loaded, "figures_s": figures_seconds(cfg, run_dir, manager)}
     for part in PARTS:
         values = [r[part] for r in runs]
