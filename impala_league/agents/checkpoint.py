@@ -5,6 +5,13 @@ Metadata (strings in the safetensors header): `config` (resolved YAML), `meta` (
 frames, params version, consumed stream position), `optim_groups` (JSON: optimizer hyperparameters) and
 `tensors_sha256` (see `tensors_digest`), which `read_checkpoint` verifies before returning anything.
 A `checkpoint.json` beside it repeats `meta` for people; loading never reads it. Nothing is pickled.
+
+The network's names are those of agents.core.Network (`torso.*`, `core.*`, `heads.*`). Checkpoints (and
+league snapshots) written before the torso and heads were modules of their own name them as
+ActorCritic's and FullyConv's attributes did (`fc.0.weight`, `pixels.trunk.0.weight`, `policy.weight`,
+`head_layers.3.bias`, ...): `upgrade_model_keys` renames them, and Network.load_state_dict applies it,
+so they load as they are. The parameters' order did not change, so the optimizer's `optim.<index>`
+tensors still belong to the same parameters.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import yaml
@@ -167,6 +174,31 @@ def check_network(metadata: dict[str, str], cfg, path: str | Path) -> None:
         raise CheckpointError(f"{path} holds a network with {describe_network(saved)}; this config asks for "
                               f"{describe_network(cfg.agent)}: set agent.torso, agent.core and agent.core_size as "
                               "the checkpoint's run had them, or start a new run")
+
+
+# The first name of a key in the layout before agents.core.Network -> its name now. `core.` (the LSTM) kept
+# its name; in the pixel torsos the torso module itself was `pixels`.
+OLD_MODEL_PREFIXES = {
+    "conv": "torso.conv", "fc": "torso.fc", "pixels": "torso",  # ActorCritic's torsos
+    "policy": "heads.policy", "baseline": "heads.baseline",  # ActorCritic's heads, and FullyConv's baseline
+    "screen_features": "torso.screen_features", "minimap_features": "torso.minimap_features",  # FullyConv
+    "screen_tower": "torso.screen_tower", "minimap_tower": "torso.minimap_tower",
+    "spatial_policy": "torso.spatial_policy", "head_layers": "heads.dense",
+}
+
+
+def upgrade_model_keys(state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """A network's state dict with the keys of the layout before agents.core.Network renamed by
+    OLD_MODEL_PREFIXES (`fc.0.weight` -> `torso.fc.0.weight`, `pixels.trunk.0.bias` ->
+    `torso.trunk.0.bias`, `head_layers.2.weight` -> `heads.dense.2.weight`); `state` itself, unchanged,
+    when none of its keys is an old one."""
+    def renamed(key: str) -> str:
+        first, _, rest = key.partition(".")
+        return f"{OLD_MODEL_PREFIXES[first]}.{rest}" if first in OLD_MODEL_PREFIXES and rest else key
+
+    if not any(renamed(k) != k for k in state):
+        return state
+    return {renamed(k): v for k, v in state.items()}
 
 
 def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The network of a config, assembled as torso -> (core) -> heads (agents.core.Network), and the policy
+"""The network of a config, assembled as torso -> core -> heads (agents.core.Network), and the policy
 head that reads its logits: the one place that picks them, by `agent.torso` and the env's action space."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def policy_head(spec) -> DiscreteHead | FunctionCallHead:
 def make_model(spec, cfg) -> Network:
     """The actor-critic network for EnvSpec `spec` and AgentConfig `cfg`, chosen by `cfg.torso`: SC2LE's
     FullyConv for `fullyconv` (StarCraft II; config.validate pairs the two), else agents.network.ActorCritic
-    with the conv, mlp or a pixel torso. Both are agents.core.Network: called as
-    `model(obs, action_mask)` without a core, stepped with `model.step(obs, action_mask, core_input)`."""
+    with the torso of that name in agents.torsos.TORSOS. Both are agents.core.Network (torso -> core ->
+    heads): called as `model(obs, action_mask)` with the identity core (`agent.core: none`), stepped with
+    `model.step(obs, action_mask, core_input)`."""
     if cfg.torso == "fullyconv":  # pysc2 is imported by StarCraft II processes only
         from impala_league.agents.fullyconv import FullyConv
         from impala_league.envs.sc2_wrappers.actions import FunctionCallCodec

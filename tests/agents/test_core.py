@@ -46,8 +46,8 @@ def random_model(cfg, seed: int = 0):
     with torch.no_grad():
         for p in model.core.parameters():
             p.mul_(4.0)
-        if hasattr(model, "policy"):
-            model.policy.weight.mul_(4.0)
+        if hasattr(model.heads, "policy"):  # ActorCritic's LinearHeads; FullyConv's are kept
+            model.heads.policy.weight.mul_(4.0)
     return model.eval()
 
 
@@ -155,7 +155,7 @@ def test_an_update_trains_the_core_and_the_torso():
     stats = learn_step(model, make_optimizer(model, cfg.learner), hand_batch(), cfg.learner)
     assert stats["skipped_update"] == 0.0
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
-    assert {"core.lstm.weight_ih_l0", "core.lstm.weight_hh_l0", "fc.0.weight", "policy.weight"} <= changed
+    assert {"core.lstm.weight_ih_l0", "core.lstm.weight_hh_l0", "torso.fc.0.weight", "heads.policy.weight"} <= changed
 
 
 def memory_policy(cfg) -> Policy:
@@ -168,11 +168,11 @@ def memory_policy(cfg) -> Policy:
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        model.fc[0].weight.copy_(torch.eye(3))
+        model.torso.fc[0].weight.copy_(torch.eye(3))
         lstm = model.core.lstm  # gates in PyTorch's order: input, forget, cell, output
         lstm.bias_ih_l0.copy_(torch.tensor([10.0, 10.0, 0.0, 10.0]))
         lstm.weight_ih_l0[2].copy_(torch.tensor([5.0, -5.0, 0.0]))
-        model.policy.weight.copy_(torch.tensor([[10.0], [-10.0]]))
+        model.heads.policy.weight.copy_(torch.tensor([[10.0], [-10.0]]))
     return Policy(model, cfg, spec)
 
 

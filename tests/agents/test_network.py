@@ -65,7 +65,7 @@ def test_landing_cells_mark_where_a_dropped_piece_would_land():
     column 3, row 3 of column 6, row 4 of column 0 and the bottom row elsewhere; a full column has none."""
     from pettingzoo.classic import connect_four_v3
 
-    from impala_league.agents.network import landing_cells
+    from impala_league.agents.torsos import landing_cells
 
     env = connect_four_v3.raw_env()
     env.reset(seed=0)
@@ -88,7 +88,7 @@ def test_extra_plane_networks_take_the_plain_two_plane_board(landing, threats, i
     cfg = AgentConfig(torso="conv", conv_layers=1, kernel_size=4, padding="valid", channels=8, hidden=16,
                       landing_plane=landing, threat_planes=threats)
     model = ActorCritic((6, 7, 2), 7, cfg)
-    assert model.conv[0].in_channels == in_channels
+    assert model.torso.conv[0].in_channels == in_channels
     logits, values = model(torch.zeros(5, 6, 7, 2, dtype=torch.int8), torch.ones(5, 7, dtype=torch.uint8))
     assert logits.shape == (5, 7) and values.shape == (5,) and torch.isfinite(logits).all()
 
@@ -116,7 +116,7 @@ def test_threat_cells_mark_the_empty_cell_of_each_three_in_a_row():
     """Row 0 at the top. Player 0 holds (5,0) (5,1) (5,2) and (5,6) (4,6) (3,6): threats (5,3) and (2,6).
     Player 1 holds (4,1) (3,2) (2,3), an anti-diagonal whose lower end (5,0) is player 0's, and (5,4),
     which blocks the window (5,1)-(5,4): its one threat is the upper end (1,4)."""
-    from impala_league.agents.network import threat_cells
+    from impala_league.agents.torsos import threat_cells
 
     board = torch.zeros(6, 7, 2)
     for r, c in ((5, 0), (5, 1), (5, 2), (5, 6), (4, 6), (3, 6)):
@@ -135,7 +135,7 @@ def test_threat_cells_agree_with_enumeration_over_random_games():
     import numpy as np
     from pettingzoo.classic import connect_four_v3
 
-    from impala_league.agents.network import threat_cells
+    from impala_league.agents.torsos import threat_cells
 
     rng = np.random.default_rng(0)
     boards = []

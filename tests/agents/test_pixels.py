@@ -93,8 +93,8 @@ def test_actor_critic_on_frames_takes_the_recurrent_core():
     cfg = AgentConfig(torso="shallow", hidden=32, core="lstm", core_size=16)
     model = ActorCritic((1, 84, 84), 6, cfg, image=True)  # with a core the stack can be one frame
     features, _ = model.encode(torch.zeros(5, 1, 84, 84, dtype=torch.uint8))
-    assert features.shape == (5, 32) and model.core is not None
-    assert model.policy.in_features == 16  # the heads read the core's output
+    assert features.shape == (5, 32) and model.core.recurrent
+    assert model.heads.policy.in_features == 16  # the heads read the core's output
 
 
 def test_a_lost_life_settles_the_learning_episode_and_the_game_goes_on():

@@ -79,3 +79,45 @@ def test_act_refuses_an_all_zero_mask_a_wrong_shape_and_a_mask_given_twice(check
         policy.act({"obs": waiting["observation"]})
     with pytest.raises(ValueError, match="action mask 1 has no legal action"):
         policy.act_batch(np.zeros((2, 3, 3, 2), np.int8), np.array([[1] * 9, [0] * 9]))
+
+
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_load_policy_plays_a_starcraft_checkpoint_with_its_fullyconv_network(core, tmp_path):
+    """load_policy builds the network the checkpoint's config names (make_model), here SC2LE's FullyConv,
+    and plays pysc2's mock env with FunctionCalls; greedy, its actions are the heads' argmaxes."""
+    pytest.importorskip("pysc2")
+    import torch
+
+    import impala_league.envs.sc2_wrappers  # noqa: F401  (pysc2 through the shim)
+    from impala_league.agents import load_policy
+    from impala_league.agents.fullyconv import FullyConv
+    from impala_league.agents.model import make_model, policy_head
+    from impala_league.checked_config import load_config as checked
+    from impala_league.envs.registry import make_env
+
+    cfg = checked(None, ["env.name=sc2:MoveToBeacon", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8}",
+                         "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16", f"agent.core={core}",
+                         "agent.core_size=6"])
+    spec = env_spec(cfg.env.name, cfg.env.kwargs)
+    torch.manual_seed(0)
+    model = make_model(spec, cfg.agent)
+    path = tmp_path / "latest.safetensors"
+    save_checkpoint(path, model, None, to_yaml(cfg), {"step": 0, "frames": 0})
+    policy = load_policy(path)
+    assert isinstance(policy.model, FullyConv) and policy.recurrent == (core == "lstm")
+    for name, value in model.state_dict().items():
+        assert torch.equal(policy.model.state_dict()[name], value)
+    env, head = make_env(cfg.env.name, 0, cfg.env.kwargs), policy_head(spec)
+    step = env.advance()
+    for t in range(12):
+        obs, mask = step.observations[0], step.action_masks[0]
+        action = policy.act(obs, mask, reward=step.settlements[0].reward if step.settlements else 0.0)
+        assert action.shape == (len(spec.action_heads),) and mask[action[0]] == 1
+        if core == "none":  # the network's own greedy FunctionCall
+            batch = {k: torch.as_tensor(v)[None] for k, v in obs.items()}
+            logits, _ = model.eval()(batch, torch.as_tensor(mask)[None])
+            np.testing.assert_array_equal(action, head.play(logits, None, 0.0)[0].numpy())
+        env.act([action])
+        step = env.advance()
+    with pytest.raises(ValueError, match="dict of the arrays"):
+        policy.act({"screen": obs["screen"]}, mask)

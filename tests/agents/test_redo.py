@@ -36,19 +36,19 @@ def adam_with_state(model: ActorCritic, x: torch.Tensor) -> torch.optim.Adam:
 
 def test_scores_are_each_units_mean_over_the_layers_mean():
     model, x = shallow(), frames()
-    fc = model.pixels.fc[0]
+    fc = model.torso.fc[0]
     with torch.no_grad():
         fc.bias[:4] = -1e3  # four units 0 on every frame
     scores = unit_scores(model, x)
     assert [len(s) for s in scores] == [16, 32, 16]  # conv1 channels, conv2 channels, FC units
-    h = model.pixels(x)
+    h = model.torso(x)
     torch.testing.assert_close(scores[2], h.mean(0) / h.mean())
     assert (scores[2][:4] == 0).all() and (scores[2][4:] > 0).all()
 
 
 def test_dead_fc_units_are_recycled_and_the_function_kept():
     model, x = shallow(), frames()
-    fc = model.pixels.fc[0]
+    fc = model.torso.fc[0]
     with torch.no_grad():
         fc.bias[:4] = -1e3
     optimizer = adam_with_state(model, x)
@@ -58,7 +58,7 @@ def test_dead_fc_units_are_recycled_and_the_function_kept():
     before = [t.detach().clone() for t in model(x, mask)]
     alive = unit_scores(model, x)[2] > 0
     kept_rows = fc.weight[alive].detach().clone()
-    assert (model.pixels(x)[:, :4] == 0).all()
+    assert (model.torso(x)[:, :4] == 0).all()
     dormant = sum(int((s <= 0).sum()) for s in unit_scores(model, x))  # the 4, and any conv channel off here
 
     recycled, units = recycle_dormant_units(model, optimizer, x, threshold=0.0, seed=3)
@@ -68,7 +68,7 @@ def test_dead_fc_units_are_recycled_and_the_function_kept():
     assert (fc.weight[:4].norm(dim=1) > 0).all()
     same = fc.weight[alive] == kept_rows  # or zeroed: the columns of a recycled conv2 channel
     assert (same | (fc.weight[alive] == 0)).all() and same.float().mean() > 0.8
-    for head in (model.policy, model.baseline):  # the features' readers: outgoing weights 0
+    for head in (model.heads.policy, model.heads.baseline):  # the features' readers: outgoing weights 0
         assert (head.weight[:, :4] == 0).all() and (head.weight[:, 4:] != 0).any()
         for moment in optimizer.state[head.weight].values():
             if moment.dim() == 2:
@@ -78,12 +78,12 @@ def test_dead_fc_units_are_recycled_and_the_function_kept():
         assert (optimizer.state[fc.weight][moment][4:] != 0).any()
     for old, new in zip(before, model(x, mask)):
         torch.testing.assert_close(new, old)
-    assert (model.pixels(x)[:, :4] > 0).any()  # fresh units see the frames again
+    assert (model.torso(x)[:, :4] > 0).any()  # fresh units see the frames again
 
 
 def test_a_dead_conv_channel_is_recycled_with_the_next_convs_input_zeroed():
     model, x = shallow(), frames()
-    conv1, conv2 = model.pixels.trunk[0], model.pixels.trunk[2]
+    conv1, conv2 = model.torso.trunk[0], model.torso.trunk[2]
     with torch.no_grad():
         conv1.bias[3] = -1e3
     mask = torch.ones(len(x), 5)
@@ -98,7 +98,7 @@ def test_a_dead_conv_channel_is_recycled_with_the_next_convs_input_zeroed():
 
 def test_a_dead_conv2_channel_zeroes_its_block_of_fc_columns():
     model, x = shallow(), frames()  # conv2's map is 5x5 on 52x52 frames: 25 FC columns a channel
-    conv2, fc = model.pixels.trunk[2], model.pixels.fc[0]
+    conv2, fc = model.torso.trunk[2], model.torso.fc[0]
     with torch.no_grad():
         conv2.bias[5] = -1e3
     recycle_dormant_units(model, None, x, threshold=0.0, seed=3)
@@ -111,15 +111,15 @@ def test_threshold_tau_recycles_weak_units_too_and_the_seed_decides_the_draw():
     a, b, x = shallow(), shallow(), frames()
     for model in (a, b):
         with torch.no_grad():
-            model.pixels.fc[0].weight[7] *= 1e-3  # weak, not dead
+            model.torso.fc[0].weight[7] *= 1e-3  # weak, not dead
     assert 0 < unit_scores(a, x)[2][7] <= 0.01
     c = shallow()
     with torch.no_grad():
-        c.pixels.fc[0].weight[7] *= 1e-3
+        c.torso.fc[0].weight[7] *= 1e-3
     recycle_dormant_units(c, None, x, threshold=0.0, seed=3)
-    assert (c.policy.weight[:, 7] != 0).any()  # tau 0: only units that are 0 everywhere
+    assert (c.heads.policy.weight[:, 7] != 0).any()  # tau 0: only units that are 0 everywhere
     recycle_dormant_units(a, None, x, threshold=0.01, seed=3)
-    assert (a.policy.weight[:, 7] == 0).all()
+    assert (a.heads.policy.weight[:, 7] == 0).all()
     recycle_dormant_units(b, None, x, threshold=0.01, seed=3)
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb)
@@ -129,7 +129,7 @@ def test_threshold_tau_recycles_weak_units_too_and_the_seed_decides_the_draw():
 def test_with_a_core_the_cores_input_weights_are_the_readers(kwargs):
     model, x = shallow(**kwargs), frames()
     with torch.no_grad():
-        model.pixels.fc[0].bias[:2] = -1e3
+        model.torso.fc[0].bias[:2] = -1e3
     recycle_dormant_units(model, None, x, threshold=0.0, seed=3)
     w = model.core.lstm.weight_ih_l0
     assert (w[:, :2] == 0).all() and (w[:, 2:16] != 0).any()
@@ -153,14 +153,14 @@ def test_mlp_and_conv_torsos_chain_their_layers():
 def test_the_learner_recycles_over_its_batchs_observations(caplog):
     model = shallow()
     with torch.no_grad():
-        model.pixels.fc[0].bias[:3] = -1e3
+        model.torso.fc[0].bias[:3] = -1e3
     T, B = 3, 2
     batch = SimpleNamespace(obs=frames((T + 1) * B).view(T + 1, B, 4, 52, 52))
     learner = SimpleNamespace(model=model, optimizer=None, step=1000, group=Group.single(), label="learner",
                               cfg=load_config(None, ["learner.redo_every=1000", "run.seed=5"]))
     with caplog.at_level(logging.INFO, logger="learner"):
         Learner.recycle(learner, batch)
-    assert (model.policy.weight[:, :3] == 0).all()
+    assert (model.heads.policy.weight[:, :3] == 0).all()
     assert re.search(r"learner update 1000: recycled \d+ of 64 torso units \(ReDo\)", caplog.text)
 
 

@@ -43,14 +43,15 @@ def test_fullyconv_heads_come_from_the_shared_state_as_in_the_paper():
     assert baseline.shape == (2,)
     assert (logits[0][mask == 0] == MASKED_LOGIT).all() and (logits[0][mask == 1] > -1e3).all()
     # Rebuild the state by hand: screen tower, minimap tower, player broadcast (32 + 32 + 11 channels).
-    screen = model.screen_tower(model.screen_features(obs["screen"]))
-    minimap = model.minimap_tower(model.minimap_features(obs["minimap"]))
+    torso = model.torso
+    screen = torso.screen_tower(torso.screen_features(obs["screen"]))
+    minimap = torso.minimap_tower(torso.minimap_features(obs["minimap"]))
     state = torch.cat([screen, minimap, obs["player"][:, :, None, None].expand(-1, -1, 8, 8)], 1)
-    w, b = model.spatial_policy.weight[:, :, 0, 0], model.spatial_policy.bias
+    w, b = torso.spatial_policy.weight[:, :, 0, 0], torso.spatial_policy.bias
     by_hand = torch.einsum("kc,nchw->nkhw", w, state) + b[None, :, None, None]
     for k, column in enumerate([1, 2, 3]):  # screen, minimap, screen2
         assert torch.allclose(logits[column], by_hand[:, k].flatten(1), atol=1e-5)
-    assert torch.allclose(baseline, model.baseline(model.fc(state.flatten(1))).squeeze(-1), atol=1e-5)
+    assert torch.allclose(baseline, model.heads.baseline(torso.fc(state.flatten(1))).squeeze(-1), atol=1e-5)
     assert not torch.equal(logits[1][0], logits[1][1])  # the changed pixel moves the screen head
 
 
