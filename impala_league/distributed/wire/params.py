@@ -42,7 +42,7 @@ import redis
 
 from impala_league.distributed.wire import keys
 from impala_league.distributed.wire.codec import WeightsCorrupt, decode_weights, encode_weights, verify_weights, weights_digest
-from impala_league.distributed.wire.transport import _safe, replica_client, with_credentials
+from impala_league.distributed.wire.connection import _safe, replica_client, with_credentials
 
 if TYPE_CHECKING:
     import torch

@@ -38,7 +38,8 @@ from typing import Callable, NamedTuple
 import redis
 from redis.cluster import RedisCluster
 
-from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, _safe, connect_shard, shard_urls
+from impala_league.distributed.wire.connection import _safe, connect_shard, shard_urls
+from impala_league.distributed.wire.transport import GROUP, TrajectoryStream
 
 log = logging.getLogger("shards")
 
