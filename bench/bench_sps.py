@@ -48,7 +48,7 @@ def raw_sps(cfg, seconds: float) -> float:
         obs = torch.from_numpy(np.stack([o for s in steps_now for o in s.observations]))
         masks = torch.from_numpy(np.stack([m for s in steps_now for m in s.action_masks]))
         # A recurrent core is stepped from zeros: the same work per step as a carried state.
-        core = zero_core_input(len(obs), model.core.core_size) if model.core is not None else None
+        core = zero_core_input(len(obs), model.core.core_size) if model.core.recurrent else None
         with torch.no_grad():
             logits, _, _ = model.step(obs, masks, core)
         actions = sample_actions(logits).tolist()

@@ -119,7 +119,7 @@ def first_layer_input(kwargs: dict) -> "torch.Tensor":
     model = make_model(spec, cfg.agent)
     step = make_env(PLANES, 0, kwargs).advance()
     seen = []
-    model.fc[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    model.torso.fc[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
     model(torch.from_numpy(step.observations[0][None]), torch.from_numpy(step.action_masks[0][None]))
     return seen[0]
 
