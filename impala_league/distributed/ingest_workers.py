@@ -44,7 +44,8 @@ import redis
 
 from impala_league import REPO
 from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unrolls
-from impala_league.distributed.ingest import BatchReader, stack_entries
+from impala_league.batch import stack_entries
+from impala_league.distributed.ingest import BatchReader
 from impala_league.distributed.children import die_with_parent
 from impala_league.distributed.wire.shards import ShardedTrajectories, ShardEntry
 from impala_league.config import UserError
@@ -347,15 +348,7 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
     trajectories = ShardedTrajectories(client, settings["redis_url"], settings["namespace"], settings["shards"],
                                        settings["shard_urls"], block_ms)
     fresh, capacity = settings["fresh"], slot_capacity(settings["fresh"])
-
-    def decode(datas: list[bytes]) -> list:  # what no slot can hold is rejected with the malformed
-        return [DecodeError(f"the entry holds {got[0]['unrolls']} unrolls, more than a learner's batch slot takes "
-                            f"({capacity}): actor.send_batch must divide the fresh unrolls of each batch")
-                if not isinstance(got, DecodeError) and got[0]["unrolls"] > capacity else got
-                for got in decode_unrolls(datas, spec)]
-
-    reader = BatchReader(trajectories, settings["consumer"], decode, lambda header: header["unrolls"],
-                         settings["unrolls_per_entry"], block_ms, sweep=settings["sweep"])
+    reader = _reader(settings, trajectories, spec, capacity)
     done_key = settings["done_key"]
     slots = [_attach(name) for name in settings["slots"]]
     messages: queue.Queue = queue.Queue()
@@ -396,17 +389,37 @@ def _serve(settings: dict, inp: BinaryIO, out: BinaryIO) -> None:
                 break
             held += zip(*got)
         batch, held = _fit(held, capacity)
-        writer = _SlotWriter(slots[slot].buf)
-        stack_entries([payload for _, _, payload in batch], writer)
         ids_in[slot] = ([entry_id for entry_id, _, _ in batch], [header["unrolls"] for _, header, _ in batch])
-        # The description goes in the slot too: a pipe holds 64 KiB, and a reply the learner has not read
-        # yet must not stop this worker from reading on.
-        meta = msgpack.packb({"ids": [[e.shard, e.id] for e in ids_in[slot][0]], "arrays": writer.placed,
-                              "headers": [{k: header[k] for k in LEARNER_HEADER} for _, header, _ in batch]})
-        start = writer.place(len(meta))
-        slots[slot].buf[start:start + len(meta)] = meta
-        reply(out, {"slot": slot, "meta": [start, len(meta)]})
+        reply(out, {"slot": slot, "meta": _write_batch(slots[slot].buf, batch)})
     listener.join()  # the acks of the batches the learner releases before it closes our stdin
+
+
+def _reader(settings: dict, trajectories: ShardedTrajectories, spec: UnrollSpec, capacity: int) -> BatchReader:
+    """The worker's reads of `trajectories`, decoded with `spec`; an entry of more unrolls than a slot's
+    `capacity` is rejected with the malformed ones."""
+
+    def decode(datas: list[bytes]) -> list:
+        return [DecodeError(f"the entry holds {got[0]['unrolls']} unrolls, more than a learner's batch slot takes "
+                            f"({capacity}): actor.send_batch must divide the fresh unrolls of each batch")
+                if not isinstance(got, DecodeError) and got[0]["unrolls"] > capacity else got
+                for got in decode_unrolls(datas, spec)]
+
+    return BatchReader(trajectories, settings["consumer"], decode, lambda header: header["unrolls"],
+                       settings["unrolls_per_entry"], settings["block_ms"], sweep=settings["sweep"])
+
+
+def _write_batch(buf: memoryview, batch: list[tuple]) -> list[int]:
+    """Stack the payloads of `batch` ((id, header, payload) entries) into slot buffer `buf`, then its
+    description (ids, where each array lies, the learner's header fields), msgpack-packed after them.
+    Returns [start, length] of the description in `buf`. It goes in the slot, not the reply: a pipe
+    holds 64 KiB, and a reply the learner has not read yet must not stop this worker from reading on."""
+    writer = _SlotWriter(buf)
+    stack_entries([payload for _, _, payload in batch], writer)
+    meta = msgpack.packb({"ids": [[entry_id.shard, entry_id.id] for entry_id, _, _ in batch], "arrays": writer.placed,
+                          "headers": [{k: header[k] for k in LEARNER_HEADER} for _, header, _ in batch]})
+    start = writer.place(len(meta))
+    buf[start:start + len(meta)] = meta
+    return [start, len(meta)]
 
 
 def _fit(entries: list[tuple], capacity: int) -> tuple[list[tuple], list[tuple]]:
