@@ -74,16 +74,6 @@ class ActorCritic(Network):
         self.num_actions = num_actions
         self.image = image
 
-    @property
-    def fc(self) -> nn.Module:
-        """The torso's fully connected layers, `torso.fc` (the name they had before the torso was a module)."""
-        return self.torso.fc
-
-    @property
-    def conv(self) -> nn.Module:
-        """The conv torso's convolutions, `torso.conv` (the name they had before the torso was a module)."""
-        return self.torso.conv
-
 
 def explore(logits: torch.Tensor, action_mask: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
     """Behaviour logits of mu = (1 - epsilon) * pi + epsilon * uniform(legal actions).

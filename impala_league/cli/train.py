@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     url = redis_url(args, cfg)
     client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
-        from impala_league.distributed.learner import pick_device  # torch: only for a device that can fail
+        from impala_league.distributed.update import pick_device  # torch: only for a device that can fail
 
         device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
         check_learner_gpus(cfg, device)

@@ -16,7 +16,6 @@ from typing import Callable, Generic, TypeVar
 
 import redis
 
-from impala_league.batch import stack_entries, unstack  # noqa: F401  (the batch's own; ingest workers stack with it)
 from impala_league.distributed.wire.codec import DecodeError
 from impala_league.distributed.wire.shards import ShardedTrajectories, ShardEntry
 from impala_league.distributed.wire.transport import DeadConsumerSweeper

@@ -17,7 +17,8 @@ import torch
 
 from impala_league.config import ConfigError
 from impala_league.distributed.wire.codec import UnrollSpec, decode_unrolls
-from impala_league.distributed.ingest import BatchReader, stack_entries, unstack
+from impala_league.batch import stack_entries, unstack
+from impala_league.distributed.ingest import BatchReader
 from impala_league.distributed.ingest_workers import IngestWorkerError, _check_shared_memory
 from impala_league.batch import Batch
 from impala_league.distributed.learner import Learner

@@ -146,11 +146,11 @@ def test_learn_step_reports_the_torsos_dead_units():
                   reward=torch.ones(T, B), done=torch.zeros(T, B, dtype=torch.bool), behaviour_logits=torch.zeros(T, B, A))
     cfg = LearnerConfig()
     with torch.no_grad():
-        expected = float(dead_units(model.feature_layer()(model.conv(batch.obs.flatten(0, 1).float().permute(0, 3, 1, 2)).flatten(1))))
+        expected = float(dead_units(model.feature_layer()(model.torso.conv(batch.obs.flatten(0, 1).float().permute(0, 3, 1, 2)).flatten(1))))
     stats = learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)
     assert stats["dead_units"] == expected < 1.0
     with torch.no_grad():
-        model.fc[0].bias.fill_(-1e3)  # every unit's ReLU off on every input
+        model.torso.fc[0].bias.fill_(-1e3)  # every unit's ReLU off on every input
     assert learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)["dead_units"] == 1.0
 
 

@@ -215,11 +215,6 @@ def split_unrolls(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
             for i in range(n)]
 
 
-def as_entry(unroll: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One unroll's arrays as those of a decoded entry of one (the inverse of `split_unrolls`): views
-    with a leading [1], the final observations as they are."""
-    return {name: a if name.startswith("final_obs") else a[None] for name, a in unroll.items()}
-
 def unpack_message(data: Any, keys: tuple[str, ...], what: str = "message") -> dict:
     """The msgpack map in `data`, which must be bytes of at most MAX_MESSAGE_BYTES holding a map with
     exactly the keys `keys`. Raises DecodeError (naming `what`) otherwise."""
