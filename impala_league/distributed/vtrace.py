@@ -22,6 +22,28 @@ advantage of section 4.2 is
 
 All tensors are time-major: `[T, B, ...]` with T the unroll length and B the
 batch of unrolls. The outputs are targets, so they carry no gradient.
+
+Arguments that `from_importance_weights` and `from_logits` share (every tensor
+of one floating dtype and device):
+  discounts: A float tensor of shape [T, B]. gamma_t = gamma * (1 - done_t),
+    the discount applied after step t; 0 where the episode ended at t (this
+    cuts the bootstrap and the trace).
+  rewards: A float tensor of shape [T, B]. r_t, the reward after a_t.
+  values: A float tensor of shape [T, B]. V(x_t), the learner's value
+    estimates (the baseline).
+  bootstrap_value: A float tensor of shape [B]. V(x_T), the value estimate of
+    the observation after the last step of the unroll.
+  clip_rho_threshold: A positive float or None. rho-bar in the paper: clips
+    the rho_t inside delta_t V. Sets the fixed point of the value function
+    (V^{pi_rho-bar}). None means no clipping.
+  clip_pg_rho_threshold: A positive float or None. pg-rho-bar: clips the
+    importance weight in front of the policy-gradient advantage. None means
+    no clipping.
+  clip_c_threshold: A positive float or None. c-bar in the paper: clips the
+    trace coefficients c_i (speed of convergence, variance). None means no
+    clipping.
+  lambda_: A float in [0, 1]. lambda of Remark 2, multiplies every c_i:
+    c_i = lambda * min(c-bar, rho_i). 1.0 is plain V-trace.
 """
 
 from __future__ import annotations
@@ -201,25 +223,9 @@ def from_importance_weights(
       log_rhos: A float tensor of shape [T, B]. log(pi(a_t|x_t) / mu(a_t|x_t)),
         the log importance sampling weights of the taken actions, target
         policy pi over behaviour policy mu. Unclipped.
-      discounts: A float tensor of shape [T, B]. gamma_t = gamma * (1 - done_t),
-        the discount applied after step t; 0 where the episode ended at t
-        (this cuts the bootstrap and the trace).
-      rewards: A float tensor of shape [T, B]. r_t, the reward after a_t.
-      values: A float tensor of shape [T, B]. V(x_t), the learner's value
-        estimates (the baseline).
-      bootstrap_value: A float tensor of shape [B]. V(x_T), the value estimate
-        of the observation after the last step of the unroll.
-      clip_rho_threshold: A positive float or None. rho-bar in the paper:
-        clips the rho_t inside delta_t V. Sets the fixed point of the value
-        function (V^{pi_rho-bar}). None means no clipping.
-      clip_pg_rho_threshold: A positive float or None. pg-rho-bar: clips the
-        importance weight in front of the policy-gradient advantage.
-        None means no clipping.
-      clip_c_threshold: A positive float or None. c-bar in the paper: clips
-        the trace coefficients c_i (speed of convergence, variance).
-        None means no clipping.
-      lambda_: A float in [0, 1]. lambda of Remark 2, multiplies every c_i:
-        c_i = lambda * min(c-bar, rho_i). 1.0 is plain V-trace.
+      discounts, rewards, values, bootstrap_value, clip_rho_threshold,
+        clip_pg_rho_threshold, clip_c_threshold, lambda_: see the module
+        docstring.
       pg_discounts: A float tensor of shape [T, B] or None. The gamma_s of the
         policy-gradient advantage only (the targets v_s keep `discounts`); a
         smaller one than the value's makes the advantage of a move that wins
@@ -241,25 +247,29 @@ def from_importance_weights(
     with torch.no_grad():
         clipped_rhos = _clipped_ratio(log_rhos, clip_rho_threshold)
         cs = lambda_ * _clipped_ratio(log_rhos, clip_c_threshold)
+        deltas = clipped_rhos * (rewards + discounts * _next_steps(values, bootstrap_value) - values)
+        vs = _traced_back(deltas, discounts * cs) + values
 
-        values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
-        decay = discounts * cs
-
-        # Remark 1: v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1})),
-        # with v_T - V(x_T) = 0. Loop over T only; each step is vectorised over B.
-        vs_minus_v = torch.empty_like(values)
-        acc = torch.zeros_like(bootstrap_value)
-        for t in range(values.shape[0] - 1, -1, -1):
-            acc = torch.addcmul(deltas[t], decay[t], acc)
-            vs_minus_v[t] = acc
-        vs = vs_minus_v + values
-
-        vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
         clipped_pg_rhos = _clipped_ratio(log_rhos, clip_pg_rho_threshold)
         pg_discounts = discounts if pg_discounts is None else pg_discounts
-        pg_advantages = clipped_pg_rhos * (rewards + pg_discounts * vs_t_plus_1 - values)
+        pg_advantages = clipped_pg_rhos * (rewards + pg_discounts * _next_steps(vs, bootstrap_value) - values)
         return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def _next_steps(per_step: torch.Tensor, bootstrap_value: torch.Tensor) -> torch.Tensor:
+    """[T, B]: row t is `per_step`'s row t + 1, and row T - 1 is `bootstrap_value` (the value after the unroll)."""
+    return torch.cat([per_step[1:], bootstrap_value.unsqueeze(0)], dim=0)
+
+
+def _traced_back(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """v_s - V(x_s) by Remark 1's recursion: delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1})), with v_T - V(x_T)
+    = 0 (`decay` = gamma_s c_s, both [T, B]). Loops over T only; each step is vectorised over B."""
+    vs_minus_v = torch.empty_like(deltas)
+    acc = torch.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        acc = torch.addcmul(deltas[t], decay[t], acc)
+        vs_minus_v[t] = acc
+    return vs_minus_v
 
 
 def from_logits(
@@ -291,73 +301,29 @@ def from_logits(
         forward pass); gradient flows through `target_action_log_probs`.
       actions: An int64 tensor of shape [T, B]. The actions a_t taken by the
         behaviour policy, in [0, NUM_ACTIONS).
-      discounts: A float tensor of shape [T, B]. gamma_t = gamma * (1 - done_t).
-      rewards: A float tensor of shape [T, B]. r_t.
-      values: A float tensor of shape [T, B]. V(x_t), the baseline.
-      bootstrap_value: A float tensor of shape [B]. V(x_T).
-      clip_rho_threshold: A positive float or None. rho-bar in the paper.
-      clip_pg_rho_threshold: A positive float or None. pg-rho-bar.
-      clip_c_threshold: A positive float or None. c-bar in the paper.
-      lambda_: A float in [0, 1]. lambda, multiplies the c_i.
+      discounts, rewards, values, bootstrap_value, clip_rho_threshold,
+        clip_pg_rho_threshold, clip_c_threshold, lambda_: see the module
+        docstring.
 
     Returns:
-      A `VTraceFromLogitsReturns` of:
-        vs: A float tensor of shape [T, B], the V-trace targets. No gradient.
-        pg_advantages: A float tensor of shape [T, B]. No gradient.
-        log_rhos: A float tensor of shape [T, B], log(pi/mu) of the taken
-          actions, unclipped. No gradient.
-        behaviour_action_log_probs: A float tensor of shape [T, B], log mu(a_t|x_t).
-        target_action_log_probs: A float tensor of shape [T, B],
-          log pi(a_t|x_t), with gradient with respect to target_policy_logits.
+      A `VTraceFromLogitsReturns` (its fields documented there): vs and
+      pg_advantages as `from_importance_weights` returns them, log_rhos, and
+      both policies' log-probs of the taken actions; only
+      target_action_log_probs carries gradient.
 
     Raises:
       ValueError: on any shape/dtype mismatch (see `action_log_probs` and
         `from_importance_weights`).
     """
     if behaviour_policy_logits.shape != target_policy_logits.shape:
-        raise ValueError(
-            "behaviour_policy_logits and target_policy_logits must have the same shape "
-            f"[T, B, NUM_ACTIONS], got {tuple(behaviour_policy_logits.shape)} and "
-            f"{tuple(target_policy_logits.shape)}"
-        )
+        raise ValueError("behaviour_policy_logits and target_policy_logits must have the same shape [T, B, "
+                         f"NUM_ACTIONS], got {tuple(behaviour_policy_logits.shape)} and {tuple(target_policy_logits.shape)}")
     target_action_log_probs = action_log_probs(target_policy_logits, actions)
     behaviour_action_log_probs = action_log_probs(behaviour_policy_logits, actions)
     # Importance weights are constants of the loss: no gradient through them.
     log_rhos = target_action_log_probs.detach() - behaviour_action_log_probs.detach()
-    vtrace_returns = from_importance_weights(
-        log_rhos=log_rhos.to(values.dtype),
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
-        clip_c_threshold=clip_c_threshold,
-        lambda_=lambda_,
-    )
-    return VTraceFromLogitsReturns(
-        vs=vtrace_returns.vs,
-        pg_advantages=vtrace_returns.pg_advantages,
-        log_rhos=log_rhos,
-        behaviour_action_log_probs=behaviour_action_log_probs,
-        target_action_log_probs=target_action_log_probs,
-    )
-
-
-def clip_rewards(rewards: torch.Tensor, clipping: str) -> torch.Tensor:
-    """Rewards [...] as the loss sees them (Espeholt et al. 2018, section 5.3 and appendix):
-
-    none            r
-    abs_one         clip(r, -1, 1), the DQN and Atari convention
-    soft_asymmetric 0.3 * min(tanh(r), 0) + 5 * max(tanh(r), 0), the paper's DMLab-30 clipping: positive
-                    rewards are made larger than negative ones (5 against 0.3 at most)
-
-    Raises ValueError for another name."""
-    if clipping == "none":
-        return rewards
-    if clipping == "abs_one":
-        return rewards.clamp(-1.0, 1.0)
-    if clipping == "soft_asymmetric":
-        squashed = torch.tanh(rewards)
-        return 0.3 * squashed.clamp(max=0.0) + 5.0 * squashed.clamp(min=0.0)
-    raise ValueError(f"reward clipping must be none, abs_one or soft_asymmetric, got {clipping!r}")
+    vtrace_returns = from_importance_weights(log_rhos.to(values.dtype), discounts, rewards, values, bootstrap_value,
+                                             clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold, lambda_)
+    return VTraceFromLogitsReturns(vs=vtrace_returns.vs, pg_advantages=vtrace_returns.pg_advantages,
+                                   log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
+                                   target_action_log_probs=target_action_log_probs)
