@@ -73,20 +73,7 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
         active = [k for k in range(games) if records[k] is None]
         if not active:
             break
-        chosen: dict[tuple[int, int], int] = {}
-        for seat, side in enumerate(sides):
-            mine = [(k, j) for k in active for j, agent in enumerate(steps[k].agents) if spec.agent_seats[agent] == seat]
-            if not mine:
-                continue
-            observations = np.stack([steps[k].observations[j] for k, j in mine])
-            masks = np.stack([steps[k].action_masks[j] for k, j in mine])
-            if isinstance(side, Policy):
-                batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine])
-            elif isinstance(side, MCTSJudge):
-                batch = side.act_games([k for k, _ in mine], observations, masks)
-            else:
-                batch = side.act_batch(observations, masks)
-            chosen.update(zip(mine, batch.tolist()))
+        chosen = _choose(sides, spec.agent_seats, steps, active, greedy)
         for k in active:
             acts = [chosen[(k, j)] for j in range(len(steps[k].agents))]
             actions[k] += acts
@@ -101,6 +88,27 @@ def play_games(env_name: str, sides: tuple[Side, ...], games: int, seed: int = 0
                 episode = steps[k].episodes[0]
                 records[k] = GameRecord(seed + k, tuple(actions[k]), episode.returns, episode.winner, episode.length)
     return records  # type: ignore[return-value]
+
+
+def _choose(sides: tuple[Side, ...], agent_seats: Mapping[str, int], steps: list, active: list[int],
+            greedy: bool) -> dict[tuple[int, int], int]:
+    """(game k, agent index j) -> the action of every agent to move in the `active` games: each side
+    answers for all agents of its seat in one call (a policy's forward pass, a bot's or judge's batch)."""
+    chosen: dict[tuple[int, int], int] = {}
+    for seat, side in enumerate(sides):
+        mine = [(k, j) for k in active for j, agent in enumerate(steps[k].agents) if agent_seats[agent] == seat]
+        if not mine:
+            continue
+        observations = np.stack([steps[k].observations[j] for k, j in mine])
+        masks = np.stack([steps[k].action_masks[j] for k, j in mine])
+        if isinstance(side, Policy):
+            batch = side.act_batch(observations, masks, greedy, [(k, steps[k].agents[j]) for k, j in mine])
+        elif isinstance(side, MCTSJudge):
+            batch = side.act_games([k for k, _ in mine], observations, masks)
+        else:
+            batch = side.act_batch(observations, masks)
+        chosen.update(zip(mine, batch.tolist()))
+    return chosen
 
 
 @dataclass

@@ -146,20 +146,32 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
         `env_name`, or with other env kwargs), only bots and no `env_name`, the same bot twice, or
         fewer than 2 players.
     """
-    players: list[Player] = []
-    for spec in specs:
-        path = Path(spec)
-        if is_bot_spec(spec):  # bot names win over same-named paths (write ./random for a directory)
-            players.append(Player(spec, "bot", spec, spec))
-        elif path.is_dir():
-            players += _run_dir_players(path, spec)
-        elif path.is_file():
-            players.append(checkpoint_player(path, spec))
-        elif spec.endswith(".safetensors") or "/" in spec:
-            raise PlayerError(f"player {spec!r}: no such checkpoint file or run directory")
-        else:
-            raise PlayerError(f"player {spec!r}: not a bot ({', '.join(BOT_SPECS)}) "
-                              "nor an existing checkpoint file or run directory")
+    players = [player for spec in specs for player in _expanded(spec)]
+    env_name = _one_env(players, env_name)
+    named = _named(_unique(players, env_name))
+    if len(named) < 2:
+        raise PlayerError(f"a tournament needs at least 2 players; {specs} gave {len(named)}")
+    return env_name, named
+
+
+def _expanded(spec: str) -> list[Player]:
+    """The players of one spec: a bot, a checkpoint file, or a run directory's checkpoints."""
+    path = Path(spec)
+    if is_bot_spec(spec):  # bot names win over same-named paths (write ./random for a directory)
+        return [Player(spec, "bot", spec, spec)]
+    if path.is_dir():
+        return _run_dir_players(path, spec)
+    if path.is_file():
+        return [checkpoint_player(path, spec)]
+    if spec.endswith(".safetensors") or "/" in spec:
+        raise PlayerError(f"player {spec!r}: no such checkpoint file or run directory")
+    raise PlayerError(f"player {spec!r}: not a bot ({', '.join(BOT_SPECS)}) "
+                      "nor an existing checkpoint file or run directory")
+
+
+def _one_env(players: list[Player], env_name: str | None) -> str:
+    """The env every player plays (`env_name`, else the checkpoints'), as one env: the same name, env
+    kwargs and seats for every checkpoint, and an env the registry makes with them."""
     envs = {p.env: p.source for p in players if p.env is not None}
     if env_name is not None and env_name not in envs and envs:
         other, source = next(iter(envs.items()))
@@ -186,6 +198,11 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
         env_spec(env_name, env_kwargs(players), env_seats(players))
     except ValueError as e:
         raise PlayerError(f"--env: {e}") from None
+    return env_name
+
+
+def _unique(players: list[Player], env_name: str) -> list[Player]:
+    """`players` with each file entered once; a bot must play `env_name` and be given once."""
     unique: list[Player] = []
     seen_loads: set[str] = set()
     for player in players:
@@ -199,16 +216,19 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
         if player.load not in seen_loads:
             seen_loads.add(player.load)
             unique.append(player)
+    return unique
+
+
+def _named(players: list[Player]) -> list[Player]:
+    """`players` with unique names: the second of a name gets `#2`, the third `#3` ..."""
     names: dict[str, int] = {}
     named = []
-    for player in unique:
+    for player in players:
         names[player.name] = names.get(player.name, 0) + 1
         suffix = f"#{names[player.name]}" if names[player.name] > 1 else ""
         named.append(Player(player.name + suffix, player.kind, player.load, player.source, player.env, player.meta,
                             player.kwargs, player.seats))
-    if len(named) < 2:
-        raise PlayerError(f"a tournament needs at least 2 players; {specs} gave {len(named)}")
-    return env_name, named
+    return named
 
 
 def load_side(load: str, env_name: str, seed: int):
@@ -318,47 +338,63 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     pairs = [(i, j) for i in range(len(players)) for j in range(i + 1, len(players))]
-    kwargs, seats = env_kwargs(players), env_seats(players)
-    matches: list[dict] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("games"),
                TimeRemainingColumn())
     with Progress(*columns, disable=not show_progress, transient=False) as progress:
         task = progress.add_task("round-robin", total=2 * games * len(pairs))
         if workers <= 1:
-            policies: dict[str, object] = {}
-
-            def load_cached(load: str, env: str, side_seed: int):
-                if is_bot_spec(load):
-                    return make_bot(load, env, side_seed)
-                if load not in policies:
-                    policies[load] = load_side(load, env, side_seed)
-                policies[load].generator.manual_seed(side_seed)  # as if freshly loaded with this seed
-                return policies[load]
-
-            for index, (i, j) in enumerate(pairs):
-                a, b = players[i], players[j]
-                progress.update(task, description=f"{a.name} vs {b.name}")
-                matches += play_pair(env_name, (a.name, a.load), (b.name, b.load), games, seed, greedy,
-                                     record_dir, index, load_cached, kwargs, seats)
-                progress.advance(task, 2 * games)
+            matches = _play_here(env_name, players, pairs, games, seed, greedy, record_dir, progress, task)
         else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_run_worker, _worker_command(env_name, players[i], players[j], games, seed,
-                                                                    greedy, record_dir, index, kwargs, seats),
-                                       players[i], players[j]): index
-                           for index, (i, j) in enumerate(pairs)}
-                by_pair: dict[int, list[dict]] = {}
-                try:
-                    for future in as_completed(futures):
-                        by_pair[futures[future]] = future.result()
-                        progress.advance(task, 2 * games)
-                except BaseException:
-                    for future in futures:
-                        future.cancel()  # running workers finish; queued ones never start
-                    raise
-                for index in range(len(pairs)):
-                    matches += by_pair[index]
+            matches = _play_in_workers(env_name, players, pairs, games, seed, greedy, record_dir, workers,
+                                       progress, task)
     return summarize(env_name, players, matches, games, seed, greedy)
+
+
+def _play_here(env_name: str, players: list[Player], pairs: list[tuple[int, int]], games: int, seed: int,
+               greedy: bool, record_dir: str | None, progress, task) -> list[dict]:
+    """`round_robin`'s pairs played in this process, in order, each checkpoint loaded once; their match
+    results in pair order. `progress` (rich) shows the pair playing and counts the games under `task`."""
+    kwargs, seats = env_kwargs(players), env_seats(players)
+    policies: dict[str, object] = {}
+
+    def load_cached(load: str, env: str, side_seed: int):
+        if is_bot_spec(load):
+            return make_bot(load, env, side_seed)
+        if load not in policies:
+            policies[load] = load_side(load, env, side_seed)
+        policies[load].generator.manual_seed(side_seed)  # as if freshly loaded with this seed
+        return policies[load]
+
+    matches: list[dict] = []
+    for index, (i, j) in enumerate(pairs):
+        a, b = players[i], players[j]
+        progress.update(task, description=f"{a.name} vs {b.name}")
+        matches += play_pair(env_name, (a.name, a.load), (b.name, b.load), games, seed, greedy,
+                             record_dir, index, load_cached, kwargs, seats)
+        progress.advance(task, 2 * games)
+    return matches
+
+
+def _play_in_workers(env_name: str, players: list[Player], pairs: list[tuple[int, int]], games: int, seed: int,
+                     greedy: bool, record_dir: str | None, workers: int, progress, task) -> list[dict]:
+    """`round_robin`'s pairs played by up to `workers` subprocesses at once; their match results in pair
+    order. A failed worker cancels the pairs not started yet and raises TournamentError."""
+    kwargs, seats = env_kwargs(players), env_seats(players)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_worker, _worker_command(env_name, players[i], players[j], games, seed,
+                                                            greedy, record_dir, index, kwargs, seats),
+                               players[i], players[j]): index
+                   for index, (i, j) in enumerate(pairs)}
+        by_pair: dict[int, list[dict]] = {}
+        try:
+            for future in as_completed(futures):
+                by_pair[futures[future]] = future.result()
+                progress.advance(task, 2 * games)
+        except BaseException:
+            for future in futures:
+                future.cancel()  # running workers finish; queued ones never start
+            raise
+    return [match for index in range(len(pairs)) for match in by_pair[index]]
 
 
 def summarize(env_name: str, players: list[Player], matches: list[dict], games: int, seed: int,
