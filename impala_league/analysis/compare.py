@@ -8,7 +8,8 @@ Studies (IMPALA paper: Table 1 throughput against A3C, Table 2 off-policy correc
                with experience replay (`<correction>-replay`, learner.replay_fraction), Table 2's
                second half
   actors       actor.num_actors = 1, 2, 4, ...
-The studies train without a league (A3C has none, and the corrections are compared on equal terms).
+These studies train without a league (A3C has none, and the corrections are compared on equal terms);
+the league study (`--study league`, analysis/league_study.py) trains each of its arms with its league.
 Each variant x seed is a normal `run.py train` run in `<out>/<variant>-seed<seed>`. Each score is
 reported over seeds as the mean with a 95% confidence interval (Student t, `mean_and_interval`) and,
 as Agarwal et al. (2021) recommend, as the interquartile mean with a 95% bootstrap percentile interval
@@ -217,6 +218,16 @@ def score_statistics(per_seed: list[float | None]) -> dict:
             "iqm_ci95": list(interval) if interval else None}
 
 
+def add_score(variant: dict, key: str, per_seed: list[float | None]) -> None:
+    """Put a score over seeds into a variant's row of a summary: `key` (the mean over the seeds with a
+    value), `<key>_ci95`, `<key>_seeds`, `<key>_iqm`, `<key>_iqm_ci95` (see `score_statistics`) and
+    `<key>_per_seed` (`per_seed` as given, None where a seed had no value)."""
+    stats = score_statistics(per_seed)
+    variant[key] = stats.pop("mean")
+    variant.update({f"{key}_{k}": value for k, value in stats.items()})
+    variant[f"{key}_per_seed"] = per_seed
+
+
 def aggregate_curve(curves: list[tuple[list[float], list[float]]], points: int = 100
                     ) -> tuple[np.ndarray, np.ndarray] | None:
     """The IQM over seeds of learning curves that were recorded at different x: each curve (xs
@@ -256,11 +267,7 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
                           ("sps", "frames", "wall_s", "policy_lag")}
         variants[name]["seeds"] = [row["seed"] for row in rows]
         for field in SCORES:
-            per_seed = [row[field] for row in rows]
-            stats = score_statistics(per_seed)
-            variants[name][field] = stats.pop("mean")
-            variants[name].update({f"{field}_{k}": value for k, value in stats.items()})
-            variants[name][f"{field}_per_seed"] = per_seed
+            add_score(variants[name], field, [row[field] for row in rows])
         variants[name]["runs"] = rows
     first = next(iter(variants.values()), {}).get("sps")
     for v in variants.values():
@@ -320,12 +327,13 @@ def cell(variant: dict, key: str, fmt: str | None) -> str:
 
 def seeds_rows(summary: dict) -> list[list[str]]:
     """The cells of the table of every score over seeds (columns SEEDS_HEADER): one row per variant
-    and score of SCORES that some seed has; the seeds counted are those with a value. A score from
-    one seed says "one run" and has no interval. None of a compare.json written before the IQM."""
-    titles = {key: title for key, title, _ in COLUMNS}
+    and score of SCORES, then of the study's own scores (`summary["extra_scores"]`, key -> title: the
+    league study's judges and Elo), that some seed has; the seeds counted are those with a value. A
+    score from one seed says "one run" and has no interval. None of a compare.json written before the IQM."""
+    titles = {**{key: title for key, title, _ in COLUMNS}, **summary.get("extra_scores", {})}
     rows = []
     for name, v in summary["variants"].items():
-        for key in SCORES:
+        for key in [*SCORES, *summary.get("extra_scores", {})]:
             if v.get(f"{key}_iqm") is None:
                 continue
             mean, half, centre, interval = v[key], v[f"{key}_ci95"], v[f"{key}_iqm"], v[f"{key}_iqm_ci95"]
@@ -494,15 +502,14 @@ def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", m
     return summary
 
 
-def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
-              minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
-              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100,
-              replay_fraction: float | None = None) -> dict:
-    """Train every variant of `study` (name -> overrides, see `plan`; `replay_fraction` as given to it,
-    for the table) x seed one after another (each `minutes` of wall clock, or `frames`), then
-    evaluate each final checkpoint of a multi-seat game against `eval_opponent` (`eval_games` per
-    seat; 0 = no evaluation) and write the outputs. A run that fails is reported and left out; all
-    failing is a RuntimeError."""
+def train_variants(config: str, variants: dict[str, list[str]], out: Path, seeds: list[int], minutes: float,
+                   frames: int | None, extra: list[str], redis_url: str | None,
+                   after=None) -> dict[str, list[Run]]:
+    """Train every variant (name -> overrides, applied after `extra`) x seed one after another, each a
+    `run.py train` run of `minutes` of wall clock (or `frames` agent steps) in `out/<variant>-seed<seed>`
+    with its log beside it; `after(run_dir)`, where given, runs once a run has finished. Returns
+    variant -> its runs that finished, in seed order (variants without one left out). A run that fails
+    is reported and left out; all failing is a RuntimeError."""
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Run]] = {name: [] for name in variants}
     for seed in seeds:
@@ -517,12 +524,26 @@ def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path
                 log.error("%s, seed %d failed (exit code %d); see %s", name, seed, code, out / f"{run_dir.name}.log")
                 continue
             (run_dir / "started").write_text(f"{start}\n")
-            if eval_games:
-                final_evaluation(run_dir, eval_opponent, eval_games)
+            if after is not None:
+                after(run_dir)
             runs[name].append(load_run(run_dir))
     runs = {name: rs for name, rs in runs.items() if rs}
     if not runs:
         raise RuntimeError(f"every run of the study failed; see the logs in {out}")
+    return runs
+
+
+def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
+              minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
+              metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100,
+              replay_fraction: float | None = None) -> dict:
+    """Train every variant of `study` (name -> overrides, see `plan`; `replay_fraction` as given to it,
+    for the table) x seed one after another (`train_variants`: each `minutes` of wall clock, or
+    `frames`), then evaluate each final checkpoint of a multi-seat game against `eval_opponent`
+    (`eval_games` per seat; 0 = no evaluation) and write the outputs. A run that fails is reported and
+    left out; all failing is a RuntimeError."""
+    after = (lambda run_dir: final_evaluation(run_dir, eval_opponent, eval_games)) if eval_games else None
+    runs = train_variants(config, variants, out, seeds, minutes, frames, extra, redis_url, after)
     return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
                                               "minutes": minutes, "lag": lag if study == "corrections" else None,
                                               "replay_fraction": replay_fraction,
