@@ -327,3 +327,22 @@ def from_logits(
     return VTraceFromLogitsReturns(vs=vtrace_returns.vs, pg_advantages=vtrace_returns.pg_advantages,
                                    log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
                                    target_action_log_probs=target_action_log_probs)
+
+
+def clip_rewards(rewards: torch.Tensor, clipping: str) -> torch.Tensor:
+    """Rewards [...] as the loss sees them (Espeholt et al. 2018, section 5.3 and appendix):
+
+    none            r
+    abs_one         clip(r, -1, 1), the DQN and Atari convention
+    soft_asymmetric 0.3 * min(tanh(r), 0) + 5 * max(tanh(r), 0), the paper's DMLab-30 clipping: positive
+                    rewards are made larger than negative ones (5 against 0.3 at most)
+
+    Raises ValueError for another name."""
+    if clipping == "none":
+        return rewards
+    if clipping == "abs_one":
+        return rewards.clamp(-1.0, 1.0)
+    if clipping == "soft_asymmetric":
+        squashed = torch.tanh(rewards)
+        return 0.3 * squashed.clamp(max=0.0) + 5.0 * squashed.clamp(min=0.0)
+    raise ValueError(f"reward clipping must be none, abs_one or soft_asymmetric, got {clipping!r}")
