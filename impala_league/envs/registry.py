@@ -25,6 +25,7 @@ Names:
   its kwargs are `envs.sc2_wrappers.env.SC2Settings`.
 
 `kwargs` (the config's `env.kwargs`) are passed to the env's constructor (e.g. `map_size` for battle).
+`FAMILIES` is the table of these names and prefixes, each with the function that builds its envs.
 """
 
 from __future__ import annotations
@@ -74,8 +75,6 @@ _BOARD_GAMES = {
     "connect_four": ("pettingzoo.classic.connect_four_v3", dict(mirror_axis=1, mirror_actions=tuple(range(6, -1, -1)))),
     "tictactoe": ("pettingzoo.classic.tictactoe_v3", dict(mirror_axis=1, mirror_actions=_TICTACTOE_MIRROR)),
 }
-ENV_NAMES: tuple[str, ...] = ("connect_four", "tictactoe", "battle", "cue_recall")
-PREFIXES: tuple[str, ...] = ("atari:", "atari2p:", "gym:", "mpe:", "pettingzoo:", "popgym:", "sc2:")
 
 
 def _import(module: str, name: str):
@@ -231,82 +230,126 @@ def _module_factory(module: Any, fn: str, kwargs: Mapping[str, Any]) -> Callable
     return make
 
 
+def _board_game(name: str, _rest: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    module_name, mirror = _BOARD_GAMES[name]
+    module = _import(module_name, name)
+    # raw_env skips PettingZoo's checking wrappers (half the step time); AECAdapter.act refuses
+    # illegal moves itself.
+    return _probe(name, "aec", _module_factory(module, "raw_env", kwargs), module_name.rsplit(".", 1)[1],
+                  declared=declared, **mirror)
+
+
+def _battle(name: str, _rest: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    module = _import("magent2.environments.battle_v4", name)
+    return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4", declared=declared,
+                  outcome="units_left", units_left=_magent_units_left)
+
+
+def _cue_recall(name: str, _rest: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    def make_cue_recall(render_mode: Optional[str] = None):
+        return CueRecall(**kwargs, render_mode=render_mode)
+    return _probe(name, "gym", make_cue_recall, CUE_RECALL_VERSION, declared=declared)
+
+
+def _mpe(name: str, scenario: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    module_name = _mpe_module(name, scenario)
+    module = _import(module_name, name)
+    return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), module_name.rsplit(".", 1)[1],
+                  declared=declared)
+
+
+def _pettingzoo(name: str, module_name: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    module = _import(module_name, name)
+    fn = "parallel_env" if hasattr(module, "parallel_env") else "env"
+    if not hasattr(module, fn):
+        raise ValueError(f"env '{name}': module '{module_name}' has neither parallel_env() nor env()")
+    return _probe(name, "parallel" if fn == "parallel_env" else "aec", _module_factory(module, fn, kwargs),
+                  module_name.rsplit(".", 1)[-1], declared=declared)
+
+
+def _gym(name: str, env_id: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    import gymnasium
+
+    if env_id.startswith("popgym-") and env_id not in gymnasium.registry:
+        _import("popgym", name)  # registers the popgym-* ids
+    return _gymnasium(name, env_id, kwargs, declared)
+
+
+def _popgym(name: str, env: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    return _gymnasium(name, _popgym_id(name, env), kwargs, declared)
+
+
+def _gymnasium(name: str, env_id: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    """The registered gymnasium env `env_id` (of `gym:` and `popgym:`), made with `kwargs`."""
+    import gymnasium
+
+    if env_id not in gymnasium.registry:
+        close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
+        hint = f"; did you mean 'gym:{close[0]}'?" if close else ""
+        raise ValueError(f"unknown gymnasium env id '{env_id}'{hint}")
+
+    def make(render_mode: Optional[str] = None):
+        # render_mode only when asked for: POPGym's constructors take no render_mode argument
+        extra = {} if render_mode is None else {"render_mode": render_mode}
+        return gymnasium.make(env_id, **kwargs, **extra)
+    return _probe(name, "gym", make, env_id, declared=declared)
+
+
+def _atari(name: str, game: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    full_id, frame_skip = atari.env_id(game), atari.settings(kwargs)["frame_skip"]
+
+    def make_atari(render_mode: Optional[str] = None):
+        return atari.make_atari(game, kwargs, render_mode)
+    return _probe(name, "gym", make_atari, full_id, declared=declared, frames_per_step=frame_skip)
+
+
+def _atari2p(name: str, game: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    module_name, frame_skip = atari2p.module_name(game), atari2p.settings(game, kwargs)["frame_skip"]
+
+    def make_atari2p(render_mode: Optional[str] = None):
+        return atari2p.make_atari2p(game, kwargs, render_mode)
+    return _probe(name, "parallel", make_atari2p, module_name, declared=declared, frames_per_step=frame_skip)
+
+
+def _sc2(name: str, _map: str, kwargs: dict, declared: Optional[tuple]) -> _Game:
+    from impala_league.envs.sc2_wrappers.env import sc2_spec
+
+    if declared is not None:
+        raise ValueError(f"env '{name}': env.seats does not apply to StarCraft II (each player is its own seat)")
+    return _Game(sc2_spec(name, kwargs), (), lambda render_mode=None: None)
+
+
+# Every env family: a name, or a prefix ending in ':', -> the function that builds its game from (the
+# full name, the name after the prefix, env.kwargs, the declared seats or None). A new family is one line.
+FAMILIES: dict[str, Callable[[str, str, dict, Optional[tuple]], _Game]] = {
+    "connect_four": _board_game,
+    "tictactoe": _board_game,
+    "battle": _battle,
+    "cue_recall": _cue_recall,
+    "atari:": _atari,
+    "atari2p:": _atari2p,
+    "gym:": _gym,
+    "mpe:": _mpe,
+    "pettingzoo:": _pettingzoo,
+    "popgym:": _popgym,
+    "sc2:": _sc2,
+}
+ENV_NAMES: tuple[str, ...] = tuple(key for key in FAMILIES if not key.endswith(":"))
+PREFIXES: tuple[str, ...] = tuple(key for key in FAMILIES if key.endswith(":"))
+
+
 @functools.lru_cache(maxsize=64)
 def _game(name: str, kwargs_json: str, seats_json: str = "null") -> _Game:
-    kwargs = json.loads(kwargs_json)
+    """The game `name` names, by its family in FAMILIES (its exact name, else the prefix up to its first ':')."""
     seats = json.loads(seats_json)
     declared = None if seats is None else tuple(tuple(seat) for seat in seats)
-    if name in _BOARD_GAMES:
-        module_name, mirror = _BOARD_GAMES[name]
-        module = _import(module_name, name)
-        # raw_env skips PettingZoo's checking wrappers (half the step time); AECAdapter.act refuses
-        # illegal moves itself.
-        return _probe(name, "aec", _module_factory(module, "raw_env", kwargs), module_name.rsplit(".", 1)[1],
-                      declared=declared, **mirror)
-    if name == "battle":
-        module = _import("magent2.environments.battle_v4", name)
-        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), "battle_v4", declared=declared,
-                      outcome="units_left", units_left=_magent_units_left)
-    if name.startswith("mpe:"):
-        module_name = _mpe_module(name, name[4:])
-        module = _import(module_name, name)
-        return _probe(name, "parallel", _module_factory(module, "parallel_env", kwargs), module_name.rsplit(".", 1)[1],
-                      declared=declared)
-    if name.startswith("pettingzoo:"):
-        module_name = name[len("pettingzoo:"):]
-        module = _import(module_name, name)
-        fn = "parallel_env" if hasattr(module, "parallel_env") else "env"
-        if not hasattr(module, fn):
-            raise ValueError(f"env '{name}': module '{module_name}' has neither parallel_env() nor env()")
-        return _probe(name, "parallel" if fn == "parallel_env" else "aec", _module_factory(module, fn, kwargs),
-                      module_name.rsplit(".", 1)[-1], declared=declared)
-    if name == "cue_recall":
-        def make_cue_recall(render_mode: Optional[str] = None):
-            return CueRecall(**kwargs, render_mode=render_mode)
-        return _probe(name, "gym", make_cue_recall, CUE_RECALL_VERSION, declared=declared)
-    if name.startswith("gym:") or name.startswith("popgym:"):
-        import gymnasium
-
-        if name.startswith("popgym:"):
-            env_id = _popgym_id(name, name[len("popgym:"):])
-        else:
-            env_id = name[4:]
-            if env_id.startswith("popgym-") and env_id not in gymnasium.registry:
-                _import("popgym", name)  # registers the popgym-* ids
-        if env_id not in gymnasium.registry:
-            close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
-            hint = f"; did you mean 'gym:{close[0]}'?" if close else ""
-            raise ValueError(f"unknown gymnasium env id '{env_id}'{hint}")
-
-        def make(render_mode: Optional[str] = None):
-            # render_mode only when asked for: POPGym's constructors take no render_mode argument
-            extra = {} if render_mode is None else {"render_mode": render_mode}
-            return gymnasium.make(env_id, **kwargs, **extra)
-        return _probe(name, "gym", make, env_id, declared=declared)
-    if name.startswith("atari:"):
-        game = name[len("atari:"):]
-        full_id, frame_skip = atari.env_id(game), atari.settings(kwargs)["frame_skip"]
-
-        def make_atari(render_mode: Optional[str] = None):
-            return atari.make_atari(game, kwargs, render_mode)
-        return _probe(name, "gym", make_atari, full_id, declared=declared, frames_per_step=frame_skip)
-    if name.startswith("atari2p:"):
-        game = name[len("atari2p:"):]
-        module_name, frame_skip = atari2p.module_name(game), atari2p.settings(game, kwargs)["frame_skip"]
-
-        def make_atari2p(render_mode: Optional[str] = None):
-            return atari2p.make_atari2p(game, kwargs, render_mode)
-        return _probe(name, "parallel", make_atari2p, module_name, declared=declared, frames_per_step=frame_skip)
-    if name.startswith("sc2:"):
-        from impala_league.envs.sc2_wrappers.env import sc2_spec
-
-        if declared is not None:
-            raise ValueError(f"env '{name}': env.seats does not apply to StarCraft II (each player is its own seat)")
-        return _Game(sc2_spec(name, kwargs), (), lambda render_mode=None: None)
-    close = difflib.get_close_matches(name, ENV_NAMES, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown env '{name}'{hint}; valid: {', '.join(ENV_NAMES)}, or a name starting with "
-                     f"{', '.join(PREFIXES)}")
+    family = name if name in FAMILIES else name.split(":", 1)[0] + ":"
+    if family not in FAMILIES:
+        close = difflib.get_close_matches(name, ENV_NAMES, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"unknown env '{name}'{hint}; valid: {', '.join(ENV_NAMES)}, or a name starting with "
+                         f"{', '.join(PREFIXES)}")
+    return FAMILIES[family](name, name.removeprefix(family), json.loads(kwargs_json), declared)
 
 
 def _lookup(name: str, kwargs: Optional[Mapping[str, Any]], seats: Optional[Sequence[Sequence[str]]] = None) -> _Game:
