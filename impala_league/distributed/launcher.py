@@ -69,7 +69,7 @@ def learner_rank_args(cfg: Config, run_dir: Path, resume: bool, dist_url: str | 
     """`run.py learner` arguments of the main agent's learners, rank 0 first: one learner, or with
     `learner.num_learners` = K, K ranks that meet at `dist_url`, by default a free loopback port that
     rank 0 will listen on (distributed/data_parallel.py; on several machines: rank 0's address and an
-    open port, as distributed/deploy.py gives them)."""
+    open port, as distributed/k8s.py and slurm.py give them)."""
     args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     size = cfg.learner.num_learners
     if size == 1:
