@@ -14,7 +14,7 @@ its latest save, games scored, games against snapshots evicted before, loads fro
     python bench/bench_long_league.py --bound 100000 --redis-aof-defaults   # the bound off: as before
 
 `--bound` is `league.redis_snapshots`; with `--redis-aof-defaults` Redis keeps its own rewrite thresholds
-(100 %, 64 MB) instead of the embedded Redis's (distributed/launcher.py). It stops the run (SIGTERM)
+(100 %, 64 MB) instead of the embedded Redis's (distributed/embedded_redis.py). It stops the run (SIGTERM)
 once the league holds --snapshots snapshots, or after --minutes. Run nothing else meanwhile.
 """
 

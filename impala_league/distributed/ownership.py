@@ -5,7 +5,7 @@ The lock is `fcntl.flock` on `<run dir>/run.lock`, which names its holder (host 
 drops it when the holder exits, however it exits (kill -9 included), so a lock is never stale; the
 file itself stays. Children (learners, the league manager) do not hold it: they get the launcher's pid
 in `IMPALA_RUN_OWNER`. On Linux they die with the launcher (PR_SET_PDEATHSIG with SIGKILL, see
-launcher._spawn); elsewhere `exit_with_launcher` ends them within a second, and before writing a
+children.spawn); elsewhere `exit_with_launcher` ends them within a second, and before writing a
 checkpoint or the league's state they check `owns_run_dir()`, so a child that outlives a killed launcher
 never writes into a directory that a new `train --resume` may own by then.
 
