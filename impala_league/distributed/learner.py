@@ -362,7 +362,7 @@ class Learner:
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
-        log.info("%s done: %d updates, %d frames; checkpoint %s", self.label, self.step, self.frames,
+        log.info("%s done: %s updates, %s agent steps; checkpoint %s", self.label, f"{self.step:,}", f"{self.frames:,}",
                  self.checkpoints.path)
         self.metrics.close(report=self.player == MAIN and not self.stopping)  # interrupted: no figures, stop now
 

@@ -209,10 +209,11 @@ class LearnerMetrics:
             games.append(f"len {record['episode_length']:.1f}")
         if "emulator_frames" in record:
             games.append(f"emulator frames {record['emulator_frames']:,}")
-        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %.0f  lag %.1f  queue %d  loss %.3f  "
+        lag = "-" if record["policy_lag"] is None else f"{record['policy_lag']:.1f}"
+        log.info("%sagent steps trained %s/%s  env steps played %s  SPS %s  lag %s  queue %d  loss %.3f  "
                  "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ",
                  f"{record['frames']:,}", f"{self.cfg.run.total_agent_steps:,}", f"{record['env_steps_played']:,}",
-                 record["sps"], record["policy_lag"], record["queue_depth"],
+                 f"{record['sps']:,.0f}", lag, record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 
     def close(self, report: bool = False) -> None:

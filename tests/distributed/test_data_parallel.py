@@ -205,8 +205,8 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     meta = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])
     # Global batch: 2 ranks x 4 unrolls x 8 steps per update; both ranks stopped at the same update.
     assert meta["frames"] >= total and meta["frames"] == meta["step"] * 64
-    assert f"learner rank 1 done: {meta['step']} updates" in out
-    assert f"learner rank 0 done: {meta['step']} updates" in out and out.count("; checkpoint ") == 1
+    assert f"learner rank 1 done: {meta['step']:,} updates" in out
+    assert f"learner rank 0 done: {meta['step']:,} updates" in out and out.count("; checkpoint ") == 1
     assert int(r.get(f"{run_name}:params:version")) == meta["step"]
     consumers = {c["name"].decode(): c["pending"] for c in r.xinfo_consumers(f"{run_name}:traj", GROUP)}
     host = socket.gethostname()
