@@ -17,6 +17,7 @@ from impala_league.agents.torsos import TORSOS, Torso
 from impala_league.config import TORSOS as CONFIG_TORSOS
 from impala_league.config import AgentConfig, load_config, to_yaml
 from impala_league.envs.registry import env_spec
+from tests.agents.sc2_mock import mock_sc2_config
 
 
 def wb(old: str, new: str) -> list[tuple[str, str]]:
@@ -138,14 +139,9 @@ def test_pixel_torsos_load_their_old_names(torso, core, pairs):
 
 @pytest.mark.parametrize("core", ["none", "lstm"])
 def test_fullyconv_loads_its_old_names(core):
-    pytest.importorskip("pysc2")
-    import impala_league.envs.sc2_wrappers  # noqa: F401  (pysc2 through the shim)
-    from impala_league.checked_config import load_config as checked
+    cfg = mock_sc2_config(core)
     from impala_league.envs.registry import make_env
 
-    cfg = checked(None, ["env.name=sc2:MoveToBeacon", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8}",
-                         "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16", f"agent.core={core}",
-                         "agent.core_size=6"])
     spec = env_spec(cfg.env.name, cfg.env.kwargs)
     torch.manual_seed(0)
     trained, fresh = make_model(spec, cfg.agent), make_model(spec, cfg.agent)

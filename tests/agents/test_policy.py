@@ -16,6 +16,7 @@ from impala_league.agents.network import ActorCritic
 from impala_league.config import load_config, to_yaml
 from impala_league.agents.checkpoint import save_checkpoint
 from impala_league.envs.registry import env_spec
+from tests.agents.sc2_mock import mock_sc2_config
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +86,14 @@ def test_act_refuses_an_all_zero_mask_a_wrong_shape_and_a_mask_given_twice(check
 def test_load_policy_plays_a_starcraft_checkpoint_with_its_fullyconv_network(core, tmp_path):
     """load_policy builds the network the checkpoint's config names (make_model), here SC2LE's FullyConv,
     and plays pysc2's mock env with FunctionCalls; greedy, its actions are the heads' argmaxes."""
-    pytest.importorskip("pysc2")
+    cfg = mock_sc2_config(core)
     import torch
 
-    import impala_league.envs.sc2_wrappers  # noqa: F401  (pysc2 through the shim)
     from impala_league.agents import load_policy
     from impala_league.agents.fullyconv import FullyConv
     from impala_league.agents.model import make_model, policy_head
-    from impala_league.checked_config import load_config as checked
     from impala_league.envs.registry import make_env
 
-    cfg = checked(None, ["env.name=sc2:MoveToBeacon", "env.kwargs={mock: true, screen_size: 8, minimap_size: 8}",
-                         "agent.torso=fullyconv", "league.bots=[]", "agent.hidden=16", f"agent.core={core}",
-                         "agent.core_size=6"])
     spec = env_spec(cfg.env.name, cfg.env.kwargs)
     torch.manual_seed(0)
     model = make_model(spec, cfg.agent)
