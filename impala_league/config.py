@@ -369,7 +369,9 @@ def _league_rules(cfg: Config) -> list[tuple[bool, str]]:
          f"league.min_games={league.min_games} can never be reached with league.payoff_decay="
          f"{league.payoff_decay} (decayed game counts level off at 1 / (1 - decay)); lower min_games or "
          "raise payoff_decay"),
-        (league.self_play + league.pfsp > 0, "league.self_play + league.pfsp must be > 0"),
+        # Bots alone (bot_share, self_play = pfsp = 0) are a mix too: a league of bots only.
+        (league.self_play + league.pfsp > 0 or (league.bot_share > 0 and bool(league.bots)),
+         "league.self_play + league.pfsp must be > 0, or league.bot_share > 0 with league.bots (bots only)"),
         (league.enabled or not (league.main_exploiters or league.league_exploiters),
          "exploiters need league.enabled=true"),
         (cfg.learner.num_learners == 1 or not (league.main_exploiters or league.league_exploiters),

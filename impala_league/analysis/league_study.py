@@ -57,10 +57,9 @@ class Arm:
 _NO_EXPLOITERS = ("league.main_exploiters=0", "league.league_exploiters=0")
 _PFSP = ("league.enabled=true", "league.bots=[]", "league.bot_share=0")
 # The arms, in the table's order. `pfsp` keeps the config's main-agent mix (self_play, pfsp, forgotten:
-# AlphaStar's 35/50/15 by default) over a league of its own snapshots only. `bots` needs league.self_play
-# + league.pfsp > 0 (config.py), so its games go by PFSP over the whole league, which holds the bots and
-# nothing else: no snapshot by the clock (snapshot_every NEVER) and none by strength unless the main agent
-# wins every game against every bot (snapshot_win_rate 1; `snapshot_check` reports one).
+# AlphaStar's 35/50/15 by default) over a league of its own snapshots only. `bots` gives every game to the
+# bots by PFSP (bot_share 1, no self-play, no PFSP over the league) and freezes no snapshot by the clock
+# (snapshot_every NEVER): nothing would play one.
 ARMS: dict[str, Arm] = {
     "selfplay": Arm("self-play against the latest weights only: no league, no bots",
                     ("league.enabled=false", "league.bots=[]", *_NO_EXPLOITERS)),
@@ -71,9 +70,8 @@ ARMS: dict[str, Arm] = {
     "pfsp-league-exploiters": Arm("pfsp, plus a league exploiter: PFSP against the whole league",
                                   (*_PFSP, "league.main_exploiters=0", "league.league_exploiters=1")),
     "bots": Arm("every main-agent game against league.bots, by PFSP: no self-play, no snapshots",
-                ("league.enabled=true", "league.self_play=0", "league.pfsp=1", "league.forgotten=0",
-                 "league.bot_share=0", f"league.snapshot_every={NEVER}", "league.snapshot_win_rate=1",
-                 *_NO_EXPLOITERS)),
+                ("league.enabled=true", "league.self_play=0", "league.pfsp=0", "league.forgotten=0",
+                 "league.bot_share=1", f"league.snapshot_every={NEVER}", *_NO_EXPLOITERS)),
     "main-job": Arm("the config as it is (connect four: self-play, PFSP over snapshots and bots, bot_share)", ()),
 }
 
@@ -135,16 +133,6 @@ def judge_run(run_dir: Path, judges: list[str], games: int, seed: int = 0) -> di
     (run_dir / JUDGES_FILE).write_text(json.dumps({"games_per_seat": games, "seed": seed, "judges": results},
                                                   indent=2) + "\n")
     return results
-
-
-def snapshot_check(run_dir: Path, arm: str) -> int:
-    """How many league snapshots the run froze (league/snapshots/*.safetensors); warns when the bots
-    arm froze any (its main agent then beat every bot in every counted game, and PFSP drew them too)."""
-    count = len(list((run_dir / "league" / "snapshots").glob("*.safetensors")))
-    if arm == "bots" and count:
-        log.warning("%s froze %d snapshot(s): its main agent beat every bot at league.snapshot_win_rate, so PFSP "
-                    "also drew its snapshots after that", run_dir.name, count)
-    return count
 
 
 def play_round_robin(runs: dict[str, list[Run]], games: int, seed: int = 0) -> dict | None:
@@ -301,7 +289,6 @@ def run_league_study(config: str | Path, arms: dict[str, list[str]], out: Path, 
     judged: dict[str, dict] = {}
 
     def after(run_dir: Path) -> None:
-        snapshot_check(run_dir, run_dir.name.rsplit("-seed", 1)[0])
         judged[run_dir.name] = judge_run(run_dir, judges, judge_games)
 
     runs = train_variants(config, arms, out, seeds, minutes, frames, extra, redis_url, after)
