@@ -1,4 +1,5 @@
-"""Atari emulator paths side by side: agent steps per second on one core, the same preprocessing.
+"""Atari emulator paths side by side: agent steps per second on one core, the same preprocessing; and
+two-player Atari (`atari2p:<game>`) beside single-player, agent steps per core.
 
 An actor is one process per core, so each path runs single-threaded here (ale-py's and envpool's
 vector envs with one thread, OpenCV with one thread), N games, random actions, in one process one
@@ -11,17 +12,30 @@ after the other:
   `pip install envpool==1.2.5`, which pulls about 300 MB of envpool's asset packages; 1.2.5 was seen to
   import and step with numpy 2.4. Without it, or when it fails to import, the table says why and goes on).
 
+* `2p_adapters`: `atari2p:<game2p>` as one `ParallelAdapter` over `envs.atari2p.Preprocessed` per game
+  (what `make_env` builds: PettingZoo's `step` per frame), actor level only;
+* `2p_group`: the same games in one `envs.atari2p_vector.Atari2pGroup` (what an actor's `make_envs`
+  builds), actor level only.
+
 Each at two levels: `emulator`, the env's own `step` on a batch of actions (the gymnasium envs one by
 one, resetting a finished one); `actor`, what an actor pays per step of its envs: our adapters
 (`envs.registry.make_envs`: `act` then `advance` on every env, the settlements and episode results)
-and the `np.stack` of the N observations that the actor's forward pass takes. envpool has no adapter
-here: emulator level only. The table gives agent steps (one action of one game, 4 emulator frames)
+and the batch of observations that the actor's forward pass takes (`distributed.actor.stacked`: a
+vector env's own array where the observations are its rows, else `np.stack`). envpool has no adapter
+here: emulator level only. The table gives agent steps (one action of one player, 4 emulator frames)
 per wall second and per CPU second of this process (CPU / wall shows a path that uses more than one
 core, e.g. a thread that spins while it waits), and each path's ratio to gymnasium's at that level.
-On a busy machine the per-CPU-second numbers are the ones to compare. Building and resetting the
-envs is left out of the times.
+On a busy machine the per-CPU-second numbers are the ones to compare, best of a few `--rounds`.
+Building and resetting the envs is left out of the times.
 
-    python bench/bench_atari_env.py [--game Pong] [--envs 16] [--steps 1000] [--paths gymnasium,ale_vector,envpool]
+The last lines compare the two players' rate with one player's: agent steps (each player's action
+is one) per CPU second and per wall second of `2p_adapters` and `2p_group` over `ale_vector`'s at
+actor level, the rate of the path an actor of `atari:<Game>` uses. A two-player env step plays 4
+emulator frames for 2 agent steps, so per agent step the emulation is half of one player's; what
+the two-player path adds is the second player's frame stack and settlement.
+
+    python bench/bench_atari_env.py [--game Pong] [--game2p boxing] [--envs 16] [--steps 1000]
+        [--paths gymnasium,ale_vector,envpool,2p_adapters,2p_group]
 
 Frame copies between the emulator and the Redis entry, per agent step (84x84 grayscale, stack of 4:
 a frame is 7 KB, a stack 28 KB; a raw screen is 210x160, 33.6 KB in gray, 100.8 KB in RGB):
@@ -57,6 +71,17 @@ Both paths, in the actor (distributed/actor.py) and the wire format (distributed
      joined into the message's bytes once;
   e. `msgpack.packb` copies the (compressed) bytes into the message: with zstd about 0.005 of the
      frames' bytes. redis-py hands large arguments to the socket without joining them (not counted).
+2p_group (envs/atari2p_vector.py; per env step, i.e. per 2 agent steps):
+  1. 2 x gray screen: the emulator's palette to grayscale into the game's two pooling buffers
+     (`getScreenGrayscale`, no other screen is read: PettingZoo's RAM read is left out);
+  2. max in place, for all games in one call; 1 x frame: one `cv2.resize` into the group's frames;
+  3. 2 x stack: every player's row of a new [N * players, 4 + players, 84, 84] array, the older frames
+     and the players' planes copied from the last step's array, the new frame written in; a player's
+     observation is a view of its row (no copy), and with every seat learning the forward pass reads
+     the array itself; a truncated game's final stacks are copied once more (per episode).
+2p_adapters: per frame PettingZoo reads the RAM into a new array; per step the pooled screens and
+  resize as in 2p_group, then `np.stack` of the deque (1 x stack) and per player a concatenation with
+  its planes (2 x stack), and the observation encoder reads each stack twice (min and max).
 So per agent step: gymnasium ~ 6 gray screens + 1 frame + 2 stacks before the actor;
 ale_vector ~ 2 gray screens + 1 frame + 2 stacks, in C++; then 1 stack copy in the actor (+ 1/T), and
 with zstd the compressed bytes only (without compression: 2 more, the join and msgpack's).
@@ -76,9 +101,10 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from impala_league.envs import atari  # noqa: E402
-from impala_league.envs.registry import env_spec, make_envs  # noqa: E402
+from impala_league.distributed.actor import stacked  # noqa: E402
+from impala_league.envs.registry import env_spec, make_env, make_envs  # noqa: E402
 
-PATHS = ("gymnasium", "ale_vector", "envpool")
+PATHS = ("gymnasium", "ale_vector", "envpool", "2p_adapters", "2p_group")
 ENVPOOL_INSTALL = "pip install envpool==1.2.5"
 
 
@@ -125,11 +151,33 @@ def actor_level(game: str, kwargs: dict, actions: np.ndarray, seed: int) -> tupl
     def run():
         nonlocal steps
         for row in actions:
-            np.stack([obs for step in steps for obs in step.observations])
+            stacked([obs for step in steps for obs in step.observations])
             for env, step, action in zip(envs, steps, row):  # a vector slot sits out the step after its cut
                 env.act([int(action)] * len(step.agents))
             steps = [env.advance() for env in envs]
     return _timed(run)
+
+
+def two_player_level(game: str, grouped: bool, actions: np.ndarray, seed: int) -> tuple[float, float, int]:
+    """`atari2p:<game>`'s envs as an actor steps them: act on all, advance all, stack the observations;
+    one adapter per game (`make_env`) or one `Atari2pGroup`. `actions`: [steps, games, players]."""
+    from impala_league.envs.atari2p_vector import Atari2pGroup
+
+    name, seeds = f"atari2p:{game}", [seed + k for k in range(actions.shape[1])]
+    envs = Atari2pGroup(game, seeds, {}, env_spec(name).agent_seats, name).slots if grouped else [
+        make_env(name, s) for s in seeds]
+    steps = [env.advance() for env in envs]
+    played = 0
+
+    def run():
+        nonlocal steps, played
+        for row in actions:
+            stacked([obs for step in steps for obs in step.observations])
+            for env, step, action in zip(envs, steps, row):
+                env.act(action[:len(step.agents)].tolist())
+                played += len(step.agents)
+            steps = [env.advance() for env in envs]
+    return (*_timed(run), played)
 
 
 def envpool_emulator(game: str, kwargs: dict, actions: np.ndarray, seed: int) -> tuple[float, float]:
@@ -167,13 +215,63 @@ def envpool_problem() -> str | None:
     return None
 
 
+def measure(args, paths: list[str], skipped: dict[str, str]) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """(wall s, CPU s, agent steps) of each path and level asked for, one after the other, the least wall
+    and CPU time of `args.rounds` rounds."""
+    spec, spec2 = env_spec(f"atari:{args.game}"), env_spec(f"atari2p:{args.game2p}")
+    rng = np.random.default_rng(args.seed)
+    actions = rng.integers(spec.num_actions, size=(args.steps, args.envs))
+    actions2 = rng.integers(spec2.num_actions, size=(args.steps, args.envs, len(spec2.agents)))
+    one = args.steps * args.envs
+    runs = {("gymnasium", "emulator"): lambda: (*gymnasium_emulator(args.game, {}, actions, args.seed), one),
+            ("gymnasium", "actor"): lambda: (*actor_level(args.game, {}, actions, args.seed), one),
+            ("ale_vector", "emulator"): lambda: (*ale_vector_emulator(args.game, {}, actions, args.seed), one),
+            ("ale_vector", "actor"): lambda: (*actor_level(args.game, {"emulator": "ale_vector"}, actions, args.seed),
+                                              one),
+            ("envpool", "emulator"): lambda: (*envpool_emulator(args.game, {}, actions, args.seed), one),
+            ("2p_adapters", "actor"): lambda: two_player_level(args.game2p, False, actions2, args.seed),
+            ("2p_group", "actor"): lambda: two_player_level(args.game2p, True, actions2, args.seed)}
+    best: dict[tuple[str, str], tuple[float, float, int]] = {}
+    for _ in range(args.rounds):  # round by round, so that a busy spell of the machine hits every path
+        for key, run in runs.items():
+            if key[0] in paths and key[0] not in skipped:
+                wall, cpu, n = run()
+                old = best.get(key, (wall, cpu, n))
+                best[key] = (min(wall, old[0]), min(cpu, old[1]), n)
+    return best
+
+
+def print_table(rows: dict[tuple[str, str], tuple[float, float, int]], game: str, game2p: str) -> None:
+    """Agent steps per wall and CPU second of every path and level, with the single-player paths' ratio
+    to gymnasium's and the two-player paths' to ale_vector's at actor level."""
+    print(f"\n{'path':<11} {'game':<15} {'level':<9} {'steps/s':>9} {'steps/CPU-s':>12} {'CPU/wall':>9} "
+          f"{'vs gymnasium (wall)':>20} {'(CPU)':>7}")
+    for (path, level), (wall, cpu, n) in rows.items():
+        base = rows.get(("gymnasium", level)) if not path.startswith("2p") else None
+        ratio_wall = f"{base[0] / base[2] * n / wall:.2f}x" if base else "-"
+        ratio_cpu = f"{base[1] / base[2] * n / cpu:.2f}x" if base and cpu > 0 else "-"
+        name = f"atari2p:{game2p}" if path.startswith("2p") else f"atari:{game}"
+        print(f"{path:<11} {name:<15} {level:<9} {n / wall:>9,.0f} {n / max(cpu, 1e-9):>12,.0f} {cpu / wall:>9.2f} "
+              f"{ratio_wall:>20} {ratio_cpu:>7}")
+    one = rows.get(("ale_vector", "actor"))
+    for path in ("2p_adapters", "2p_group"):
+        two = rows.get((path, "actor"))
+        if one and two:
+            print(f"two players / one, agent steps per CPU-s: {path} atari2p:{game2p} {two[2] / two[1]:,.0f} / "
+                  f"ale_vector atari:{game} {one[2] / one[1]:,.0f} = {two[2] / two[1] / (one[2] / one[1]):.2f} "
+                  f"(per wall s {two[2] / two[0] / (one[2] / one[0]):.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--game", default="Pong")
+    parser.add_argument("--game", default="Pong", help="the single-player game, atari:<game>")
+    parser.add_argument("--game2p", default="boxing", help="the two-player game, atari2p:<game2p>")
     parser.add_argument("--envs", type=int, default=16, help="games per path (an actor's actor.num_envs)")
-    parser.add_argument("--steps", type=int, default=1000, help="agent steps per game per measurement")
+    parser.add_argument("--steps", type=int, default=1000, help="env steps per game per measurement")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1, help="measure every path this many times, round by "
+                        "round, and keep each path's fastest (for a busy machine)")
     args = parser.parse_args()
     paths = [p for p in args.paths.split(",") if p]
     unknown = sorted(set(paths) - set(PATHS))
@@ -185,37 +283,18 @@ def main() -> None:
     except ImportError:
         pass
     spec = env_spec(f"atari:{args.game}")
-    actions = np.random.default_rng(args.seed).integers(spec.num_actions, size=(args.steps, args.envs))
-    print(f"atari:{args.game}: {args.envs} games x {args.steps} agent steps per measurement, random actions; "
-          f"obs {spec.obs_shape} {spec.obs_dtype}; pid {os.getpid()}, {os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.1f}")
-    runs = {("gymnasium", "emulator"): lambda: gymnasium_emulator(args.game, {}, actions, args.seed),
-            ("gymnasium", "actor"): lambda: actor_level(args.game, {}, actions, args.seed),
-            ("ale_vector", "emulator"): lambda: ale_vector_emulator(args.game, {}, actions, args.seed),
-            ("ale_vector", "actor"): lambda: actor_level(args.game, {"emulator": "ale_vector"}, actions, args.seed),
-            ("envpool", "emulator"): lambda: envpool_emulator(args.game, {}, actions, args.seed)}
+    print(f"atari:{args.game} and atari2p:{args.game2p}: {args.envs} games x {args.steps} env steps per "
+          f"measurement, the fastest of {args.rounds} round(s), random actions; obs {spec.obs_shape} "
+          f"{spec.obs_dtype}; pid {os.getpid()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     skipped = {}
     if "envpool" in paths:
         problem = envpool_problem()
         if problem:
             skipped["envpool"] = problem
-    rows = {}
-    for (path, level), run in runs.items():
-        if path not in paths or path in skipped:
-            continue
-        wall, cpu = run()
-        rows[(path, level)] = (wall, cpu)
-    total = args.steps * args.envs
-    print(f"\n{'path':<11} {'level':<9} {'steps/s':>9} {'steps/CPU-s':>12} {'CPU/wall':>9} "
-          f"{'vs gymnasium (wall)':>20} {'(CPU)':>7}")
-    for (path, level), (wall, cpu) in rows.items():
-        base = rows.get(("gymnasium", level))
-        ratio_wall = f"{base[0] / wall:.2f}x" if base else "-"
-        ratio_cpu = f"{base[1] / cpu:.2f}x" if base and cpu > 0 else "-"
-        print(f"{path:<11} {level:<9} {total / wall:>9,.0f} {total / max(cpu, 1e-9):>12,.0f} {cpu / wall:>9.2f} "
-              f"{ratio_wall:>20} {ratio_cpu:>7}")
+    print_table(measure(args, paths, skipped), args.game, args.game2p)
     for path, why in skipped.items():
         print(f"{path:<11} skipped: {why}")
+    print(f"load {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
