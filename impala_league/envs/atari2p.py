@@ -29,6 +29,11 @@ The ROMs are those of the `ale-py` wheel (`auto_rom_install_path`): nothing is d
 PettingZoo's `first_0`, `second_0` (`third_0`, `fourth_0` in the four-player games): each its own seat
 (envs/registry.py reads `first`, `second` as their teams). Rewards are the game's score changes,
 unclipped. Other keyword arguments of a game's own `raw_env` (e.g. pong's `game_version`) pass through.
+
+An actor's games (`envs.registry.make_envs`) are stepped by one `envs.atari2p_vector.Atari2pGroup`, which
+plays each game as this env under `envs.parallel.ParallelAdapter` does, with less Python around each
+emulator frame (PettingZoo's `step` and multi_agent_ale_py's array conversions are left out); `make_env`
+(evaluation, replays, rendering) steps this env.
 """
 
 from __future__ import annotations

@@ -33,14 +33,14 @@ def assert_same_step(ours: Step, reference: Step, where: str) -> None:
 
 
 def play_both(game: str, seeds: list, kwargs: dict, steps: int, action_seed: int = 0,
-              until_episodes: int = 0) -> tuple[int, list]:
+              until_episodes: int = 0, seats: list | None = None) -> tuple[int, list]:
     """Play the group and one `make_env` adapter per seed on the same random actions, comparing every
     step; returns (steps played, the episodes that finished). With `until_episodes`, play until that
-    many episodes have finished, at most `steps` steps."""
+    many episodes have finished, at most `steps` steps. `seats`: the config's env.seats."""
     name = f"atari2p:{game}"
-    spec = env_spec(name, kwargs)
+    spec = env_spec(name, kwargs, seats)
     group = Atari2pGroup(game, seeds, kwargs, spec.agent_seats, name)
-    references = [make_env(name, seed, kwargs) for seed in seeds]
+    references = [make_env(name, seed, kwargs, seats=seats) for seed in seeds]
     rng = np.random.default_rng(action_seed)
     ours, theirs = [s.advance() for s in group.slots], [r.advance() for r in references]
     episodes = []
@@ -75,8 +75,10 @@ def test_other_settings_and_sticky_actions_match():
     play_both("boxing", [9], {"frame_skip": 1, "frame_stack": 1, "noop_max": 0, "max_cycles": 30}, 40)
 
 
-def test_four_players_match():
-    play_both("pong", [1, 2], {"num_players": 4, "max_cycles": 200}, 80, action_seed=3)
+def test_four_players_in_two_teams_match():
+    _, episodes = play_both("pong", [1, 2], {"num_players": 4, "max_cycles": 200}, 80, action_seed=3,
+                            seats=[["first_0", "third_0"], ["second_0", "fourth_0"]])
+    assert episodes and all(len(e.returns) == 2 for e in episodes)  # a team's return: its two players' sum
 
 
 def test_a_game_that_ends_settles_terminated_and_matches():
