@@ -145,7 +145,8 @@ class Atari2pGroup:
         self.agent_seats = tuple(agent_seats) if agent_seats is not None else tuple(range(p))
         if len(self.agent_seats) != p:
             raise ValueError(f"env '{self.name}': {len(self.agent_seats)} seats given for {p} players")
-        self.num_envs, self.players, self.frame_stack, self.frame_skip = len(seeds), p, s["frame_stack"], s["frame_skip"]
+        self.num_envs, self.players = len(seeds), p
+        self.frame_stack, self.frame_skip = s["frame_stack"], s["frame_skip"]
         self.num_actions = int(envs[0].action_space(self.agents[0]).n)
         self.obs_shape = tuple(envs[0].observation_space(self.agents[0]).shape)
         self.max_cycles = s["max_cycles"]
@@ -159,7 +160,8 @@ class Atari2pGroup:
         self._obs = np.zeros((self.num_envs * p, *self.obs_shape), np.uint8)  # row i * p + k: game i, player k
         if s["agent_indicator"]:
             for k, agent in enumerate(self.agents):
-                self._obs[k::p, self.frame_stack:] = atari2p.indicator_planes(list(self.agents), agent, s["screen_size"])
+                self._obs[k::p, self.frame_stack:] = atari2p.indicator_planes(list(self.agents), agent,
+                                                                              s["screen_size"])
         self._moves: list[list[int] | None] = [None] * self.num_envs  # ALE actions of each game's slot, once acted
         self._all_legal = np.ones(self.num_actions, np.uint8)
         self.steps = 0  # group steps taken (each steps every game once)
