@@ -43,6 +43,7 @@ import numpy as np
 
 from impala_league.envs import atari, atari2p
 from impala_league.envs.aec import AECAdapter
+from impala_league.envs.atari2p_vector import Atari2pGroup
 from impala_league.envs.atari_vector import AtariVectorGroup
 from impala_league.envs.base import EMPTY_MASK_RULES, EnvSpec
 from impala_league.envs.memory import CUE_RECALL_VERSION, CueRecall
@@ -423,9 +424,16 @@ def make_envs(name: str, seeds: Sequence[int | np.random.SeedSequence], kwargs: 
     `env.kwargs.emulator=ale_vector`, the slots of one `AtariVectorGroup` (envs/atari_vector.py): one
     ale-py vector env steps all the games once every slot has acted, so a caller acts on every env
     before advancing any (for independent adapters that order changes nothing). Its games are seeded
-    once from the seeds (see envs/atari_vector.py). seats, empty_mask: as in `make_env`.
+    once from the seeds (see envs/atari_vector.py). For `atari2p:<game>`, the slots of one `Atari2pGroup`
+    (envs/atari2p_vector.py), which steps every game as `make_env`'s adapter would, with the same
+    seeds, once every slot has acted. seats, empty_mask: as in `make_env`.
     """
     kwargs = dict(kwargs or {})
+    if name.startswith("atari2p:"):
+        spec = env_spec(name, kwargs, seats)  # the game, its kwargs and env.seats checked as for one env
+        if empty_mask not in EMPTY_MASK_RULES:
+            raise ValueError(f"empty_mask must be one of {EMPTY_MASK_RULES}, got {empty_mask!r}")
+        return list(Atari2pGroup(name[len("atari2p:"):], list(seeds), kwargs, spec.agent_seats, name).slots)
     if name.startswith("atari:") and atari.settings(kwargs)["emulator"] == "ale_vector":
         spec = env_spec(name, kwargs, seats)  # the game and env.seats checked as for one env
         if empty_mask not in EMPTY_MASK_RULES:
