@@ -54,7 +54,7 @@ def resumed(tmp_path_factory):
 
 def test_resume_by_directory_alone_continues_the_run_with_its_own_config(resumed):
     run_dir, before, after, second = resumed
-    assert f"resumed from {run_dir / 'checkpoints' / 'latest.safetensors'} at update {before['step']}" in second.stdout
+    assert f"resumed from {run_dir / 'checkpoints' / 'latest.safetensors'} at update {before['step']:,}" in second.stdout
     assert after["step"] > before["step"] and after["frames"] > before["frames"]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["run"]["max_minutes"] == 0.1 and saved["learner"]["lr_schedule"] == "linear"  # --set applied

@@ -93,7 +93,7 @@ class Checkpoints:
         # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
         for group, fresh in zip(optimizer.param_groups, fresh_groups):
             group.update({k: v for k, v in fresh.items() if k != "params"})
-        log.info("resumed from %s at update %d, %d frames", self.path, step, frames)
+        log.info("resumed from %s at update %s, %s agent steps", self.path, f"{step:,}", f"{frames:,}")
         return step, frames
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, frames: int) -> None:

@@ -354,7 +354,7 @@ class Learner:
         (Ranks other than 0 of several learners only log.)"""
         self.checkpoints.finished = not self.stopping
         if not self.group.is_main:
-            log.info("%s done: %d updates, %d frames", self.label, self.step, self.frames)
+            log.info("%s done: %s updates, %s agent steps", self.label, f"{self.step:,}", f"{self.frames:,}")
             self.metrics.close()
             return
         self.checkpoint_trained()  # first: it needs no Redis
