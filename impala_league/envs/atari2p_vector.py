@@ -36,7 +36,7 @@ import numpy as np
 
 from impala_league.envs import atari2p
 from impala_league.envs.atari import read_end_screens
-from impala_league.envs.base import EpisodeResult, EpisodeSeeds, Settlement, Step, leader
+from impala_league.envs.base import EpisodeResult, EpisodeSeeds, GroupSlot, Settlement, Step, leader
 
 
 class ALECalls:
@@ -167,7 +167,7 @@ class Atari2pGroup:
         self.steps = 0  # group steps taken (each steps every game once)
         for i in range(self.num_envs):
             self._reset(i, self._obs)
-        self.slots = [Atari2pSlot(self, i) for i in range(self.num_envs)]
+        self.slots = [GroupSlot(self, i) for i in range(self.num_envs)]
 
     def advance(self, i: int) -> Step:
         """Slot i's step: its players in the game, their observations (views of this step's frames),
@@ -280,18 +280,3 @@ class Atari2pGroup:
     def close(self) -> None:
         for g in self.games:
             g.env.close()
-
-
-class Atari2pSlot:
-    """Game i of an `Atari2pGroup`, with the adapter interface (`advance`, `act`) of one env."""
-
-    def __init__(self, group: Atari2pGroup, index: int):
-        self.group = group
-        self.index = index
-        self.name = group.name
-
-    def advance(self) -> Step:
-        return self.group.advance(self.index)
-
-    def act(self, actions: Sequence[int]) -> None:
-        self.group.act(self.index, actions)

@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from impala_league.envs import atari
-from impala_league.envs.base import EpisodeResult, EpisodeSeeds, Settlement, Step, leader
+from impala_league.envs.base import EpisodeResult, EpisodeSeeds, GroupSlot, Settlement, Step, leader
 
 
 def ale_game(game: str) -> str:
@@ -119,7 +119,7 @@ class AtariVectorGroup:
         self._pending: list[list[Settlement]] = [[] for _ in range(n)]
         self._episodes: list[list[EpisodeResult]] = [[] for _ in range(n)]
         self.steps = 0  # vector steps taken (each steps every game once)
-        self.slots = [AtariVectorSlot(self, i) for i in range(n)]
+        self.slots = [GroupSlot(self, i) for i in range(n)]
 
     def advance(self, i: int) -> Step:
         """Slot i's step: its one agent, its observation (a view of this step's frames), the settlements
@@ -187,19 +187,3 @@ class AtariVectorGroup:
 
     def close(self) -> None:
         self.env.close()
-
-
-class AtariVectorSlot:
-    """Game i of an `AtariVectorGroup`, with the adapter interface (`advance`, `act`) of one env."""
-
-    def __init__(self, group: AtariVectorGroup, index: int):
-        self.group = group
-        self.index = index
-        self.name = group.name
-        self.seed = group.seeds[index]  # the game's seed in the vector env (see the module doc)
-
-    def advance(self) -> Step:
-        return self.group.advance(self.index)
-
-    def act(self, actions: Sequence[int]) -> None:
-        self.group.act(self.index, actions)

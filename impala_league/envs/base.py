@@ -187,3 +187,20 @@ class Step:
     action_masks: list[np.ndarray]
     settlements: list[Settlement] = field(default_factory=list)
     episodes: list[EpisodeResult] = field(default_factory=list)
+
+
+class GroupSlot:
+    """Game `index` of a group that steps many games in one call (atari_vector.AtariVectorGroup,
+    atari2p_vector.Atari2pGroup), with the adapter interface (`advance`, `act`) of one env: the group's
+    `advance(i)` and `act(i, actions)` for that game."""
+
+    def __init__(self, group: Any, index: int):
+        self.group = group
+        self.index = index
+        self.name = group.name
+
+    def advance(self) -> Step:
+        return self.group.advance(self.index)
+
+    def act(self, actions: Sequence[int]) -> None:
+        self.group.act(self.index, actions)

@@ -129,12 +129,12 @@ def test_one_tall_resize_is_each_screen_s_own():
 
 
 def test_an_actor_s_envs_are_the_slots_of_one_group_with_the_declared_seats():
-    from impala_league.envs.atari2p_vector import Atari2pSlot
+    from impala_league.envs.base import GroupSlot
     from impala_league.envs.registry import make_envs
 
     seats = [["first_0", "third_0"], ["second_0", "fourth_0"]]
     slots = make_envs("atari2p:pong", [0, 1], {"num_players": 4}, seats=seats)
-    assert all(isinstance(s, Atari2pSlot) for s in slots) and slots[0].group is slots[1].group
+    assert all(isinstance(s, GroupSlot) for s in slots) and slots[0].group is slots[1].group
     assert slots[0].group.agent_seats == (0, 1, 0, 1)
     with pytest.raises(ValueError, match="empty_mask"):
         make_envs("atari2p:boxing", [0], empty_mask="never")

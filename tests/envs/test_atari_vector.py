@@ -211,7 +211,7 @@ def test_the_actor_loop_plays_the_slots(tmp_path, run_name, redis_client, redis_
     ParamStore(redis_client, run_name).publish(make_model(env_spec(cfg.env.name, cfg.env.kwargs), cfg.agent)
                                                .state_dict(), 1)
     actor = Actor(cfg, redis_url, actor_id=0)
-    assert [type(env).__name__ for env in actor.envs] == ["AtariVectorSlot"] * 2
+    assert [type(env).__name__ for env in actor.envs] == ["GroupSlot"] * 2
     unrolls, episodes = [], []
     actor.send = lambda batch, *_: unrolls.extend(batch) or len(unrolls) >= 12  # 6 per slot: 120 steps each
     report = actor.report
