@@ -2,14 +2,16 @@
 
 1. The learner's update (`learn_step`: forward over T+1 steps, V-trace, backward, the optimizer's step)
    on frames [T+1, B, 4, 84, 84] uint8, in agent steps (frames of the batch) per second, for each torso;
-   each case in a fresh process, once with glibc's default malloc and once after
-   `distributed.allocator.keep_freed_memory()` (what actors and learners run with), and their ratio.
+   each case in a fresh process: float32 with glibc's default malloc, float32 after
+   `distributed.allocator.keep_freed_memory()` (what actors and learners run with), and the latter with
+   the forward pass under a bfloat16 autocast (`learner.precision: bf16`, which `auto` picks for these
+   torsos on a CPU with AMX units), and the ratios.
 2. The wire: real unrolls of one actor of the config (bench_wire.actor_unrolls), bytes per unroll raw
    and as the config's compression sends them, and Redis's memory (INFO used_memory) holding
    `actor.high_water_mark` of them, the most the trajectory stream holds before actors wait.
 
     python bench/bench_pixels.py [--config configs/atari_pong.yaml] [--torsos shallow resnet]
-                                 [--device cpu|cuda] [--reps 5] [--skip-wire] [--set key=value ...]
+                                 [--device cpu|cuda] [--reps 15] [--skip-wire] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(REPO / "configs/atari_pong.yaml"))
     parser.add_argument("--torsos", nargs="+", default=["shallow", "resnet"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--reps", type=int, default=5, help="timed updates per case (the median is reported)")
+    parser.add_argument("--reps", type=int, default=15, help="timed updates per case (the median is reported)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--skip-wire", action="store_true", help="only the learner's update")
     parser.add_argument("--case", nargs=2, metavar=("TORSO", "KEEP"), help=argparse.SUPPRESS)  # one child's case
@@ -115,14 +117,16 @@ def main() -> None:
     cfg = load_config(args.config, args.overrides)
     print(f"learner update on {cfg.env.name} frames, T x B = {cfg.actor.unroll_length} x {cfg.learner.batch_size}, "
           f"{args.device}, one thread, agent steps/s (median of {args.reps}):")
-    print(f"  {'torso':8s} {'default malloc':>15s} {'keep_freed_memory':>18s} {'ratio':>6s}")
+    print(f"  {'torso':8s} {'default malloc':>15s} {'keep_freed_memory':>18s} {'ratio':>6s} {'+ bf16':>8s} "
+          f"{'bf16/fp32':>9s}")
     for torso in args.torsos:
         rates = [float(subprocess.run([sys.executable, __file__, "--config", args.config, "--device", args.device,
                                        "--reps", str(args.reps), "--case", torso, keep,
-                                       *(f"--set={o}" for o in args.overrides)],
+                                       *(f"--set={o}" for o in args.overrides), f"--set=learner.precision={precision}"],
                                       check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-                 for keep in ("0", "1")]
-        print(f"  {torso:8s} {rates[0]:15,.0f} {rates[1]:18,.0f} {rates[1] / rates[0]:6.2f}")
+                 for keep, precision in (("0", "fp32"), ("1", "fp32"), ("1", "bf16"))]
+        print(f"  {torso:8s} {rates[0]:15,.0f} {rates[1]:18,.0f} {rates[1] / rates[0]:6.2f} {rates[2]:8,.0f} "
+              f"{rates[2] / rates[1]:9.2f}")
     if not args.skip_wire:
         wire(args.config)
 

@@ -226,6 +226,10 @@ class LearnerConfig:
                      rule=(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                            "auto, cpu, mps, cuda or cuda:N"))
     batch_size: int = _f(32, "B: unrolls per update", low=1, high=MAX_BATCH_SIZE)
+    precision: str = _f("auto", "the forward pass of the update: fp32, bf16 (a bfloat16 autocast: convolutions and "
+                        "matrix products in bfloat16, weights, optimizer, losses and V-trace in float32) or auto: "
+                        "bf16 for pixel torsos (shallow, resnet) on a CPU with AMX bfloat16 units, where it trains "
+                        "them faster (bench/bench_pixels.py), else fp32", choices=("auto", "fp32", "bf16"))
     num_threads: int = _f(1, "torch's threads for the learner's update on CPU (torch.set_num_threads). 1 leaves "
                           "the other cores to the actors; more lets the update use cores the actors leave idle "
                           "while they wait at actor.high_water_mark (pixels on a few cores)", low=1, high=256)

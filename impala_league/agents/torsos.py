@@ -59,6 +59,16 @@ def _relu_init(layer: nn.Module) -> None:
     orthogonal_init(layer, RELU_GAIN)
 
 
+def scale_frames(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 frames [N, C, H, W] -> floats in [0, 1] of the same shape, in the dtype the convolutions run in:
+    bfloat16 under a bfloat16 autocast (update.autocast_dtype), which the first convolution would otherwise
+    cast to in one more pass over the batch's frames, else float32."""
+    kind = frames.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else torch.float32
+    x = frames.to(dtype)
+    return x / 255 if x is frames else x.div_(255)  # in place only on the copy
+
+
 def _flat_size(trunk: nn.Module, c: int, h: int, w: int) -> int:
     with torch.no_grad():
         return trunk(torch.zeros(1, c, h, w)).numel()
@@ -71,11 +81,13 @@ class Torso(nn.Module):
     `from_config(obs_shape, cfg, image)` builds one from an AgentConfig; `image` (EnvSpec.obs_image: a
     uint8 Box of bounds 0..255) asks a board or vector torso to scale the observation by 1/255.
     `head_gains`: (policy, baseline) gains of an orthogonal initialization of the heads that read this
-    torso, or None for PyTorch's default (`LinearHeads`).
+    torso, or None for PyTorch's default (`LinearHeads`). `pixels`: a torso of uint8 frames, whose
+    convolutions dominate the update (`learner.precision: auto` runs them in bfloat16 on an AMX CPU).
     """
 
     out_features: int
     head_gains: tuple[float, float] | None = None
+    pixels: bool = False
     fc: nn.Sequential
 
     @classmethod
@@ -209,6 +221,7 @@ class ShallowTorso(Torso):
     """
 
     head_gains = (0.01, 1.0)  # a near-uniform first policy
+    pixels = True
 
     def __init__(self, obs_shape: Sequence[int], hidden: int = 256):
         super().__init__()
@@ -224,7 +237,7 @@ class ShallowTorso(Torso):
         return cls(obs_shape, cfg.hidden)  # frames are scaled in `forward`, whatever `image` says
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.trunk(frames.float() / 255.0))
+        return self.fc(self.trunk(scale_frames(frames)))
 
     def recyclable_layers(self) -> list[Recyclable]:
         return [Recyclable(m, _relu_init) for m in (self.trunk[0], self.trunk[2], self.fc[0])]
@@ -251,6 +264,7 @@ class ResNetTorso(Torso):
     """
 
     head_gains = (0.01, 1.0)  # a near-uniform first policy
+    pixels = True
 
     def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), hidden: int = 256):
         super().__init__()
@@ -274,7 +288,7 @@ class ResNetTorso(Torso):
         return cls(obs_shape, cfg.resnet_channels, cfg.hidden)  # frames are scaled in `forward`
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.trunk(frames.float() / 255.0))
+        return self.fc(self.trunk(scale_frames(frames)))
 
     def recyclable_layers(self) -> list[Recyclable]:
         # The convs write into a residual stream (x + block(x)), whose channels a ReLU does not end.

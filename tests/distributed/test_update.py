@@ -1,5 +1,6 @@
 """The learner's update (impala_league/distributed/update.py): loss values against a hand computation,
-finiteness, a skipped update, the learning-rate schedule, the optimizers, the torso's dead units."""
+finiteness, a skipped update, the learning-rate schedule, the optimizers, the torso's dead units, the
+bfloat16 forward pass."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from impala_league.agents.core import dead_units
 from impala_league.agents.network import MASKED_LOGIT, ActorCritic, mask_logits
 from impala_league.batch import Batch
 from impala_league.config import AgentConfig, Config, LearnerConfig, RunConfig
-from impala_league.distributed.update import learn_step, make_optimizer, scheduled_learning_rate
+from impala_league.agents.torsos import scale_frames
+from impala_league.distributed.update import (autocast_dtype, cpu_has_amx_bf16, learn_step, make_optimizer,
+                                               scheduled_learning_rate)
 from impala_league.envs.registry import env_spec
 
 
@@ -158,3 +161,50 @@ def test_the_optimizers_take_their_epsilon_from_the_config():
     model = nn.Linear(2, 1)
     assert make_optimizer(model, LearnerConfig(adam_eps=1e-5)).param_groups[0]["eps"] == 1e-5
     assert make_optimizer(model, LearnerConfig(optimizer="rmsprop", rmsprop_eps=0.01)).param_groups[0]["eps"] == 0.01
+
+
+def pixel_batch(T: int, B: int, A: int) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    return Batch(obs=torch.randint(0, 256, (T + 1, B, 4, 84, 84), dtype=torch.uint8, generator=g),
+                 action_mask=torch.ones(T + 1, B, A, dtype=torch.uint8), action=torch.randint(0, A, (T, B), generator=g),
+                 reward=torch.randn(T, B, generator=g), done=torch.zeros(T, B, dtype=torch.bool),
+                 behaviour_logits=torch.randn(T, B, A, generator=g))
+
+
+def test_precision_auto_is_bfloat16_only_for_pixel_torsos_on_an_amx_cpu():
+    cpu = torch.device("cpu")
+    board = ActorCritic(env_spec("connect_four").obs_shape, 7, AgentConfig(torso="conv", channels=8, hidden=16))
+    pixels = ActorCritic((4, 84, 84), 6, AgentConfig(torso="shallow"))
+    assert autocast_dtype("fp32", cpu, pixels) is None
+    assert autocast_dtype("bf16", cpu, board) is torch.bfloat16
+    assert autocast_dtype("auto", cpu, board) is None
+    assert autocast_dtype("auto", cpu, pixels) is (torch.bfloat16 if cpu_has_amx_bf16() else None)
+    assert autocast_dtype("auto", torch.device("cuda"), pixels) is None
+
+
+def test_a_bfloat16_update_keeps_float32_weights_and_the_float32_loss_within_bfloat16s_precision():
+    T, B, A = 5, 2, 6
+    batch, cfgs = pixel_batch(T, B, A), {p: LearnerConfig(precision=p) for p in ("fp32", "bf16")}
+    stats, grads = {}, {}
+    for precision, cfg in cfgs.items():
+        torch.manual_seed(0)
+        model = ActorCritic((4, 84, 84), A, AgentConfig(torso="shallow"))
+        stats[precision] = learn_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg)
+        grads[precision] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    for key in ("baseline_loss", "entropy", "dead_units"):
+        assert stats["bf16"][key] == pytest.approx(stats["fp32"][key], rel=0.02, abs=1e-3), key
+    # bfloat16 keeps 8 significant bits: the gradient's direction, not its last digits
+    assert torch.nn.functional.cosine_similarity(grads["bf16"], grads["fp32"], dim=0) > 0.99
+    assert not torch.equal(grads["bf16"], grads["fp32"])  # it did run in bfloat16
+
+
+def test_scale_frames_gives_floats_in_0_1_in_the_autocast_dtype():
+    frames = torch.tensor([[0, 51, 255]], dtype=torch.uint8)
+    assert scale_frames(frames).dtype == torch.float32
+    assert torch.equal(scale_frames(frames), frames.float() / 255)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert scale_frames(frames).dtype == torch.bfloat16
+        assert scale_frames(frames).tolist() == [[0.0, 0.2001953125, 1.0]]
+    floats = torch.tensor([255.0])
+    assert scale_frames(floats).item() == 1.0 and floats.item() == 255.0  # the caller's tensor is left as it was
