@@ -184,6 +184,12 @@ class AgentConfig:
     resnet_channels: List[int] = _f_list([16, 32, 32], "resnet torso: channels of each stack (IMPALA: 16, 32, 32)",
                                          rule=(lambda v: bool(v) and all(1 <= c <= 4096 for c in v),
                                                "a non-empty list of channel counts in [1, 4096]"))
+    center_frames: bool = _f(False, "shallow and resnet torsos: subtract each observation's mean pixel (over its "
+                             "stacked frames) after scaling to [0, 1], so that the first convolution's inputs have "
+                             "zero mean. With uncentered frames every weight of a filter gets a gradient of one "
+                             "sign from the background, Adam moves them all by the learning rate together, and "
+                             "filters die within minutes (on Pong 15 of 16 in 13 minutes; docs/atari.md). Off "
+                             "for checkpoints that were trained without it")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads", low=1)
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers", low=1)
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "

@@ -19,7 +19,8 @@ torso is a class and a line there (and its name in config.TORSOS).
 
 Frames are uint8 [N, C, H, W] (C stacked grayscale frames, as gymnasium's `FrameStackObservation`
 gives them) everywhere outside the network: on the actor, on the wire and in replay. They become float
-in [0, 1] only here, in the first line of the pixel torsos' `forward`.
+in [0, 1] only here, in the first line of the pixel torsos' `forward` (`scale_frames`; with
+`agent.center_frames`, minus each observation's mean).
 
 StarCraft II's FullyConv torso (agents/fullyconv.py) has the same interface but is not in `TORSOS`: it
 needs the action codec and pysc2, which only StarCraft II processes import; agents.model.make_model
@@ -59,14 +60,18 @@ def _relu_init(layer: nn.Module) -> None:
     orthogonal_init(layer, RELU_GAIN)
 
 
-def scale_frames(frames: torch.Tensor) -> torch.Tensor:
+def scale_frames(frames: torch.Tensor, center: bool = False) -> torch.Tensor:
     """uint8 frames [N, C, H, W] -> floats in [0, 1] of the same shape, in the dtype the convolutions run in:
     bfloat16 under a bfloat16 autocast (update.autocast_dtype), which the first convolution would otherwise
-    cast to in one more pass over the batch's frames, else float32."""
+    cast to in one more pass over the batch's frames, else float32. `center`: minus each observation's
+    mean over its C x H x W values (`agent.center_frames`), so the first layer's inputs have zero mean
+    (LeCun et al. 1998, "Efficient BackProp", sec. 4.3: with inputs of one sign every weight of a unit
+    moves in the same direction at each step)."""
     kind = frames.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else torch.float32
     x = frames.to(dtype)
-    return x / 255 if x is frames else x.div_(255)  # in place only on the copy
+    x = x / 255 if x is frames else x.div_(255)  # in place only on the copy
+    return x.sub_(x.mean(dim=tuple(range(1, x.dim())), keepdim=True)) if center else x
 
 
 def _flat_size(trunk: nn.Module, c: int, h: int, w: int) -> int:
@@ -214,7 +219,7 @@ class ConvTorso(Torso):
 
 class ShallowTorso(Torso):
     """IMPALA's shallow torso (Espeholt et al. 2018, Fig. 3, left): frames uint8 [N, C, H, W] -> features
-    float32 [N, hidden].
+    float32 [N, hidden]; `center_frames` (agent.center_frames): zero-mean inputs, see `scale_frames`.
 
     Raises ConfigError (a ValueError) for an observation that is not [C, H, W] frames of at least
     agents.spec.MIN_FRAME pixels a side.
@@ -223,9 +228,10 @@ class ShallowTorso(Torso):
     head_gains = (0.01, 1.0)  # a near-uniform first policy
     pixels = True
 
-    def __init__(self, obs_shape: Sequence[int], hidden: int = 256):
+    def __init__(self, obs_shape: Sequence[int], hidden: int = 256, center_frames: bool = False):
         super().__init__()
         c, h, w = check_frames(obs_shape, "shallow")
+        self.center_frames = center_frames
         self.trunk = nn.Sequential(nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
                                    nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
         self.fc = nn.Sequential(nn.Linear(_flat_size(self.trunk, c, h, w), hidden), nn.ReLU())
@@ -234,10 +240,10 @@ class ShallowTorso(Torso):
 
     @classmethod
     def from_config(cls, obs_shape: Sequence[int], cfg: AgentConfig, image: bool = False) -> "ShallowTorso":
-        return cls(obs_shape, cfg.hidden)  # frames are scaled in `forward`, whatever `image` says
+        return cls(obs_shape, cfg.hidden, cfg.center_frames)  # frames are scaled in `forward`, whatever `image` says
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.trunk(scale_frames(frames)))
+        return self.fc(self.trunk(scale_frames(frames, self.center_frames)))
 
     def recyclable_layers(self) -> list[Recyclable]:
         return [Recyclable(m, _relu_init) for m in (self.trunk[0], self.trunk[2], self.fc[0])]
@@ -257,7 +263,7 @@ class ResidualBlock(nn.Module):
 
 class ResNetTorso(Torso):
     """IMPALA's deep torso (Espeholt et al. 2018, Fig. 3, right): frames uint8 [N, C, H, W] -> features
-    float32 [N, hidden].
+    float32 [N, hidden]; `center_frames` (agent.center_frames): zero-mean inputs, see `scale_frames`.
 
     channels: of the stacks, (16, 32, 32) in the paper; each stack halves the frame's sides (84 -> 42 ->
     21 -> 11). Raises ValueError as `ShallowTorso` does, or for an empty `channels`.
@@ -266,8 +272,10 @@ class ResNetTorso(Torso):
     head_gains = (0.01, 1.0)  # a near-uniform first policy
     pixels = True
 
-    def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), hidden: int = 256):
+    def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), hidden: int = 256,
+                 center_frames: bool = False):
         super().__init__()
+        self.center_frames = center_frames
         frames = check_frames(obs_shape, "resnet")
         if not channels:
             raise ValueError("agent.resnet_channels needs at least one stack")
@@ -285,10 +293,10 @@ class ResNetTorso(Torso):
 
     @classmethod
     def from_config(cls, obs_shape: Sequence[int], cfg: AgentConfig, image: bool = False) -> "ResNetTorso":
-        return cls(obs_shape, cfg.resnet_channels, cfg.hidden)  # frames are scaled in `forward`
+        return cls(obs_shape, cfg.resnet_channels, cfg.hidden, cfg.center_frames)  # frames are scaled in `forward`
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.trunk(scale_frames(frames)))
+        return self.fc(self.trunk(scale_frames(frames, self.center_frames)))
 
     def recyclable_layers(self) -> list[Recyclable]:
         # The convs write into a residual stream (x + block(x)), whose channels a ReLU does not end.
