@@ -208,3 +208,18 @@ def test_scale_frames_gives_floats_in_0_1_in_the_autocast_dtype():
         assert scale_frames(frames).tolist() == [[0.0, 0.2001953125, 1.0]]
     floats = torch.tensor([255.0])
     assert scale_frames(floats).item() == 1.0 and floats.item() == 255.0  # the caller's tensor is left as it was
+
+
+def test_centered_frames_have_zero_mean_per_observation_and_keep_their_differences():
+    frames = torch.zeros(2, 2, 2, 2, dtype=torch.uint8)
+    frames[0, 0, 0, 0] = 255  # observation 0: one white pixel of 8, mean 1/8
+    frames[1] = 51  # observation 1: uniform 0.2, nothing but its mean
+    x = scale_frames(frames, center=True)
+    assert torch.allclose(x[0].flatten(), torch.tensor([7 / 8] + [-1 / 8] * 7))
+    assert torch.allclose(x[1], torch.zeros(2, 2, 2), atol=1e-7)
+    torch.manual_seed(0)
+    a = ActorCritic((4, 84, 84), 6, AgentConfig(torso="shallow", center_frames=True))
+    torch.manual_seed(0)
+    b = ActorCritic((4, 84, 84), 6, AgentConfig(torso="shallow"))
+    batch = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    assert not torch.allclose(a.torso(batch), b.torso(batch))  # the option reaches the network
