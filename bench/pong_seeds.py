@@ -16,7 +16,8 @@ Each time is reported over the seeds as mean +- the t 95% half-width and as the 
 no value for it and the table says so. `--earlier` draws the README's earlier single run, whose
 10-minute window means (docs/atari.md) are all that is kept of it, as points.
 
-    python bench/pong_seeds.py runs/pong_seed0 runs/pong_seed1 runs/pong_seed2 --out docs/pong_seeds.png
+    python bench/pong_seeds.py runs/pong_seed0 runs/pong_seed1 runs/pong_seed2 --out docs/pong_seeds.png \
+        [--earlier] [--reference RUN_DIR ...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def summarize_run(run: Run) -> dict:
         return float(np.mean(values)) if values else None
 
     return {
-        "run": run.name, "seed": run.config.run.seed, "minutes": run.elapsed(records[-1]) / 60,
+        "run": run.name, "seed": run.config.run.seed, "center_frames": run.config.agent.center_frames, "minutes": run.elapsed(records[-1]) / 60,
         "agent_steps": records[-1]["agent_steps_trained"], "sps": records[-1]["agent_steps_trained"] / run.elapsed(records[-1]),
         "final_mean_return": float(means[-1]) if means.size else None,
         "take_off": take_off, "reached_15": target,
@@ -103,15 +104,16 @@ def over_seeds(rows: list[dict], mark: str, unit: str) -> str:
     return text + f" ({stats['seeds']} of {len(rows)} runs)"
 
 
-def plot(rows: list[dict], out: Path, earlier: bool) -> None:
-    """Every run's last-20-episodes mean against minutes and against agent steps, the +15 line, and
-    (with `earlier`) the README's earlier run's 10-minute window means."""
+def plot(rows: list[dict], references: list[dict], out: Path, earlier: bool) -> None:
+    """Every run's last-20-episodes mean against minutes and against agent steps, the +15 line, the
+    `references` runs in gray, and (with `earlier`) the README's earlier run's 10-minute window means."""
     fig, (by_time, by_steps) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for row in rows:
-        curve = row["curve"]
-        label = f"seed {row['seed']}"
-        by_time.plot(curve["minutes"], curve["mean_return"], label=label)
-        by_steps.plot(np.array(curve["agent_steps"]) / 1e6, curve["mean_return"], label=label)
+    for row in [*rows, *references]:
+        curve, style = row["curve"], {"color": "gray", "linestyle": "--"} if row in references else {}
+        label = f"seed {row['seed']}" + ("" if row["center_frames"] else ", frames not centered") + (
+            " (reference)" if row in references else "")
+        by_time.plot(curve["minutes"], curve["mean_return"], label=label, **style)
+        by_steps.plot(np.array(curve["agent_steps"]) / 1e6, curve["mean_return"], label=label, **style)
     if earlier:
         xs, ys = zip(*EARLIER_WINDOWS)
         by_time.plot(xs, ys, "ko", label="earlier run (README; 10-min window means)")
@@ -120,7 +122,7 @@ def plot(rows: list[dict], out: Path, earlier: bool) -> None:
         axis.set_xlabel(xlabel)
         axis.grid(alpha=0.3)
     by_time.set_ylabel(f"mean return of the last {LAST_EPISODES} training episodes")
-    by_time.legend(loc="upper left", fontsize=8)
+    by_steps.legend(*by_time.get_legend_handles_labels(), loc="lower right", bbox_to_anchor=(1.0, 0.1), fontsize=8)
     fig.suptitle(f"configs/atari_pong.yaml, {len(rows)} runs on 2 cores")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -132,11 +134,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the figure (PNG) to write")
     parser.add_argument("--json", type=Path, help="write every run's marks and curve here")
     parser.add_argument("--earlier", action="store_true", help="draw the README's earlier run's window means")
+    parser.add_argument("--reference", nargs="*", default=[], metavar="RUN_DIR",
+                        help="runs drawn in gray beside the others and left out of the statistics (e.g. one of "
+                             "another config)")
     args = parser.parse_args()
     rows = [summarize_run(load_run(path)) for path in args.runs]
+    references = [summarize_run(load_run(path)) for path in args.reference]
     print(f"{'run':18s} {'seed':>4s} {'min':>5s} {'agent steps':>12s} {'SPS':>6s} {'take-off (min, steps)':>22s} "
           f"{'+15 (min, steps)':>18s} {'final':>6s} {'dead 1st min':>12s}")
-    for row in rows:
+    for row in [*rows, *references]:
         marks = [f"{row[m]['minutes']:5.1f}, {row[m]['agent_steps'] / 1e6:5.2f}M" if row[m] else "-"
                  for m in ("take_off", "reached_15")]
         print(f"{row['run']:18s} {row['seed']:4d} {row['minutes']:5.1f} {row['agent_steps']:12,d} {row['sps']:6,.0f} "
@@ -144,7 +150,7 @@ def main() -> None:
     for mark, name in (("take_off", f"take-off (>= {TAKE_OFF:+.0f})"), ("reached_15", f"reached {TARGET:+.0f}")):
         print(f"{name}: minutes {over_seeds(rows, mark, 'minutes')}; agent steps {over_seeds(rows, mark, 'agent_steps')}")
     if args.out:
-        plot(rows, args.out, args.earlier)
+        plot(rows, references, args.out, args.earlier)
         print(f"figure: {args.out}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
