@@ -97,7 +97,7 @@ def check_arms(config: str | Path, extra: list[str], arms: dict[str, list[str]],
     for name, overrides in arms.items():
         try:
             cfg = load_config(config, [*extra, *overrides])
-            check_judges(judges, cfg.env.name, cfg.league.bots)
+            check_judges(judges, cfg.env.name, cfg.league.bots, judges_from="--judges")
             for judge in judges:
                 if not is_judge_spec(judge):
                     make_bot(judge, cfg.env.name)

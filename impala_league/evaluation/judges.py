@@ -112,9 +112,11 @@ def resolve_judges(judges: Sequence[str] | None, env_name: str) -> tuple[str, ..
     return tuple(judges) if judges is not None else DEFAULT_JUDGES.get(env_name, ())
 
 
-def check_judges(judges: Sequence[str], env_name: str, league_bots: Sequence[str]) -> None:
+def check_judges(judges: Sequence[str], env_name: str, league_bots: Sequence[str],
+                 judges_from: str = "evaluation.judges") -> None:
     """The rules of a judge list: each ``mcts:N`` valid for the game (``parse_judge``), none named twice,
-    and none a training opponent: no judge and no ``mcts:*`` in ``league_bots``.
+    and none a training opponent: no judge and no ``mcts:*`` in ``league_bots``. ``judges_from`` names
+    where the list came from (the config key or a command's option), for the error.
 
     Other bot specs (``minimax:4``) may be judges too; the caller checks them with the bots' own rules.
 
@@ -130,7 +132,7 @@ def check_judges(judges: Sequence[str], env_name: str, league_bots: Sequence[str
         if is_judge_spec(bot) or bot in judges:
             raise ValueError(f"league.bots: {bot!r} is a judge, and a judge is never a training opponent (the "
                              "held-out score measures play the agent never trained against): remove it from "
-                             "league.bots" + (" or from evaluation.judges" if bot in judges and not is_judge_spec(bot)
+                             "league.bots" + (f" or from {judges_from}" if bot in judges and not is_judge_spec(bot)
                                               else ""))
 
 

@@ -76,7 +76,8 @@ def test_a_judge_among_an_arms_bots_is_refused_before_anything_runs(tmp_path, ca
         check_arms(DEFAULT_CONFIG, [], arm_plan(), ["minimax:2"])
     common = ["compare", "--study", "league", "--out", str(tmp_path / "cmp")]
     assert run.main([*common, "--judges", "mcts:100", "tactical"]) == 2
-    assert "arm bots: league.bots: 'tactical' is a judge" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "arm bots: league.bots: 'tactical' is a judge" in err and "or from --judges" in err, err
     assert run.main([*common, "--judges", "mcts:0"]) == 2
     assert "judge 'mcts:0'" in capsys.readouterr().err
     assert run.main([*common, "--eval-opponent", "tactical"]) == 2
