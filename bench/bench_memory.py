@@ -1,12 +1,16 @@
 """Memory tasks: an LSTM core against the memoryless network, side by side, on this machine.
 
-For each config (each a memory task with `agent.core: lstm`), `run.py train` runs twice with the same
-budget (`run.max_minutes` of the config, or --minutes), once as it is and once with `agent.core=none`;
-then the final greedy evaluation's mean return (run.py's own, `--episodes` episodes) is read from the
-run's evaluation.json. A uniformly random policy's mean return over the same number of episodes, played
-through the same env adapter, and the best possible return sit beside them. Prints a markdown table.
+For each config (each a memory task with `agent.core: lstm`) and each seed (`run.seed`), `run.py train`
+runs with the same budget (`run.max_minutes` of the config, or --minutes), once as it is and once with
+`agent.core=none` (--cores picks; --none-seeds gives the memoryless network fewer seeds); then the final
+greedy evaluation's mean return (run.py's own, `--episodes` episodes) is read from the run's
+evaluation.json. A uniformly random policy's mean return over the same number of episodes, played
+through the same env adapter, and the best possible return sit beside them. Prints a markdown table:
+over several seeds each cell is the mean, the 95% Student-t half-width and the seeds' values
+(analysis.compare.score_statistics, as `run.py compare --seeds` reports them).
 
-    python bench/bench_memory.py [--minutes 6] [--episodes 200] [--configs configs/memory_cue.yaml ...]
+    python bench/bench_memory.py [--minutes 6] [--episodes 200] [--seeds 0 1 2] [--none-seeds 0]
+                                 [--configs configs/memory_cue.yaml ...]
 
 Each run takes the whole machine: run nothing else meanwhile (the table gives frames and minutes).
 """
@@ -27,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from impala_league.analysis.compare import score_statistics  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
 from impala_league.envs.registry import make_env  # noqa: E402
 
@@ -47,12 +52,12 @@ def random_return(cfg, episodes: int, seed: int = 0) -> float:
     return float(np.mean(returns[:episodes]))
 
 
-def train(config: str, core: str, minutes: float | None, episodes: int, out: Path) -> dict:
+def train(config: str, core: str, seed: int, minutes: float | None, episodes: int, out: Path) -> dict:
     """One `run.py train`; its frames, updates, training minutes and the greedy evaluation's mean return."""
-    name = f"bench_memory-{Path(config).stem}-{core}-{int(time.time())}"
+    name = f"bench_memory-{Path(config).stem}-{core}-seed{seed}-{int(time.time())}"
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / config), "--eval-games",
            str(episodes), "--set", f"run.name={name}", "--set", f"run.dir={out}", "--set", f"agent.core={core}",
-           "--set", "run.wandb_mode=disabled"]
+           "--set", f"run.seed={seed}", "--set", "run.wandb_mode=disabled"]
     if minutes is not None:
         cmd += ["--set", f"run.max_minutes={minutes}"]
     start = time.monotonic()
@@ -64,10 +69,28 @@ def train(config: str, core: str, minutes: float | None, episodes: int, out: Pat
     # When the training episodes' mean return (the sampling policy's) first came within 90% of the best.
     best = BEST.get(load_config(REPO / config).env.name, float("inf"))
     reached = next((r for r in records if (r.get("episode_return") or -math.inf) >= 0.9 * best), None)
-    return {"frames": records[-1]["frames"], "minutes": records[-1]["elapsed_s"] / 60, "wall_minutes": wall / 60,
+    return {"seed": seed, "frames": records[-1]["frames"], "minutes": records[-1]["elapsed_s"] / 60, "wall_minutes": wall / 60,
             "return": evaluation["episodes"]["mean_return"],
             "minutes_to_90": None if reached is None else reached["elapsed_s"] / 60,
             "frames_to_90": None if reached is None else reached["frames"]}
+
+
+def over_seeds(values: list[float | None], digits: int) -> str:
+    """One table cell: the value of one run, or the mean over seeds, its 95% t half-width and each seed's."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "never"
+    if len(values) == 1:
+        return f"{present[0]:.{digits}f} (one run)"
+    stats = score_statistics(values)
+    half = "" if stats["ci95"] is None else f" ± {stats['ci95']:.{digits}f}"
+    seeds = ", ".join("never" if v is None else f"{v:.{digits}f}" for v in values)
+    return f"{stats['mean']:.{digits}f}{half} ({seeds})"
+
+
+def column(runs: list[dict], key: str, scale: float = 1.0) -> list[float | None]:
+    """`key` of each run (seed), divided by `scale`; None where the run has none."""
+    return [None if run[key] is None else run[key] / scale for run in runs]
 
 
 def main() -> None:
@@ -76,25 +99,30 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None, help="training minutes of each run (default: "
                         "the config's run.max_minutes)")
     parser.add_argument("--episodes", type=int, default=200, help="greedy evaluation episodes per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="run.seed of each run (default: 0)")
+    parser.add_argument("--none-seeds", type=int, nargs="*", default=None, help="the memoryless network's seeds "
+                        "(default: --seeds; none at all skips it)")
     parser.add_argument("--out", default=str(REPO / "runs"), help="parent folder of the runs")
     args = parser.parse_args()
+    none_seeds = args.seeds if args.none_seeds is None else args.none_seeds
     out = Path(args.out)
     rows = []
     for config in args.configs:
         cfg = load_config(REPO / config)
-        results = {core: train(config, core, args.minutes, args.episodes, out) for core in ("lstm", "none")}
+        results = {core: [train(config, core, seed, args.minutes, args.episodes, out) for seed in seeds]
+                   for core, seeds in (("lstm", args.seeds), ("none", none_seeds))}
         rows.append((cfg.env.name, results, random_return(cfg, args.episodes)))
         print(json.dumps({"env": cfg.env.name, **results}), flush=True)
-    print("\n| env | LSTM | memoryless | random | best | LSTM within 90% of best (training) | agent steps trained (LSTM / none) "
-          "| minutes each |")
+    print(f"\n| env | LSTM ({len(args.seeds)} seeds) | memoryless ({len(none_seeds)}) | random | best "
+          "| LSTM within 90% of best (training), min | agent steps trained, M (LSTM / none) | minutes each |")
     print("|---|---|---|---|---|---|---|---|")
     for env, r, rand in rows:
-        lstm = r["lstm"]
-        reached = ("never" if lstm["minutes_to_90"] is None else
-                   f"{lstm['minutes_to_90']:.1f} min, {lstm['frames_to_90'] / 1e6:.2f}M steps")
-        print(f"| {env} | {lstm['return']:.3f} | {r['none']['return']:.3f} | {rand:.3f} | "
-              f"{BEST.get(env, float('nan')):.1f} | {reached} | {lstm['frames'] / 1e6:.2f}M / "
-              f"{r['none']['frames'] / 1e6:.2f}M | {lstm['minutes']:.1f} |")
+        lstm, none = r["lstm"], r["none"]
+        steps_none = over_seeds(column(none, "frames", 1e6), 2) if none else "-"
+        memoryless = over_seeds(column(none, "return"), 3) if none else "-"
+        print(f"| {env} | {over_seeds(column(lstm, 'return'), 3)} | {memoryless} | {rand:.3f} | "
+              f"{BEST.get(env, float('nan')):.1f} | {over_seeds(column(lstm, 'minutes_to_90'), 1)} | "
+              f"{over_seeds(column(lstm, 'frames', 1e6), 2)} / {steps_none} | {lstm[0]['minutes']:.1f} |")
 
 
 if __name__ == "__main__":
