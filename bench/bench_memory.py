@@ -7,7 +7,7 @@ greedy evaluation's mean return (run.py's own, `--episodes` episodes) is read fr
 evaluation.json. A uniformly random policy's mean return over the same number of episodes, played
 through the same env adapter, and the best possible return sit beside them. Prints a markdown table:
 over several seeds each cell is the mean, the 95% Student-t half-width and the seeds' values
-(analysis.compare.score_statistics, as `run.py compare --seeds` reports them).
+(analysis.compare.seeds_text, as `run.py compare --seeds` reports scores).
 
     python bench/bench_memory.py [--minutes 6] [--episodes 200] [--seeds 0 1 2] [--none-seeds 0]
                                  [--configs configs/memory_cue.yaml ...]
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from impala_league.analysis.compare import score_statistics  # noqa: E402
+from impala_league.analysis.compare import seeds_text  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
 from impala_league.envs.registry import make_env  # noqa: E402
 
@@ -75,19 +75,6 @@ def train(config: str, core: str, seed: int, minutes: float | None, episodes: in
             "frames_to_90": None if reached is None else reached["frames"]}
 
 
-def over_seeds(values: list[float | None], digits: int) -> str:
-    """One table cell: the value of one run, or the mean over seeds, its 95% t half-width and each seed's."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return "never"
-    if len(values) == 1:
-        return f"{present[0]:.{digits}f} (one run)"
-    stats = score_statistics(values)
-    half = "" if stats["ci95"] is None else f" ± {stats['ci95']:.{digits}f}"
-    seeds = ", ".join("never" if v is None else f"{v:.{digits}f}" for v in values)
-    return f"{stats['mean']:.{digits}f}{half} ({seeds})"
-
-
 def column(runs: list[dict], key: str, scale: float = 1.0) -> list[float | None]:
     """`key` of each run (seed), divided by `scale`; None where the run has none."""
     return [None if run[key] is None else run[key] / scale for run in runs]
@@ -118,11 +105,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for env, r, rand in rows:
         lstm, none = r["lstm"], r["none"]
-        steps_none = over_seeds(column(none, "frames", 1e6), 2) if none else "-"
-        memoryless = over_seeds(column(none, "return"), 3) if none else "-"
-        print(f"| {env} | {over_seeds(column(lstm, 'return'), 3)} | {memoryless} | {rand:.3f} | "
-              f"{BEST.get(env, float('nan')):.1f} | {over_seeds(column(lstm, 'minutes_to_90'), 1)} | "
-              f"{over_seeds(column(lstm, 'frames', 1e6), 2)} / {steps_none} | {lstm[0]['minutes']:.1f} |")
+        steps_none = seeds_text(column(none, "frames", 1e6), 2) if none else "-"
+        memoryless = seeds_text(column(none, "return"), 3) if none else "-"
+        print(f"| {env} | {seeds_text(column(lstm, 'return'), 3)} | {memoryless} | {rand:.3f} | "
+              f"{BEST.get(env, float('nan')):.1f} | {seeds_text(column(lstm, 'minutes_to_90'), 1)} | "
+              f"{seeds_text(column(lstm, 'frames', 1e6), 2)} / {steps_none} | {lstm[0]['minutes']:.1f} |")
 
 
 if __name__ == "__main__":

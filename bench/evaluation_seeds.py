@@ -1,7 +1,7 @@
 """The end-of-run evaluations of several runs of one two-player config (e.g. the main command with
 `--set run.seed=N`), over the runs: per bot and judge, each seat's win rate and the score pooled over
 the seats (win + draw/2), as the mean over runs +- the 95% Student-t half-width with each run's value
-(analysis.compare.score_statistics, as `run.py compare --seeds` reports scores; docs/seeds.md).
+(analysis.compare.seeds_text, as `run.py compare --seeds` reports scores; docs/seeds.md).
 
 Reads each run's evaluation.json (bots under `opponents`, outside judges under `judges`, held out from
 training) and metrics.jsonl and config.yaml (agent steps trained, minutes, run.seed). Prints a markdown table; --json writes the
@@ -22,16 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from impala_league.analysis.compare import score_statistics  # noqa: E402
-
-
-def cell(values: list[float], digits: int = 2, percent: bool = False) -> str:
-    """The mean over runs, its 95% t half-width and each run's value, as one table cell."""
-    scale, unit = (100, "%") if percent else (1, "")
-    stats = score_statistics(values)
-    half = "" if stats["ci95"] is None else f" ± {stats['ci95'] * scale:.{digits}f}"
-    each = ", ".join(f"{v * scale:.{digits}f}" for v in values)
-    return f"{stats['mean'] * scale:.{digits}f}{unit}{half} ({each})"
+from impala_league.analysis.compare import score_statistics, seeds_text  # noqa: E402
 
 
 def run_summary(run_dir: Path) -> dict:
@@ -62,18 +53,19 @@ def main() -> None:
     names = [n for n in runs[0]["opponents"] if all(n in r["opponents"] for r in runs)]
     print(f"{len(runs)} runs: " + "; ".join(f"{r['run']} (seed {r['seed']}): {r['agent_steps'] / 1e6:.2f}M agent "
                                              f"steps, {r['updates']:,} updates in {r['minutes']:.1f} min" for r in runs))
-    print("\n| opponent | games a seat | won, first seat | won, second seat | score, seats pooled |")
+    print("\n| opponent | games a seat | won, first seat, % | won, second seat, % | score, seats pooled |")
     print("|---|---|---|---|---|")
     table = {}
     for name in names:
         per_run = [r["opponents"][name] for r in runs]
-        first, second = ([o["win_rate"][seat] for o in per_run] for seat in (0, 1))
+        first, second = ([100 * o["win_rate"][seat] for o in per_run] for seat in (0, 1))
         pooled = [o["pooled"] for o in per_run]
-        table[name] = {"first_seat_win_rate": score_statistics(first), "second_seat_win_rate": score_statistics(second),
+        table[name] = {"first_seat_won_percent": score_statistics(first),
+                       "second_seat_won_percent": score_statistics(second),
                        "pooled_score": score_statistics(pooled)}
         label = f"{name} (held out)" if per_run[0]["held_out"] else name
         games = "/".join(str(g) for g in per_run[0]["games_per_seat"])
-        print(f"| {label} | {games} | {cell(first, 1, True)} | {cell(second, 1, True)} | {cell(pooled)} |")
+        print(f"| {label} | {games} | {seeds_text(first, 1)} | {seeds_text(second, 1)} | {seeds_text(pooled, 2)} |")
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "over_runs": table}, indent=1))
 

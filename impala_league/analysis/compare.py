@@ -303,11 +303,26 @@ def _decimals(*numbers: float | None) -> int:
     return 0 if size >= 100 else 1 if size >= 10 else 3
 
 
-def score_text(mean: float, half: float | None) -> str:
-    """`mean ± half`, both with the decimals the larger of the two calls for (see `_decimals`);
-    `mean (one run)` without an interval (one seed had a score)."""
-    digits = _decimals(mean, half)
+def score_text(mean: float, half: float | None, digits: int | None = None) -> str:
+    """`mean ± half`, both with `digits` decimals (default: those the larger of the two calls for, see
+    `_decimals`); `mean (one run)` without an interval (one seed had a score)."""
+    digits = _decimals(mean, half) if digits is None else digits
     return f"{mean:.{digits}f} " + ("(one run)" if half is None else f"± {half:.{digits}f}")
+
+
+def seeds_text(per_seed: list[float | None], digits: int | None = None) -> str:
+    """A value over seeds as one table cell: `score_text` of the values present (`mean_and_interval`),
+    then each seed's value, `-` where a seed had none: [1.0, 0.98, None] -> `0.990 ± 0.127 (1.000, 0.980, -)`.
+    One seed reads `0.500 (one run)`; `none` when no seed has a value. digits: as in `score_text`."""
+    present = [v for v in per_seed if v is not None]
+    if not present:
+        return "none"
+    mean, half = mean_and_interval(present)
+    if len(per_seed) == 1:
+        return score_text(mean, None, digits)
+    digits = _decimals(mean, half) if digits is None else digits
+    return score_text(mean, half, digits) + " (" + ", ".join("-" if v is None else f"{v:.{digits}f}"
+                                                            for v in per_seed) + ")"
 
 
 def cell(variant: dict, key: str, fmt: str | None) -> str:

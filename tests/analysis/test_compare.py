@@ -17,7 +17,8 @@ import torch
 from impala_league import REPO
 from impala_league.agents.network import ActorCritic
 from impala_league.analysis.compare import (actor_counts, aggregate_curve, bootstrap_interval, cell, iqm,
-                                            mean_and_interval, plan, score_text, summarize, write_outputs)
+                                            mean_and_interval, plan, score_text, seeds_text, summarize,
+                                            write_outputs)
 from impala_league.analysis.report import compare_section
 from impala_league.analysis.runs import load_run
 from impala_league.config import load_config, to_yaml
@@ -183,6 +184,11 @@ def test_score_cells_show_the_mean_and_the_interval():
     assert cell({"final_score": None, "final_score_ci95": None}, "final_score", None) == "-"
     assert cell({"final_score": 0.25}, "final_score", None) == "0.250"  # a compare.json from before the intervals
     assert cell({"sps": 1234.4}, "sps", "{:.0f}") == "1234"
+    # Over seeds with each seed's value: t(0.975, 1) = 12.706, s = 0.01414, half = 12.706 * 0.01414 / sqrt(2).
+    assert seeds_text([1.0, 0.98, None]) == "0.990 ± 0.127 (1.000, 0.980, -)"
+    assert seeds_text([97.0, 96.5, 98.0], digits=1) == "97.2 ± 1.9 (97.0, 96.5, 98.0)"  # s = 0.764, t(2) = 4.303
+    assert seeds_text([0.5]) == "0.500 (one run)" and seeds_text([None, None]) == "none"
+    assert score_text(0.5, 0.26, digits=1) == "0.5 ± 0.3"
 
 
 def test_table_with_intervals_and_replay_pairs(tmp_path):
