@@ -81,7 +81,8 @@ def summarize_run(run: Run) -> dict:
         return float(np.mean(values)) if values else None
 
     return {
-        "run": run.name, "seed": run.config.run.seed, "center_frames": run.config.agent.center_frames, "minutes": run.elapsed(records[-1]) / 60,
+        "run": run.name, "seed": run.config.run.seed, "center_frames": run.config.agent.center_frames,
+        "minutes": run.elapsed(records[-1]) / 60,
         "agent_steps": records[-1]["agent_steps_trained"], "sps": records[-1]["agent_steps_trained"] / run.elapsed(records[-1]),
         "final_mean_return": float(means[-1]) if means.size else None,
         "take_off": take_off, "reached_15": target,
