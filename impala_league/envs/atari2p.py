@@ -24,6 +24,11 @@ stack channels last and have no no-op starts:
   the plane of the player who sees it and 0 elsewhere (SuperSuit's `agent_indicator_v0`, which
   CleanRL's PettingZoo Atari agents use). The observation is uint8 [frame_stack + players, 84, 84];
   without the indicator it is [frame_stack, 84, 84], as atari:'s.
+* `mirrored_players` (none by default): the players whose frames are flipped left to right, so that in a
+  game that is the same seen from either side every player sees itself on one side. In Pong
+  (`[second_0]`) both paddles are then the right one, the one-player game's own, and one network learns
+  one game instead of two. The actions are not changed: it fits games whose actions do not move
+  left or right on the screen (Pong's paddles move up and down).
 
 The ROMs are those of the `ale-py` wheel (`auto_rom_install_path`): nothing is downloaded. Players are
 PettingZoo's `first_0`, `second_0` (`third_0`, `fourth_0` in the four-player games): each its own seat
@@ -45,6 +50,7 @@ import os
 import pkgutil
 import re
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -56,7 +62,7 @@ from impala_league.envs.atari import read_end_screens
 PACKAGES = ("multi-agent-ale-py, ale-py (its ROMs) and opencv-python-headless (in requirements.txt: "
             "bash scripts/bootstrap.sh installs them)")
 DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
-                max_cycles=108_000, full_action_space=False, agent_indicator=True)
+                max_cycles=108_000, full_action_space=False, agent_indicator=True, mirrored_players=())
 NOOP = 0  # ALE's action index of NOOP
 
 
@@ -124,6 +130,12 @@ def settings(game: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     for key in ("full_action_space", "agent_indicator"):
         if not isinstance(out[key], bool):
             raise ValueError(f"env.kwargs.{key} must be true or false, got {out[key]!r}")
+    mirrored = out["mirrored_players"]
+    if isinstance(mirrored, (str, bytes)) or not isinstance(mirrored, Sequence) \
+            or not all(isinstance(a, str) for a in mirrored):
+        raise ValueError(f"env.kwargs.mirrored_players must be a list of player names (e.g. [second_0]), "
+                         f"got {mirrored!r}")
+    out["mirrored_players"] = tuple(mirrored)
     return out
 
 
@@ -182,6 +194,11 @@ class Preprocessed:
         planes = settings["frame_stack"] + (len(self.possible_agents) if settings["agent_indicator"] else 0)
         self._indicators = {agent: indicator_planes(self.possible_agents, agent, self.size)
                             for agent in self.possible_agents} if settings["agent_indicator"] else {}
+        unknown = [a for a in settings["mirrored_players"] if a not in self.possible_agents]
+        if unknown:
+            raise ValueError(f"env.kwargs.mirrored_players: {raw.metadata['name']} has no player "
+                             f"{', '.join(unknown)}; its players: {', '.join(self.possible_agents)}")
+        self.mirrored = set(settings["mirrored_players"])
         self._space = spaces.Box(0, 255, (planes, self.size, self.size), np.uint8)
 
     def observation_space(self, agent: str) -> spaces.Box:
@@ -204,9 +221,10 @@ class Preprocessed:
 
     def _observe(self, agents: list[str]) -> dict[str, np.ndarray]:
         frames = np.stack(self._frames)
+        seen = {agent: frames[:, :, ::-1] if agent in self.mirrored else frames for agent in agents}
         if not self._indicators:
-            return {agent: frames.copy() for agent in agents}
-        return {agent: np.concatenate([frames, self._indicators[agent]]) for agent in agents}
+            return {agent: seen[agent].copy() for agent in agents}  # C-contiguous, flipped or not
+        return {agent: np.concatenate([seen[agent], self._indicators[agent]]) for agent in agents}
 
     def _reset_raw(self, seed: Optional[int], options: Optional[dict]) -> dict:
         """`raw.reset(seed)`, without its ROM reload where that changes nothing: PettingZoo reloads the ROM

@@ -162,6 +162,7 @@ class Atari2pGroup:
             for k, agent in enumerate(self.agents):
                 self._obs[k::p, self.frame_stack:] = atari2p.indicator_planes(list(self.agents), agent,
                                                                               s["screen_size"])
+        self._mirrored = [k for k, agent in enumerate(self.agents) if agent in s["mirrored_players"]]
         self._moves: list[list[int] | None] = [None] * self.num_envs  # ALE actions of each game's slot, once acted
         self._all_legal = np.ones(self.num_actions, np.uint8)
         self.steps = 0  # group steps taken (each steps every game once)
@@ -210,7 +211,10 @@ class Atari2pGroup:
         if self.frame_skip > 1:
             np.maximum(self._screens[0], self._screens[1], out=self._screens[0])
         resize_frames(self._screens[0], self._frames, self._tall)
-        obs.reshape(self.num_envs, self.players, *self.obs_shape)[:, :, stack - 1] = self._frames[:, None]
+        by_game = obs.reshape(self.num_envs, self.players, *self.obs_shape)
+        by_game[:, :, stack - 1] = self._frames[:, None]
+        for k in self._mirrored:  # env.kwargs.mirrored_players: the new frame flipped left to right
+            by_game[:, k, stack - 1] = self._frames[:, :, ::-1]
         for i, (rewards, terminated, truncated) in enumerate(outcomes):
             self._settle(i, obs, rewards, terminated, truncated)
         self._obs = obs
@@ -275,7 +279,8 @@ class Atari2pGroup:
         g.agents = [self.agents.index(a) for a in g.env.agents]
         g.returns = [0.0] * len(g.returns)
         g.length = 0
-        obs[i * p:(i + 1) * p, :self.frame_stack] = first[g.env.agents[0]][:self.frame_stack]
+        for agent in g.env.agents:  # (each player's own: mirrored_players see the frames flipped)
+            obs[i * p + self.agents.index(agent), :self.frame_stack] = first[agent][:self.frame_stack]
 
     def close(self) -> None:
         for g in self.games:

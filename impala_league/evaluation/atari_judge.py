@@ -165,6 +165,9 @@ def seat_in_game(policy: Policy, env: str, seat: str, checkpoint: str = "the che
         raise JudgeError(f"{env} has one player, ALE's first, which is {spec.name}'s {ONE_PLAYER_SEAT}; "
                          f"{seat} is the built-in player's side there: use --seat {ONE_PLAYER_SEAT}")
     settings = atari2p.settings(spec.name.split(":", 1)[1], kwargs)
+    if seat in settings["mirrored_players"]:
+        raise JudgeError(f"{checkpoint} saw {seat}'s frames flipped left to right (env.kwargs.mirrored_players); "
+                         f"{env} shows them as the emulator draws them")
     for key in SHAPED:
         if settings[key] != PROTOCOL[key]:
             raise JudgeError(f"{checkpoint} was trained with env.kwargs.{key}={settings[key]}; the judge plays "

@@ -187,3 +187,33 @@ def test_sticky_actions_reach_the_emulator():
     moving = atari2p.make_atari2p("boxing", {"noop_max": 0})
     moving.reset(seed=0)
     assert not np.array_equal(_play(moving, [[3, 4]] * 12)[-1][0], runs[1][-1])
+
+
+def test_mirrored_players_see_the_frames_flipped_and_their_own_plane():
+    """Pong is the same game seen from either side: its left paddle (columns 16-19 of the 160) flipped
+    lies on the right one's (140-143), so with `mirrored_players: [second_0]` both players see
+    themselves where the one-player game's player is."""
+    env = atari2p.make_atari2p("pong", {"mirrored_players": ["second_0"]})
+    plain = atari2p.make_atari2p("pong", {})
+    obs, _ = env.reset(seed=3)
+    reference, _ = plain.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        np.testing.assert_array_equal(obs["first_0"], reference["first_0"], err_msg=f"step {t}")
+        np.testing.assert_array_equal(obs["second_0"][:4], reference["second_0"][:4, :, ::-1], err_msg=f"step {t}")
+        np.testing.assert_array_equal(obs["second_0"][4:], reference["second_0"][4:], err_msg=f"step {t}")
+        actions = {agent: int(rng.integers(6)) for agent in env.agents}
+        obs = env.step(actions)[0]
+        reference = plain.step(actions)[0]
+    screen = np.zeros((210, 160), np.uint8)
+    env.raw.ale.getScreenGrayscale(screen)
+    assert set(np.flatnonzero((screen[34:194] == 148).any(0))) == {16, 17, 18, 19}  # the left paddle
+    assert set(159 - np.flatnonzero((screen[34:194] == 147).any(0))) == {16, 17, 18, 19}  # the right one, flipped
+    bare = atari2p.make_atari2p("pong", {"mirrored_players": ["first_0"], "agent_indicator": False})
+    first = bare.reset(seed=3)[0]["first_0"]
+    assert first.shape == (4, 84, 84) and first.flags.c_contiguous
+    with pytest.raises(ValueError, match="mirrored_players: pong_v3 has no player third_0; its players: first_0, "
+                                         "second_0"):
+        atari2p.make_atari2p("pong", {"mirrored_players": ["third_0"]})
+    with pytest.raises(ValueError, match=r"mirrored_players must be a list of player names \(e.g. \[second_0\]\)"):
+        atari2p.settings("pong", {"mirrored_players": "second_0"})

@@ -75,6 +75,10 @@ def test_other_settings_and_sticky_actions_match():
     play_both("boxing", [9], {"frame_skip": 1, "frame_stack": 1, "noop_max": 0, "max_cycles": 30}, 40)
 
 
+def test_mirrored_players_match():
+    play_both("pong", [4, 5], {"mirrored_players": ["second_0"], "max_cycles": 100}, 40, action_seed=4)
+
+
 def test_four_players_in_two_teams_match():
     _, episodes = play_both("pong", [1, 2], {"num_players": 4, "max_cycles": 200}, 80, action_seed=3,
                             seats=[["first_0", "third_0"], ["second_0", "fourth_0"]])

@@ -139,6 +139,13 @@ def test_seats_games_and_policies_that_do_not_fit_are_refused(pong, tmp_path):
     with pytest.raises(JudgeError, match=r"full_action_space=true\); atari:Pong plays its minimal action set "
                                          r"\[0, 1, 3, 4, 11, 12\]"):
         seat_in_game(full, "atari:Pong", "first_0")
+    mirrored = load_policy(write_checkpoint(tmp_path / "mirrored.safetensors", "atari2p:pong",
+                                            "env.kwargs.mirrored_players=[first_0]"))
+    with pytest.raises(JudgeError, match=r"saw first_0's frames flipped left to right \(env.kwargs.mirrored_players\)"):
+        seat_in_game(mirrored, "atari:Pong", "first_0")
+    assert seat_in_game(load_policy(write_checkpoint(tmp_path / "ego.safetensors", "atari2p:pong",
+                                                     "env.kwargs.mirrored_players=[second_0]")),
+                        "atari:Pong", "first_0").seat == "first_0"
     bare = load_policy(write_checkpoint(tmp_path / "bare.safetensors", "atari2p:pong",
                                         "env.kwargs.agent_indicator=false"))
     assert seat_in_game(bare, "atari:Pong", "first_0").planes.shape == (0, 84, 84)  # the frames alone
