@@ -209,6 +209,11 @@ def test_mirrored_players_see_the_frames_flipped_and_their_own_plane():
     env.raw.ale.getScreenGrayscale(screen)
     assert set(np.flatnonzero((screen[34:194] == 148).any(0))) == {16, 17, 18, 19}  # the left paddle
     assert set(159 - np.flatnonzero((screen[34:194] == 147).any(0))) == {16, 17, 18, 19}  # the right one, flipped
+    for _ in range(25):  # action 2 (RIGHT) moves both paddles up: the actions need no flip
+        env.step({"first_0": 2, "second_0": 2})
+    env.raw.ale.getScreenGrayscale(screen)
+    assert np.flatnonzero((screen[34:194] == 147).any(1)).max() < 10 and \
+        np.flatnonzero((screen[34:194] == 148).any(1)).max() < 10
     bare = atari2p.make_atari2p("pong", {"mirrored_players": ["first_0"], "agent_indicator": False})
     first = bare.reset(seed=3)[0]["first_0"]
     assert first.shape == (4, 84, 84) and first.flags.c_contiguous
