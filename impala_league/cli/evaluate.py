@@ -34,7 +34,7 @@ latest checkpoints and all its league snapshots:
 A two-player Atari policy (atari2p:<game>) as one seat of the one-player game (atari:<Game>, gymnasium's
 ALE/<Game>-v5 and its own wrappers) against the game's built-in player, its return per game (the policy's
 points minus the built-in player's); game k seeded --seed + k (docs/atari_judge.md):
-  run.py evaluate --checkpoint runs/pong_league/checkpoints/latest.safetensors --env atari:Pong --seat first_0 --games 10
+  run.py evaluate --checkpoint runs/atari_pong_league/checkpoints/latest.safetensors --env atari:Pong --seat first_0 --games 10
 """
 
 
