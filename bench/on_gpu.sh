@@ -16,14 +16,20 @@
 #   7. boxing (not in the default set): configs/atari_boxing_league.yaml trained for BOXING_MINUTES
 #      (default 7) with ACTORS actors and the learner on CUDA at B = 32, then its greedy final policy
 #      against `random` (evaluation.json: wins, draws, losses per seat); the run in OUT/runs.
-# STEPS chooses the parts (default all but boxing: "ingest sps algos core pixels pong"); about 14 minutes
-# in all, "pixels pong" about 7, "boxing" about BOXING_MINUTES + 3. Everything goes to OUT (default
+#   8. pongleague (not in the default set): configs/atari_pong_league.yaml trained for PONG_MINUTES
+#      (default 8) the same way, then its greedy final policy and three earlier snapshots against ALE's
+#      built-in player as first_0 (evaluation.json's built_in_player and over_training), the player it
+#      never trained against; on 2 cores its hour of 4.0M agent steps scored -19.5 there.
+# STEPS chooses the parts (default all but boxing and pongleague: "ingest sps algos core pixels pong");
+# about 14 minutes in all, "pixels pong" about 7, "boxing" about BOXING_MINUTES + 3, "pongleague" about
+# PONG_MINUTES + 4. Everything goes to OUT (default
 # /tmp/on_gpu) and to standard output. The Atari parts need ale-py, multi-agent-ale-py, opencv-python-headless
 # and zstandard among the machine's wheels (requirements.txt pins them).
 #
 #   bash bench/on_gpu.sh [OUT]
 #   STEPS="pixels pong" bash bench/on_gpu.sh          # the Atari parts only
 #   STEPS=boxing BOXING_MINUTES=7 bash bench/on_gpu.sh # the Boxing league with 14 actors, then against random
+#   STEPS=pongleague PONG_MINUTES=8 bash bench/on_gpu.sh  # two-player Pong's league, then the built-in player
 #   DEVICE=cpu ACTORS=2 WORKERS=1 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +41,7 @@ WORKERS=${WORKERS:-4}
 SECONDS_MEASURED=${SECONDS_MEASURED:-45}
 MINUTES=${MINUTES:-2}
 BOXING_MINUTES=${BOXING_MINUTES:-7}
+PONG_MINUTES=${PONG_MINUTES:-8}
 STEPS=${STEPS:-ingest sps algos core pixels pong}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
@@ -74,4 +81,8 @@ want boxing && "$PY" run.py train --config configs/atari_boxing_league.yaml --se
   --set run.max_minutes="$BOXING_MINUTES" --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" \
   --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
   --eval-history 0 2>&1 | tee "$OUT/boxing.txt"
+want pongleague && "$PY" run.py train --config configs/atari_pong_league.yaml --set run.dir="$OUT/runs" \
+  --set run.max_minutes="$PONG_MINUTES" --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" \
+  --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
+  --eval-games 10 --eval-history 3 2>&1 | tee "$OUT/pongleague.txt"
 true
