@@ -149,6 +149,8 @@ def main() -> None:
                 args.json.write_text(json.dumps(sorted(kept, key=lambda p: (p["run"], p["minutes"])), indent=1))
         points = sorted((p for p in kept if p["run"] == str(run.path) and p["games"] == args.games),
                         key=lambda p: p["minutes"])
+        if not points:
+            raise SystemExit(f"{run.path} has no league snapshots or checkpoint to judge")
         best = max(points, key=lambda p: p["mean_return"])
         print(f"best: {best['mean_return']:+.1f} at {best['minutes']:.1f} min (update {best['update']:,d}); "
               f"last: {points[-1]['mean_return']:+.1f} at {points[-1]['minutes']:.1f} min")
