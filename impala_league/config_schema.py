@@ -221,6 +221,9 @@ class ActorConfig:
                         "epsilon * i / (num_envs - 1); V-trace corrects for it", low=0, high=1)
     high_water_mark: int = _f(256, "wait while the trajectory stream holds more than this many unconsumed unrolls "
                               "(its entries times actor.send_batch)")
+    nice: int = _f(0, "niceness (0-19) at which `run.py train` starts the main agent's actors: where the learner shares "
+                   "the machine's cores with them and is the bottleneck, actors that give way to it feed it more",
+                   low=0, high=19)
 
 
 @dataclass

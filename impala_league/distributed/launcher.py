@@ -48,7 +48,8 @@ def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple
     """Every process of the run except the main learner: name -> (role, extra args, niceness).
 
     Actors 0..num_actors-1 serve the main agent; each exploiter learner gets `league.exploiter_actors`
-    actors with the next ids, and it and they run at niceness `league.exploiter_nice`.
+    actors with the next ids, and it and they run at niceness `league.exploiter_nice`; the main agent's
+    actors at `actor.nice`.
     """
     run_args = ["--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     commands: dict[str, tuple[str, list[str], int]] = {}
@@ -56,7 +57,7 @@ def worker_commands(cfg: Config, run_dir: Path, resume: bool) -> dict[str, tuple
         commands["league manager"] = ("league", run_args, 0)
     next_id = 0
     for player in learner_players(cfg):
-        nice = 0 if player == MAIN else cfg.league.exploiter_nice
+        nice = cfg.actor.nice if player == MAIN else cfg.league.exploiter_nice
         if player != MAIN:
             commands[f"learner {player}"] = ("learner", run_args + ["--player", player], nice)
         for _ in range(cfg.actor.num_actors if player == MAIN else cfg.league.exploiter_actors):

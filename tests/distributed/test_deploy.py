@@ -125,6 +125,15 @@ def _local_table(cfg, resume: bool, dist_url: str | None) -> collections.Counter
     return table
 
 
+
+def test_the_local_role_table_starts_the_main_actors_at_actor_nice_and_exploiters_at_theirs(tmp_path):
+    cfg = load_config(TICTACTOE, ["league.enabled=true", "league.main_exploiters=1", "actor.num_actors=2",
+                                  "actor.nice=3", "league.exploiter_nice=12", f"run.dir={tmp_path}"])
+    table = worker_commands(cfg, tmp_path / cfg.run.name, resume=False)
+    nice = {name: n for name, (_role, _args, n) in table.items()}
+    assert nice == {"league manager": 0, "actor 0": 3, "actor 1": 3, "learner main_exploiter_0": 12, "actor 2": 12}
+
+
 # -- Kubernetes --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides", [LEAGUE, RANKS], ids=["league-shards", "ranks"])
