@@ -125,7 +125,6 @@ def _local_table(cfg, resume: bool, dist_url: str | None) -> collections.Counter
     return table
 
 
-
 def test_the_local_role_table_starts_the_main_actors_at_actor_nice_and_exploiters_at_theirs(tmp_path):
     cfg = load_config(TICTACTOE, ["league.enabled=true", "league.main_exploiters=1", "actor.num_actors=2",
                                   "actor.nice=3", "league.exploiter_nice=12", f"run.dir={tmp_path}"])
