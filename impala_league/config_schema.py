@@ -287,6 +287,9 @@ class LearnerConfig:
                              "the update's compute), or none", choices=("random", "both", "none"))
     publish_every: int = _f(1, "publish weights every N updates", low=1)
     checkpoint_every_s: float = _f(60.0, "seconds between checkpoints", low=0, low_open=True)
+    overwrite_checkpoint: bool = _f(False, "let a learner started without --resume train from scratch where its "
+                                    "run directory holds a checkpoint, which its first checkpoint then replaces; "
+                                    "false: it refuses to start (--resume continues that checkpoint)")
     read_block_ms: int = _f(1000, "XREADGROUP block time in milliseconds", low=1, high=30_000)
     prefetch_batches: int = _f(2, "batches read, decoded and stacked ahead of the update by the ingest thread; "
                                "0 = read in the update's own thread", low=0, high=64)

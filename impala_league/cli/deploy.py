@@ -102,7 +102,8 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     p.add_argument("--gpu-toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
                    help="k8s, learner.device=cuda: a taint the learner pods tolerate beside nvidia.com/gpu (repeatable)")
     p.add_argument("--nodes", type=int, help="slurm: nodes of the job, node 0 and the actor nodes (default 2)")
-    p.add_argument("--time", help="slurm: the job's time limit (e.g. 1-00:00:00; default: the partition's)")
+    p.add_argument("--time", help="slurm: the job's time limit (e.g. 1-00:00:00; default: run.max_minutes + 10 "
+                   "minutes, or 1-00:00:00 without run.max_minutes; the job requeues itself at the limit)")
     p.add_argument("--partition", help="slurm: the partition(s) to run in (default: the cluster's)")
     p.add_argument("--account", help="slurm: the account charged (default: yours)")
     p.add_argument("--gres", help="slurm, learner.device=cuda: node 0's GPUs, gpu:COUNT or gpu:TYPE:COUNT "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from impala_league.agents.checkpoint import (CheckpointError, check_network, load_optimizer_state, model_state,
-                                             read_checkpoint, save_checkpoint)
+                                             read_checkpoint, read_meta, save_checkpoint)
 from impala_league.config import Config, to_yaml, without_secrets
 from impala_league.distributed.clock import TrainingClock
 from impala_league.distributed.history import CheckpointHistory
@@ -95,6 +95,21 @@ class Checkpoints:
             group.update({k: v for k, v in fresh.items() if k != "params"})
         log.info("resumed from %s at update %s, %s agent steps", self.path, f"{step:,}", f"{frames:,}")
         return step, frames
+
+    def check_fresh_start(self) -> None:
+        """A learner started without --resume: refuse where the run directory holds this learner's
+        checkpoint, which the fresh run's first checkpoint (of an earlier update) would replace, unless
+        learner.overwrite_checkpoint. Only rank 0 writes checkpoints, so only it checks. Raises
+        CheckpointError saying what to do."""
+        if not self.is_main or self.cfg.learner.overwrite_checkpoint or not self.path.exists():
+            return
+        try:
+            held = f"the checkpoint of update {int(read_meta(self.path)['step'])}"
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            held = "a checkpoint"
+        raise CheckpointError(f"{self.path} holds {held} and {self.label} was started without --resume: pass "
+                              "--resume to continue from it, or set learner.overwrite_checkpoint=true to train "
+                              "from scratch and replace it")
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, frames: int) -> None:
         """Save model, optimizer, the update step and frames and the carried state, unless the run

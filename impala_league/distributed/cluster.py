@@ -106,7 +106,8 @@ class ClusterOptions:
     gpu_node_selector, gpu_toleration: node labels a GPU learner's pod requires, and taints it tolerates
         beside `k8s.GPU_TAINT` (learner.device=cuda only).
     nodes, time, partition, account, gres: sbatch's options, written into the script (nodes: node 0 and
-        the actor nodes, default 2; gres: the GPUs of node 0, default gpu:K for K ranks with learner.device=cuda).
+        the actor nodes, default 2; time: default `slurm.default_time`; gres: the GPUs of node 0, default
+        gpu:K for K ranks with learner.device=cuda).
     """
 
     cpu: dict[str, str] = field(default_factory=dict)

@@ -97,6 +97,8 @@ class Learner:
             self.step, self.frames = self.checkpoints.restore(self.model, self.optimizer)
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoints.path)
+        else:
+            self.checkpoints.check_fresh_start()
         self.redis = connect(redis_url, block_ms=cfg.learner.read_block_ms, retry_s=cfg.run.redis_retry_s)
         prefix = namespace(cfg.run.name, player)  # of this learner's own keys
         self.params = ParamStore(self.redis, prefix, delay=cfg.actor.weight_delay)

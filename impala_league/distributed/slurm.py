@@ -17,6 +17,12 @@ from impala_league.distributed.cluster import (REDIS_PORT, WAIT_REDIS_S, Cluster
 from impala_league.league.players import MAIN
 
 
+LIMIT_SIGNAL_S = 120  # USR1 this long before the time limit: every role stops, the learners checkpoint
+SLACK_MINUTES = 10  # the default time limit beyond run.max_minutes: the start, and the stop at the signal
+CHECKPOINT_NAME = "latest.safetensors"  # checkpoints.CHECKPOINT_NAME (that module imports torch)
+DEFAULT_TIME = "1-00:00:00"  # the default time limit of a run without run.max_minutes
+
+
 def _words(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
@@ -27,13 +33,15 @@ SLURM_HEAD = """#!/bin/bash
 # one actor per CPU. The job asks for {nodes} nodes, node 0 and {actor_nodes} actor node(s):
 #   sbatch {script}
 # (`sbatch --nodes=M {script}` for M - 1 actor nodes: sbatch's options override the file's.)
-{gres_note}# A requeued job (preemption, a lost node: --requeue) starts again with --resume from the run directory,
-# and Redis reloads its append-only file from there.
+{gres_note}# A run directory that holds a checkpoint is resumed however the job started (requeued after a preemption
+# or a lost node, submitted again, another array task): every role gets --resume, and Redis reloads its
+# append-only file from there. {signal_s} s before the time limit SLURM sends USR1: every role stops (the
+# learners write their checkpoints), then the job requeues itself (`scontrol requeue`) and continues.
 #SBATCH --job-name={job}
 #SBATCH --nodes={nodes}
 {sbatch}#SBATCH --exclusive
 #SBATCH --requeue
-#SBATCH --signal=B:TERM@120
+#SBATCH --signal=B:USR1@{signal_s}
 #SBATCH --output={job}-%j.out
 set -euo pipefail
 
@@ -46,8 +54,10 @@ REDIS_PORT={port}
 cd "$REPO"
 
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# Resume where any learner of the run has written a checkpoint: a fresh start would overwrite it.
 RESUME=()
-if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+if [ -n "$(find "$RUN_DIR/checkpoints" -name {checkpoint} -print -quit 2>/dev/null)" ] \
+    || [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
     RESUME=(--resume)
 fi
 {dist}# The password: $REDIS_PASSWORD where sbatch was run (the one shard servers of transport.shard_urls have),
@@ -63,7 +73,7 @@ read -ra BIND <<< "$("$PYTHON" -c 'import sys; from impala_league.distributed.sl
 
 # Redis on node 0 (the binary `run.py train` embeds): the password on stdin, not on the command line.
 REDIS_SERVER=$("$PYTHON" -c 'from impala_league.distributed.embedded_redis import redis_server_binary; print(redis_server_binary())')
-if [ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ]; then
+if [ "${{#RESUME[@]}}" -eq 0 ]; then
     rm -rf "$RUN_DIR/redis"  # a fresh start: what an earlier job of this run left must not be loaded
 fi
 mkdir -p "$RUN_DIR/redis"
@@ -73,10 +83,13 @@ printf 'requirepass %s\\n' "$REDIS_PASSWORD" | taskset -c "${{BIND[0]}}" "$REDIS
 REDIS_PID=$!
 
 ROLES=()
+REQUEUE=0
 stop_roles() {{  # SIGTERM: learners write a checkpoint, the league manager its state
     kill -TERM "${{ROLES[@]}}" 2>/dev/null || true
 }}
 trap stop_roles TERM INT
+# USR1, the time limit near: stop now, requeue once everything has stopped (scancel's TERM does not requeue)
+trap 'REQUEUE=1; stop_roles' USR1
 """
 
 SLURM_TAIL = """
@@ -99,6 +112,10 @@ stop_roles
 wait "${ROLES[@]}" 2>/dev/null || true
 kill -TERM "$REDIS_PID" 2>/dev/null || true
 wait "$REDIS_PID" 2>/dev/null || true
+if [ "$REQUEUE" = 1 ]; then
+    echo "the time limit is near: requeueing job $SLURM_JOB_ID, which resumes from the checkpoint" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+fi
 exit "$code"
 """
 
@@ -139,11 +156,24 @@ def node_cpus(redis: int, learner: int, ranks: int) -> list[str]:
     return sets
 
 
+def default_time(cfg: Config) -> str:
+    """The job's time limit without --time, in sbatch's D-HH:MM:SS or H:MM:SS: run.max_minutes and
+    SLACK_MINUTES (rounded up to a minute), or DEFAULT_TIME where the run has no time limit (the job then
+    requeues itself at the limit and continues)."""
+    if cfg.run.max_minutes <= 0:
+        return DEFAULT_TIME
+    days, minutes = divmod(math.ceil(cfg.run.max_minutes + SLACK_MINUTES), 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours}:{minutes:02d}:00"
+
+
 def _sbatch_options(cfg: Config, options: ClusterOptions) -> tuple[str, str]:
     """The #SBATCH lines of the options given (the GPUs of node 0 by default one per learner rank with
-    learner.device=cuda) and, with GPUs, the header's note on where SLURM puts them."""
+    learner.device=cuda; the time limit by default `default_time`) and, with GPUs, the header's note on
+    where SLURM puts them."""
     gres = options.gres or (f"gpu:{cfg.learner.num_learners}" if gpu_learner(cfg) else None)
-    given = [("time", options.time), ("partition", options.partition), ("account", options.account), ("gres", gres)]
+    given = [("time", options.time or default_time(cfg)), ("partition", options.partition),
+             ("account", options.account), ("gres", gres)]
     lines = "".join(f"#SBATCH --{name}={value}\n" for name, value in given if value)
     note = ("# --gres asks every node of the job for its GPUs (one request for them all): the learners on node 0\n"
             "# train on them (rank r on GPU r); the actor nodes' actors use their CPUs only.\n") if gres else ""
@@ -200,7 +230,8 @@ def slurm_script(cfg: Config, repo: Path, config_path: Path, script_name: str,
     nodes = options.nodes or 2
     sbatch, gres_note = _sbatch_options(cfg, options)
     head = SLURM_HEAD.format(run=cfg.run.name, script=script_name, job=shlex.quote(cfg.run.name), nodes=nodes,
-                             actor_nodes=nodes - 1, sbatch=sbatch, gres_note=gres_note,
+                             signal_s=LIMIT_SIGNAL_S, checkpoint=CHECKPOINT_NAME, actor_nodes=nodes - 1,
+                             sbatch=sbatch, gres_note=gres_note,
                              repo=shlex.quote(str(repo)), config=shlex.quote(str(config_path)),
                              run_dir=shlex.quote(str(run_dir)), wait=WAIT_REDIS_S, port=REDIS_PORT,
                              redis_cores=math.ceil(cores(resources["redis"].cpu)),

@@ -31,3 +31,29 @@ def test_a_resumed_learner_counts_the_runs_earlier_seconds_and_stops_at_max_minu
     assert again.step == 0
     meta = json.loads(read_checkpoint(again.checkpoints.path)[1]["meta"])
     assert meta["step"] == 0 and 61.0 <= meta["elapsed_s"] < 70.0 and meta["finished"]
+
+
+@pytest.mark.redis
+def test_a_fresh_learner_refuses_to_train_over_a_checkpoint_unless_told_to(tmp_path, redis_url, run_name):
+    """Started without --resume where the run directory holds a checkpoint (of update 386), the learner
+    stops with one line saying what to do; learner.overwrite_checkpoint=true starts it from scratch."""
+    from impala_league.agents.checkpoint import CheckpointError, read_meta
+    from impala_league.distributed.learner import Learner
+
+    first = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
+    first.step = 386
+    first.checkpoint()
+    first.metrics.close()
+    with pytest.raises(CheckpointError) as refused:
+        Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
+    message = str(refused.value)
+    assert "\n" not in message and "update 386" in message and "--resume" in message
+    assert "learner.overwrite_checkpoint=true" in message
+    assert read_meta(first.checkpoints.path)["step"] == 386  # untouched
+    resumed = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name, resume=True)
+    assert resumed.step == 386
+    resumed.metrics.close()
+    overwrite = small_config(run_name, tmp_path, "learner.overwrite_checkpoint=true")
+    fresh = Learner(overwrite, redis_url, tmp_path / run_name)
+    assert fresh.step == 0
+    fresh.metrics.close()
