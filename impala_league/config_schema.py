@@ -389,13 +389,17 @@ class TransportConfig:
 class EvaluationConfig:
     judges: Optional[List[str]] = _f(None, "outside judges the end-of-run evaluation plays, reported apart from the "
                                      "training opponents: mcts:N (OpenSpiel's MCTS, N simulations a move; connect_four "
-                                     "and tictactoe) or another bot spec; never in league.bots. The first also plays the "
+                                     "and tictactoe), solver or solver:E (connect four's perfect player, a random move "
+                                     "with probability E) or another bot spec; never in league.bots. The first also plays the "
                                      "earlier policies (the held-out line of the over-training figure). null = the "
                                      "game's ladder (connect_four, tictactoe: mcts:100, mcts:400, mcts:1600), [] = none")
     judge_games: int = _f(10, "games per seat against each judge at the end of the run (its earlier policies: "
                           "--eval-history-games); 0 = no judges. Connect four's ladder costs about 6 minutes at 10 "
                           "(14 s a game at mcts:1600); 50 a seat is the protocol of the reported ladders", low=0,
                           high=10_000)
+    positions: int = _f(1000, "connect four: seeded positions where the final policy's and each earlier policy's "
+                        "greedy move is scored by the perfect solver at the end of the run (optimal and blunder rates "
+                        "by phase; evaluation/positions.py); 0 = none", low=0, high=100_000)
     built_in_games: int = _f(3, "two-player Atari (atari2p:<game>) whose ROM has a one-player atari:<Game> of the "
                              "same action set: games the final policy and its earlier policies play there as first_0 "
                              "against the game's built-in player at the end of the run (evaluation/atari_judge.py), "

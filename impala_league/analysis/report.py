@@ -430,8 +430,10 @@ def over_training_figure(record: dict | None) -> Figure | None:
     rows += [(j, "judges") for j in dict.fromkeys(j for e in entries for j in e.get("judges", {}))]
     tactics = any(r.get("tactics") for e in entries for seats in e["opponents"].values() for r in seats.values())
     rates = OVER_TRAINING_RATES if tactics else (("win_rate", "win rate"), ("mean_return", "mean return per game"))
+    with_positions = len(rates) == 3 and any("positions" in e for e in entries)
     plt = _pyplot()
-    fig, axes = plt.subplots(len(rows), len(rates), figsize=(10, 0.8 + 2.6 * len(rows)), squeeze=False, sharex=True)
+    n_rows = len(rows) + int(with_positions)
+    fig, axes = plt.subplots(n_rows, len(rates), figsize=(10, 0.8 + 2.6 * n_rows), squeeze=False, sharex=True)
     for row, (opponent, kind) in enumerate(rows):
         played = [(e["frames"], e[kind][opponent]) for e in entries if opponent in e.get(kind, {})]
         seats = list(dict.fromkeys(s for _, by_seat in played for s in by_seat))
@@ -456,13 +458,38 @@ def over_training_figure(record: dict | None) -> Figure | None:
                 f"vs {opponent}{' (held out)' if kind == 'judges' else ''}: {label}"
             ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
-            if row == len(rows) - 1:
+            if row == n_rows - 1:
                 ax.set_xlabel("agent steps trained")
+    if with_positions:
+        positions_row(axes[-1], [e for e in entries if "positions" in e])
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("over training: the greedy policy against the bots and the held-out judge (the last point: the "
+    fig.suptitle("over training: the greedy policy against the bots and the held-out judges (the last point: the "
                  "final evaluation)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def positions_row(axes, entries: list[dict]) -> None:
+    """The over-training figure's row of the solver's positions (evaluation/positions.py) on three axes:
+    the blunder rate and the optimal-move rate over the positions not already lost, each with its 95%
+    interval, and the blunder rate by phase; `entries` sorted by agent steps, each with `positions`."""
+    xs = [e["frames"] for e in entries]
+    for ax, key, label in ((axes[0], "blunder", "blunder rate"), (axes[1], "optimal", "optimal moves")):
+        rates = [e["positions"]["all"] for e in entries]
+        ys = [r[key] for r in rates]
+        errors = [[y - r[f"{key}_ci95"][0] for y, r in zip(ys, rates)], [r[f"{key}_ci95"][1] - y for y, r in zip(ys, rates)]]
+        ax.errorbar(xs, ys, yerr=errors, fmt=".-", capsize=3, color="k")
+        ax.set_title(f"solver's positions (held out): {label}, 95% interval", fontsize=9)
+    for phase in dict.fromkeys(p for e in entries for p in e["positions"]["phases"]):
+        points = [(x, e["positions"]["phases"][phase]["blunder"]) for x, e in zip(xs, entries)
+                  if e["positions"]["phases"].get(phase, {}).get("positions")]
+        if points:
+            axes[2].plot(*zip(*points), ".-", label=phase)
+    axes[2].set_title("solver's positions: blunder rate by phase", fontsize=9)
+    axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
 
 
 def log_figures(run: Run, tracker) -> None:

@@ -13,7 +13,7 @@ from impala_league.cli.common import MAX_EVAL_GAMES, config_args, load
 from impala_league.config import MAX_ACTORS, MAX_WEIGHT_DELAY, ConfigError, Rule, check_arguments
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.bots import make_bot
-from impala_league.evaluation.judges import is_judge_spec, require_openspiel
+from impala_league.evaluation.judges import require_judge_packages
 from impala_league.checked_config import load_config
 
 NAME = "compare"
@@ -178,8 +178,8 @@ def run_league(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     league_study.check_arms(args.config, args.overrides, arms, judges)
-    if judge_games and any(is_judge_spec(j) for j in judges):
-        require_openspiel()  # the judges play after the first run: fail now, not after it
+    if judge_games:
+        require_judge_packages(judges)  # the judges play after the first run: fail now, not after it
     summary = league_study.run_league_study(args.config, arms, out, args.seeds, args.minutes, args.frames,
                                             args.overrides, args.redis_url, judges, judge_games, games, args.metric)
     print(league_study.league_table(summary))

@@ -14,6 +14,7 @@ from impala_league.evaluation.atari_judge import judge, judge_line
 from impala_league.evaluation.bots import make_bot
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.final import checkpoint_facts, seat_line
+from impala_league.evaluation.positions import check_count, evaluate_positions, positions_lines
 from impala_league.evaluation.tournament import checkpoint_player, ratings_table, resolve_players, round_robin
 
 NAME = "evaluate"
@@ -26,10 +27,17 @@ One checkpoint against one baseline bot, in both seats (win/draw/loss rates per 
 A round-robin: every pair of players plays --games games in each seat, then a table of win/draw/
 loss percentages and Elo ratings (Bradley-Terry maximum likelihood, draws count half, mean rating
 0, +- one standard error). A player is a bot (random, tactical, minimax:D with D plies of search,
-or the outside judge mcts:N: OpenSpiel's MCTS with N simulations a move, connect_four and tictactoe),
+or the outside judges mcts:N, OpenSpiel's MCTS with N simulations a move, connect_four and tictactoe, and
+solver / solver:E, connect four's perfect player, with probability E a random move instead),
 a .safetensors checkpoint or league snapshot, or a run directory, which stands for its learners'
 latest checkpoints and all its league snapshots:
   run.py evaluate --players runs/connect_four tactical minimax:2 --games 50 --workers 2 --json out.json
+
+Connect four's perfect player judges moves: a checkpoint's (or each of --players') move in 1,000 seeded
+positions where the game is not over, scored by the solver: the rate of optimal moves and of blunders (a won
+or drawn position turned lost), by phase, with 95% intervals (docs/evaluation.md, "The solver"):
+  run.py evaluate --checkpoint runs/connect_four_league/checkpoints/latest.safetensors --positions 1000
+  run.py evaluate --players minimax:2 minimax:4 --env connect_four --positions 1000
 
 A two-player Atari policy (atari2p:<game>) as one seat of the one-player game (atari:<Game>, gymnasium's
 ALE/<Game>-v5 and its own wrappers) against the game's built-in player, its return per game (the policy's
@@ -51,8 +59,12 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     who.add_argument("--players", nargs="+", metavar="SPEC",
                      help="round-robin between these players: bots (random, tactical, minimax:D, mcts:N), "
                      ".safetensors checkpoints, and run directories (their latest checkpoints and league snapshots)")
-    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D, or the judge "
-                   "mcts:N (OpenSpiel's MCTS, N simulations a move; default random)")
+    p.add_argument("--opponent", help="with --checkpoint: baseline bot random, tactical or minimax:D, or the judges "
+                   "mcts:N (OpenSpiel's MCTS, N simulations a move) and solver / solver:E (connect four's perfect "
+                   "player; with probability E a random move); default random")
+    p.add_argument("--positions", type=int, metavar="N", help="connect four: instead of games, score the move of "
+                   "--checkpoint (or of each of --players) in N seeded positions by the solver: optimal and "
+                   "blunder rates by phase (1000 takes about 20 s to solve)")
     p.add_argument("--env", help="with --players: the game (connect_four, tictactoe); needed only when all "
                    "players are bots, else taken from the checkpoints. With --checkpoint and --seat: the one-player "
                    "Atari game atari:<Game> the two-player policy plays")
@@ -77,6 +89,8 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Play a checkpoint against a bot in both seats (one-agent envs: episodes), or a round-robin."""
     check_evaluate_args(args)
+    if args.positions is not None:
+        return positions(args)
     if args.players is not None:
         return tournament(args)
     if args.seat is not None:
@@ -112,6 +126,15 @@ def run(args: argparse.Namespace) -> int:
 
 def check_evaluate_args(args: argparse.Namespace) -> None:
     """Refuse arguments that do not go together or are out of range (ConfigError); fill --games."""
+    if args.positions is not None:
+        try:
+            check_count(args.positions)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for flag, given in (("--opponent", args.opponent), ("--seat", args.seat), ("--games", args.games),
+                            ("--record", args.record)):
+            if given is not None:
+                raise ConfigError(f"{flag} does not go with --positions, which scores single moves, not games")
     if args.games is None:
         args.games = 10 if args.seat is not None else 200  # an Atari game lasts thousands of steps
     if not 1 <= args.games <= MAX_EVAL_GAMES:
@@ -142,6 +165,31 @@ def check_evaluate_args(args: argparse.Namespace) -> None:
             Path(args.record).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--record: cannot create the directory {args.record}: {e.strerror}") from None
+
+
+def positions(args: argparse.Namespace) -> int:
+    """--checkpoint's move, or each of --players' moves, in --positions positions scored by the solver
+    (evaluation/positions.py), as lines or JSON."""
+    if args.players is not None:
+        env_name, players = resolve_players(args.players, args.env, minimum=1)
+        entrants = [(p.name, make_bot(p.load, env_name, seed=args.seed) if p.kind == "bot"
+                     else load_policy(p.load, seed=args.seed)) for p in players]
+    else:
+        policy = load_policy(args.checkpoint, seed=args.seed)
+        env_name, entrants = policy.spec.name, [("checkpoint", policy)]
+    results = {}
+    for name, player in entrants:
+        try:
+            results[name] = evaluate_positions(player, env_name, args.positions, seed=args.seed,
+                                               greedy=not args.sample)
+        except ValueError as e:
+            raise ConfigError(f"--positions: {e}") from None
+        if args.json != "-":
+            print(f"{name}: " + "\n".join(positions_lines(results[name])))
+    if args.json:
+        emit_json(results if args.players is not None else {**results["checkpoint"],
+                                                            **checkpoint_facts(args.checkpoint)}, args.json)
+    return 0
 
 
 def one_player_game(args: argparse.Namespace) -> int:

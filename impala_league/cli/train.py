@@ -20,7 +20,8 @@ from impala_league.distributed.launcher import EmbeddedRedis, supervise
 from impala_league.distributed.live import LiveView
 from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
                                    write_run_config)
-from impala_league.evaluation.judges import is_judge_spec, require_openspiel, resolve_judges
+from impala_league.evaluation.judges import require_judge_packages, resolve_judges
+from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.checked_config import load_config
 
 log = logging.getLogger("run")
@@ -70,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     require_game(cfg)
     check_arguments(args, ARGUMENT_RULES)
     evaluation_defaults(args, cfg.env.name)
-    if args.eval_games > 0 and cfg.evaluation.judge_games > 0 and any(
-            is_judge_spec(j) for j in resolve_judges(cfg.evaluation.judges, cfg.env.name)):
-        require_openspiel()  # the end-of-run evaluation plays them: fail now, not after training
+    if args.eval_games > 0:  # the end-of-run evaluation plays the judges: fail now, not after training
+        require_judge_packages(resolve_judges(cfg.evaluation.judges, cfg.env.name) if cfg.evaluation.judge_games else (),
+                               positions=cfg.env.name in SOLVER_GAMES and cfg.evaluation.positions > 0)
     url = redis_url(args, cfg)
     client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)

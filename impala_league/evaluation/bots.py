@@ -34,7 +34,8 @@ from functools import cached_property
 
 import numpy as np
 
-from impala_league.evaluation.judges import JUDGE_FORM, MCTSJudge, is_judge_spec, parse_judge
+from impala_league.evaluation.judges import JUDGE_FORM, MCTSJudge, check_judge_spec, is_judge_spec, parse_judge
+from impala_league.evaluation.solver import SOLVER_FORM, SolverJudge, is_solver_spec, parse_solver
 
 TO_MOVE = 1
 """Board value of the pieces of the player to move (observation channel 0)."""
@@ -206,9 +207,10 @@ TICTACTOE = GridGame(name="tictactoe", rows=3, cols=3, connect=3, gravity=False)
 GAMES: dict[str, GridGame] = {g.name: g for g in (CONNECT_FOUR, TICTACTOE)}
 """Games with a board model, keyed by the env name used in configs."""
 
-BOT_SPECS = ("random", "tactical", "minimax:D", JUDGE_FORM)
+BOT_SPECS = ("random", "tactical", "minimax:D", JUDGE_FORM, SOLVER_FORM)
 """Bot spec forms accepted by ``make_bot``; D is the search depth in plies, N the simulations a move of
-OpenSpiel's MCTS (an outside judge, ``evaluation/judges.py``: never a league member)."""
+OpenSpiel's MCTS, E the random-move probability of connect four's solver (the outside judges,
+``evaluation/judges.py`` and ``evaluation/solver.py``: never league members)."""
 
 MAX_MINIMAX_DEPTH: dict[str, int] = {"connect_four": 8, "tictactoe": 9}
 """Deepest search per game. Tic-tac-toe: 9 plies reach the end of every game (perfect play).
@@ -543,14 +545,15 @@ def parse_minimax_depth(spec: str, env_name: str) -> int:
 
 def is_bot_spec(spec: str) -> bool:
     """True if ``spec`` names a bot kind (``random``, ``tactical``, ``minimax`` or ``minimax:...``, or a
-    judge ``mcts``, ``mcts:...``), whether or not its parameters are valid; ``make_bot`` checks those."""
+    judge ``mcts``, ``mcts:...``, ``solver``, ``solver:...``), whether or not its parameters are valid;
+    ``make_bot`` checks those."""
     return spec in ("random", "tactical", "minimax") or spec.startswith("minimax:") or is_judge_spec(spec)
 
 
 def league_bot(spec: str, env_name: str, seed: int) -> Bot | None:
     """The bot a league member id names, or None when it names no bot kind (a learner, a snapshot): the
     bot factory an actor is handed (league.opponents.BotFactory). Raises ValueError as `make_bot`, and for
-    a judge (``mcts:N``), which is never a training opponent."""
+    a judge (``mcts:N``, ``solver``), which is never a training opponent."""
     if is_judge_spec(spec):
         raise ValueError(f"{spec!r} is a judge, never a league member (evaluation/judges.py)")
     return make_bot(spec, env_name, seed) if is_bot_spec(spec) else None
@@ -560,19 +563,20 @@ def check_bot_spec(spec: str, env_name: str) -> None:
     """Raise ValueError, as ``make_bot`` would, if ``spec`` cannot play ``env_name``; builds nothing for a
     judge (its spec is parsed, OpenSpiel not imported)."""
     if is_judge_spec(spec):
-        parse_judge(spec, env_name)
+        check_judge_spec(spec, env_name)
     else:
         make_bot(spec, env_name)
 
 
-def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot | MCTSJudge:
+def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot | MCTSJudge | SolverJudge:
     """Builds a baseline bot.
 
     Args:
       spec: "random", "tactical", "minimax:D" (negamax searching D plies; D in
         [1, ``MAX_MINIMAX_DEPTH[env_name]``]: 9 for tictactoe, where 9 is perfect play, 8 for
         connect_four) or the judge "mcts:N" (OpenSpiel's MCTSBot, N simulations a move, connect_four
-        and tictactoe; see ``evaluation/judges.py``: it follows whole games in ``play_games``).
+        and tictactoe; see ``evaluation/judges.py``: it follows whole games in ``play_games``), or the
+        judge "solver" / "solver:E" (connect four's perfect player; see ``evaluation/solver.py``).
       env_name: game name; "tactical" and "minimax:D" need one of ``GAMES`` ("connect_four",
         "tictactoe"), "random" accepts any name since it only reads the action mask.
       seed: seed of the bot's np.random.Generator; None = nondeterministic.
@@ -580,8 +584,11 @@ def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot | MCTSJud
     Raises:
       ValueError: unknown ``spec``, a bad minimax depth or judge, or a board bot with a game that has no
         board model.
-      judges.OpenSpielMissing: a judge where open-spiel is not installed.
+      judges.OpenSpielMissing: an MCTS judge where open-spiel is not installed.
+      solver.SolverMissing: the solver where bitbully is not installed.
     """
+    if is_solver_spec(spec):
+        return SolverJudge(env_name, parse_solver(spec, env_name), seed)
     if is_judge_spec(spec):
         return MCTSJudge(env_name, parse_judge(spec, env_name), seed)
     if spec == "random":

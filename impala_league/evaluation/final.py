@@ -21,6 +21,8 @@ from impala_league.evaluation.atari_judge import ONE_PLAYER_SEAT, JudgeError, ju
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.judges import resolve_judges
 from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
+from impala_league.evaluation.positions import evaluate_positions, positions_lines
+from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.league.players import MAIN, checkpoint_dir
 from impala_league.tracking import log_final_evaluation
 
@@ -55,13 +57,14 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         for seat, r in result["seats"].items():
             log.info("  %s", seat_line(seat, r))
     judges = play_judges(cfg, policy, record)
+    positions = play_positions(cfg, policy, record)
     play_built_in_player(cfg, policy, checkpoint, record)
     log.info("checkpoint: %s  (.venv/bin/python run.py evaluate --checkpoint %s --opponent %s)", checkpoint, checkpoint,
              "tactical" if board else "random")
     if history > 0:
         opponents = ("tactical", strongest[policy.spec.name]) if board else ("random",)
         record["over_training"] = play_earlier_policies(cfg, run_dir, record, opponents, history, history_games,
-                                                        judges[:1])
+                                                        judges[:1], positions)
     record_final_evaluation(cfg, run_dir, record)
 
 
@@ -86,22 +89,41 @@ def play_judges(cfg: Config, policy, record: dict) -> tuple[str, ...]:
     return judges
 
 
+def play_positions(cfg: Config, policy, record: dict) -> int:
+    """Connect four: the final policy's greedy move in `evaluation.positions` seeded positions, scored by the
+    solver (evaluation/positions.py), kept in `record` as `positions` and logged. Returns the count played
+    (0 for other games or where `evaluation.positions` is 0)."""
+    count = cfg.evaluation.positions if cfg.env.name in SOLVER_GAMES else 0
+    if count <= 0:
+        return 0
+    start = time.monotonic()
+    record["positions"] = evaluate_positions(policy, cfg.env.name, count)
+    lines = positions_lines(record["positions"])
+    log.info("held out: %s (%.0f s)", lines[0], time.monotonic() - start)
+    for line in lines[1:]:
+        log.info("%s", line)
+    return count
+
+
 def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: tuple[str, ...], count: int,
-                   games: int, judges: tuple[str, ...] = ()) -> list[dict]:
+                   games: int, judges: tuple[str, ...] = (), positions: int = 0) -> list[dict]:
     """Up to `count` earlier policies of the run (a league's snapshots of the main agent, else the copies in
-    checkpoints/history/) against `opponents` and `judges`, `games` per seat (evaluation/over_training.py),
-    then the final checkpoint's results from `record`: the list kept as `over_training` in evaluation.json."""
+    checkpoints/history/) against `opponents` and `judges`, `games` per seat, and their moves in `positions`
+    solved positions (evaluation/over_training.py), then the final checkpoint's results from `record`: the
+    list kept as `over_training` in evaluation.json."""
     if cfg.league.enabled:
         candidates = sorted((run_dir / "league" / "snapshots").glob(f"{MAIN}-*.safetensors"))
     else:
         candidates = history_files(checkpoint_dir(run_dir, MAIN))
     start = time.monotonic()
     entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games,
-                                     judges=judges)
+                                     judges=judges, positions=positions)
     final = {"checkpoint": record["checkpoint"], "step": record["step"], "frames": record["frames"],
              "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
     if judges:
         final["judges"] = {j: record["judges"][j] for j in judges}
+    if positions:
+        final["positions"] = record["positions"]
     if "built_in_player" in record:
         built_in_over_training(entries, record["built_in_player"])
         final["built_in_player"] = record["built_in_player"]
@@ -115,6 +137,11 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
         for opponent, seats in {**entry["opponents"], **entry.get("judges", {})}.items():
             log.info("  update %s%s, %s agent steps, vs %s: %s", entry["step"], " (final)" if entry is final else "",
                      f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
+        if "positions" in entry:
+            r = entry["positions"]["all"]
+            log.info("  update %s%s, %s agent steps, solver's positions: optimal %.1f%%, blunder %.1f%% of %d",
+                     entry["step"], " (final)" if entry is final else "", f"{entry['frames'] or 0:,}",
+                     100 * r["optimal"], 100 * r["blunder"], r["positions"])
         if "built_in_player" in entry:
             r = entry["built_in_player"]
             log.info("  update %s%s, %s agent steps, in %s vs the built-in player: mean return %+.1f over %d games",

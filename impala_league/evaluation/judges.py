@@ -21,6 +21,9 @@ Seeds. Game k of a judge seeded s gets a fresh ``MCTSBot`` whose search and roll
 Cost on one core (connect four, early moves): ``mcts:100`` 0.03 s a move, ``mcts:400`` 0.11 s,
 ``mcts:1600`` 0.43 s; tic-tac-toe ``mcts:1600`` 0.05 s.
 
+The other judge kind is the perfect player of connect four, ``solver`` and ``solver:E`` (evaluation/solver.py);
+``is_judge_spec`` and ``check_judges`` cover both kinds.
+
 This module imports OpenSpiel only when a judge is built (``require_openspiel``): specs are parsed
 and checked without it.
 """
@@ -34,11 +37,14 @@ from typing import Sequence
 import numpy as np
 
 from impala_league.config import UserError
+from impala_league.evaluation.solver import SOLVER_FORM, is_solver_spec, parse_solver, require_bitbully
 
 JUDGE_KIND = "mcts"
 """The judge kind of a spec ``mcts:N``."""
 JUDGE_FORM = "mcts:N"
-"""How a judge spec is written: N simulations a move, in [1, ``MAX_SIMULATIONS``]."""
+"""How an MCTS judge spec is written: N simulations a move, in [1, ``MAX_SIMULATIONS``]."""
+JUDGE_FORMS = f"{JUDGE_FORM}, {SOLVER_FORM}"
+"""Every judge's form: OpenSpiel's MCTS, and connect four's solver (evaluation/solver.py)."""
 MAX_SIMULATIONS = 100_000
 """The most simulations a move: connect four at 100,000 would take about 30 s a move."""
 UCT_C = 2.0
@@ -84,8 +90,18 @@ class OpenSpielMissing(UserError, ImportError):
 
 
 def is_judge_spec(spec: str) -> bool:
-    """True if ``spec`` names a judge kind (``mcts`` or ``mcts:...``), valid or not (``parse_judge``)."""
-    return spec == JUDGE_KIND or spec.startswith(JUDGE_KIND + ":")
+    """True if ``spec`` names a judge kind (``mcts``, ``mcts:...``, ``solver``, ``solver:...``), valid or not
+    (``check_judge_spec``)."""
+    return spec == JUDGE_KIND or spec.startswith(JUDGE_KIND + ":") or is_solver_spec(spec)
+
+
+def check_judge_spec(spec: str, env_name: str) -> None:
+    """Raise ValueError, one line naming the valid form, unless ``spec`` is a judge that plays ``env_name``
+    (``parse_judge`` for ``mcts:N``, ``solver.parse_solver`` for the solver); nothing is imported."""
+    if is_solver_spec(spec):
+        parse_solver(spec, env_name)
+    else:
+        parse_judge(spec, env_name)
 
 
 def parse_judge(spec: str, env_name: str) -> int:
@@ -114,8 +130,8 @@ def resolve_judges(judges: Sequence[str] | None, env_name: str) -> tuple[str, ..
 
 def check_judges(judges: Sequence[str], env_name: str, league_bots: Sequence[str],
                  judges_from: str = "evaluation.judges") -> None:
-    """The rules of a judge list: each ``mcts:N`` valid for the game (``parse_judge``), none named twice,
-    and none a training opponent: no judge and no ``mcts:*`` in ``league_bots``. ``judges_from`` names
+    """The rules of a judge list: each judge valid for the game (``check_judge_spec``), none named twice,
+    and none a training opponent: no judge and no ``mcts:*`` or ``solver*`` in ``league_bots``. ``judges_from`` names
     where the list came from (the config key or a command's option), for the error.
 
     Other bot specs (``minimax:4``) may be judges too; the caller checks them with the bots' own rules.
@@ -125,9 +141,9 @@ def check_judges(judges: Sequence[str], env_name: str, league_bots: Sequence[str
     """
     for spec in judges:
         if is_judge_spec(spec):
-            parse_judge(spec, env_name)
+            check_judge_spec(spec, env_name)
         if list(judges).count(spec) > 1:
-            raise ValueError(f"judge {spec!r} is named twice; list each judge once ({JUDGE_FORM})")
+            raise ValueError(f"judge {spec!r} is named twice; list each judge once ({JUDGE_FORMS})")
     for bot in league_bots:
         if is_judge_spec(bot) or bot in judges:
             raise ValueError(f"league.bots: {bot!r} is a judge, and a judge is never a training opponent (the "
@@ -149,6 +165,19 @@ def require_openspiel():
         raise OpenSpielMissing(f"the {JUDGE_FORM} judges need OpenSpiel, which is not installed ({e}): "
                                f"run .venv/bin/python -m pip install {OPENSPIEL_PIN} (or scripts/bootstrap.sh)") from None
     return pyspiel, mcts
+
+
+def require_judge_packages(judges: Sequence[str], positions: bool = False) -> None:
+    """Import what the judges among ``judges`` need (OpenSpiel for ``mcts:N``, BitBully for the solver, and
+    BitBully with ``positions``, the solver's positions evaluation), so that a run fails before it trains.
+
+    Raises:
+      OpenSpielMissing, solver.SolverMissing: naming the install command.
+    """
+    if any(is_judge_spec(j) and not is_solver_spec(j) for j in judges):
+        require_openspiel()
+    if positions or any(map(is_solver_spec, judges)):
+        require_bitbully()
 
 
 class MCTSJudge:

@@ -20,6 +20,7 @@ import numpy as np
 from impala_league.agents.checkpoint import CheckpointError, read_meta
 from impala_league.agents.policy import load_policy
 from impala_league.evaluation.evaluate import evaluate
+from impala_league.evaluation.positions import evaluate_positions
 
 log = logging.getLogger("evaluation")
 
@@ -51,14 +52,15 @@ def earlier_policies(paths: Iterable[Path], before_step: int | None, count: int)
 
 
 def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Sequence[str], games: int,
-                           seed: int = 0, judges: Sequence[str] = ()) -> list[dict]:
+                           seed: int = 0, judges: Sequence[str] = (), positions: int = 0) -> list[dict]:
     """Each policy of `policies` (path, meta), greedy, against each bot of `opponents` and each judge of
-    `judges` (evaluation/judges.py) in every seat.
+    `judges` (evaluation/judges.py) in every seat, and with `positions` > 0 its moves in that many solved
+    positions (evaluation/positions.py; seed 0, the final policy's set).
 
     Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `frames` (agent steps
     trained on; None where the meta lacks them), `games` (per seat and opponent) and `opponents`:
     {opponent: {seat name: `MatchResult.as_dict()`}}, the shape of evaluation.json's `opponents`, and with
-    `judges` also `judges` of the same shape. Every
+    `judges` also `judges` of the same shape, with `positions` also `positions` (`evaluate_positions`'s). Every
     policy plays the same games (`seed`), so differences come from the policies alone. A policy whose
     file is missing, corrupt or not a policy of this project is left out with a warning: the final
     evaluation is kept without it.
@@ -74,5 +76,7 @@ def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Seq
                  "opponents": {opponent: evaluate(policy, opponent, games, seed)["seats"] for opponent in opponents}}
         if judges:
             entry["judges"] = {judge: evaluate(policy, judge, games, seed)["seats"] for judge in judges}
+        if positions:
+            entry["positions"] = evaluate_positions(policy, policy.spec.name, positions)
         out.append(entry)
     return out

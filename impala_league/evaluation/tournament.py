@@ -129,12 +129,13 @@ def _run_dir_players(run_dir: Path, source: str) -> list[Player]:
     return players
 
 
-def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str, list[Player]]:
+def resolve_players(specs: list[str], env_name: str | None = None, minimum: int = 2) -> tuple[str, list[Player]]:
     """Expand player specs (see the module docstring) into players of one env.
 
     Args:
       specs: player specs, in the order their players are listed.
       env_name: the env to play; None = the env of the checkpoints (needed when all are bots).
+      minimum: the fewest players the specs must give (a tournament's 2).
 
     Returns:
       (env name, players with unique names). A file reached twice (e.g. a snapshot given both
@@ -144,13 +145,13 @@ def resolve_players(specs: list[str], env_name: str | None = None) -> tuple[str,
       PlayerError naming the spec: unknown bot or bad bot parameters, missing or corrupt file,
         a directory without checkpoints, checkpoints of different envs (or of another env than
         `env_name`, or with other env kwargs), only bots and no `env_name`, the same bot twice, or
-        fewer than 2 players.
+        fewer than `minimum` players.
     """
     players = [player for spec in specs for player in _expanded(spec)]
     env_name = _one_env(players, env_name)
     named = _named(_unique(players, env_name))
-    if len(named) < 2:
-        raise PlayerError(f"a tournament needs at least 2 players; {specs} gave {len(named)}")
+    if len(named) < minimum:
+        raise PlayerError(f"a tournament needs at least {minimum} players; {specs} gave {len(named)}")
     return env_name, named
 
 

@@ -140,7 +140,7 @@ def test_names_met_twice_are_numbered(tmp_path):
 
 
 @pytest.mark.parametrize("specs, env, message", [
-    (["random", "alphazero"], "tictactoe", r"player 'alphazero': not a bot \(random, tactical, minimax:D, mcts:N\)"),
+    (["random", "alphazero"], "tictactoe", r"player 'alphazero': not a bot \(random, tactical, minimax:D, mcts:N, solver or solver:E\)"),
     (["random", "minimax:0"], "tictactoe", r"player 'minimax:0': bot 'minimax:0': depth 0 is out of range"),
     (["random", "minimax:9"], "connect_four", r"player 'minimax:9'.*choose 1..8"),
     (["random", "tactical"], None, r"only bots were given: name the game with --env"),
