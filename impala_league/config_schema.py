@@ -142,11 +142,16 @@ class RunConfig:
                             "draws its curves with a dozen points)", low=0, low_open=True)
     redis_retry_s: float = _f(60.0, "seconds a process retries a lost Redis connection (backoff up to 2 s) "
                               "before it exits", low=0, high=86_400)
-    max_restarts: int = _f(20, "restarts of crashed children (actors, league manager, exploiter learners) that "
-                           "`run.py train` and `run.py actors` allow within any run.restart_window_s seconds, all "
-                           "children together; one more is a crash loop: every child is stopped, exit 1", low=0)
+    max_restarts: int = _f(20, "restarts of each crashed child (an actor, the league manager, an exploiter "
+                           "learner) that `run.py train` and `run.py actors` allow within any run.restart_window_s "
+                           "seconds, counting only its crashes within run.crash_loop_s of its (re)start; one more "
+                           "is a crash loop: every child is stopped, exit 1", low=0)
     restart_window_s: float = _f(600.0, "seconds of the sliding window run.max_restarts counts in: a crash "
                                  "older than this no longer counts", low=0, low_open=True)
+    crash_loop_s: float = _f(60.0, "a child's crash within this many seconds of its (re)start counts toward its "
+                             "run.max_restarts (a crash loop); one after a longer run is restarted without counting, "
+                             "so one event that ends many long-running children (a lost node) stops nothing",
+                             low=0, low_open=True)
     lease_ttl_s: float = _f(10.0, "seconds a lease on Redis (launcher, learner, league manager, actor id) outlives "
                             "its holder's last refresh; a process taking a held one waits this long (+1 s) first",
                             low=0.1, high=3_600)

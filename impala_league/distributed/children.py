@@ -180,8 +180,9 @@ def _restart_args(role: str, args: list[str]) -> list[str]:
 
 
 def restart_budget(cfg: Config) -> RestartBudget:
-    """The supervisors' restart rule from the config (run.max_restarts per run.restart_window_s)."""
-    return RestartBudget(cfg.run.max_restarts, cfg.run.restart_window_s)
+    """The supervisors' restart rule from the config: per child, run.max_restarts per run.restart_window_s
+    of the crashes within run.crash_loop_s of its start."""
+    return RestartBudget(cfg.run.max_restarts, cfg.run.restart_window_s, cfg.run.crash_loop_s)
 
 
 class Stop(NamedTuple):
@@ -198,8 +199,9 @@ class Workers:
     commands: name -> (role, extra arguments, niceness), as `worker_commands` makes them; a child is
     `run.py ROLE [--config config_path] ARGS` (`spawn`, which also makes it die with this process).
     A child that exits before the run is over (the run's done key unset), whatever its code, is started
-    again: an actor once its id lease is released (`_release_dead_actor_id`), a learner or league
-    manager with --resume (`_restart_args`). A child that exits once the run is over stays ended.
+    again, within its own restart budget (`RestartBudget`: only a crash soon after its start counts): an
+    actor once its id lease is released (`_release_dead_actor_id`), a learner or league manager with
+    --resume (`_restart_args`). A child that exits once the run is over stays ended.
     `poll` says when all must stop instead (`Stop`).
     """
 
@@ -211,14 +213,16 @@ class Workers:
         self.client = client
         self.run = run
         self.view = view
-        self.budget = budget  # restarts of all children together, per window of time
+        self.budget = budget  # restarts of each child, per window of time
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}  # name -> when (the budget's clock) it was last started
         self.ended: set[str] = set()  # names of children that exited once the run was over
 
     def start(self) -> None:
         """Start every child (`self.procs`: name -> process)."""
         for name, (role, args, nice) in self.commands.items():
             self.procs[name] = spawn(role, self.config_path, self.redis_url, args, nice, self.view)
+            self.started[name] = self.budget.clock()
 
     def alive(self) -> list[str]:
         """The names of the children that are running now."""
@@ -227,7 +231,7 @@ class Workers:
     def poll(self) -> Stop | None:
         """Look at every child once and restart those that exited before the run is over. Returns a Stop
         when every child must be stopped: one exited with USER_ERROR_EXIT (a config or file error, which
-        a restart would meet again: code USER_ERROR_EXIT), a restart was over the budget (a crash loop),
+        a restart would meet again: code USER_ERROR_EXIT), a child's restart was over its budget (a crash loop),
         or Redis, which says whether the run is over, did not answer (code 1); else None."""
         for name, proc in list(self.procs.items()):
             code = proc.poll()
@@ -244,8 +248,8 @@ class Workers:
             if code == USER_ERROR_EXIT:  # a config or file error: restarting won't help
                 return Stop(USER_ERROR_EXIT,
                             f"{name} (pid {proc.pid}) failed with an error that a restart cannot fix (see above)")
-            if not self.budget.take():
-                return Stop(1, f"{name} (pid {proc.pid}) {describe_exit(code)}: {self.budget.describe()}; "
+            if not self.budget.take(name, self.budget.clock() - self.started[name]):
+                return Stop(1, f"{name} (pid {proc.pid}) {describe_exit(code)}: {self.budget.describe(name)}; "
                                "giving up on a crash loop (see the errors above)")
             # Redis unreachable at start (an embedded one restarting) is worth a restart too.
             log.warning("%s (pid %d) exited with code %s%s; restarting it", name, proc.pid, code,
@@ -254,5 +258,6 @@ class Workers:
             _release_dead_actor_id(self.client, self.run, role, args, proc.pid)
             self.commands[name] = (role, _restart_args(role, args), nice)
             self.procs[name] = spawn(role, self.config_path, self.redis_url, self.commands[name][1], nice, self.view)
+            self.started[name] = self.budget.clock()
             log.info("%s restarted (pid %d)", name, self.procs[name].pid)
         return None
