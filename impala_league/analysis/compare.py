@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 import time
@@ -155,11 +156,30 @@ def _mean(values: list) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def _check_finite(values, caller: str) -> None:
+    """Raise ValueError where a value is NaN or infinite: a statistic over seeds would be meaningless."""
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{caller}: value {bad[0]} ({values[bad[0]]}) is not finite; leave that seed out "
+                         "(`finite_seeds`)")
+
+
+def finite_seeds(per_seed: list[float | None], seeds: list | None = None) -> tuple[list[float], list]:
+    """The values of `per_seed` (one per seed, None where a seed had none) that every statistic over seeds
+    uses: the finite ones; and the seeds left out, whose value is NaN or infinite (named by `seeds`, in the
+    order of `per_seed`; by position without it)."""
+    names = list(range(len(per_seed))) if seeds is None else list(seeds)
+    used = [v for v in per_seed if v is not None and math.isfinite(v)]
+    return used, [names[i] for i, v in enumerate(per_seed) if v is not None and not math.isfinite(v)]
+
+
 def mean_and_interval(values: list[float | None]) -> tuple[float | None, float | None]:
     """Mean over the seeds of the values present (None: that seed had no score) and the half-width of
     its CONFIDENCE interval, Student t with n - 1 degrees of freedom: t(0.975, n - 1) * s / sqrt(n),
-    s the sample standard deviation. The half-width is None below two values (no spread to measure)."""
+    s the sample standard deviation. The half-width is None below two values (no spread to measure).
+    Raises ValueError for a value that is not finite (`finite_seeds` leaves such seeds out)."""
     present = [v for v in values if v is not None]
+    _check_finite(present, "mean_and_interval")
     if not present:
         return None, None
     mean = float(np.mean(present))
@@ -197,8 +217,9 @@ def bootstrap_interval(values: list[float], statistic=iqm, resamples: int = BOOT
     plain bootstrap over seeds. rng: a numpy generator (anything with `choice`); default
     `np.random.default_rng(BOOTSTRAP_SEED)`, new for every call. `np.random.RandomState(s)` draws
     the indices rliable draws after `np.random.seed(s)`. None below two values (one run: nothing
-    to resample)."""
+    to resample). Raises ValueError for a value that is not finite (`finite_seeds` leaves them out)."""
     x = np.asarray(values, dtype=float)
+    _check_finite(x.tolist(), "bootstrap_interval")
     if x.size < 2:
         return None
     rng = np.random.default_rng(BOOTSTRAP_SEED) if rng is None else rng
@@ -207,22 +228,24 @@ def bootstrap_interval(values: list[float], statistic=iqm, resamples: int = BOOT
     return float(low), float(high)
 
 
-def score_statistics(per_seed: list[float | None]) -> dict:
-    """A score over seeds (`per_seed`: one value per seed, None where that seed had none): `mean` and
-    `ci95` (the Student-t half-width, see `mean_and_interval`), `seeds` (how many had a value),
-    `iqm` and `iqm_ci95` ([low, high], see `bootstrap_interval`; None below two seeds)."""
-    present = [v for v in per_seed if v is not None]
+def score_statistics(per_seed: list[float | None], seeds: list | None = None) -> dict:
+    """A score over seeds (`per_seed`: one value per seed, None where that seed had none; `seeds`: their
+    names, see `finite_seeds`): `mean` and `ci95` (the Student-t half-width, see `mean_and_interval`),
+    `seeds` (how many had a finite value: those counted), `iqm` and `iqm_ci95` ([low, high], see
+    `bootstrap_interval`; None below two seeds), `left_out` (the seeds whose value is NaN or infinite)."""
+    present, left_out = finite_seeds(per_seed, seeds)
     mean, half = mean_and_interval(present)
     interval = bootstrap_interval(present)
     return {"mean": mean, "ci95": half, "seeds": len(present), "iqm": float(iqm(present)) if present else None,
-            "iqm_ci95": list(interval) if interval else None}
+            "iqm_ci95": list(interval) if interval else None, "left_out": left_out}
 
 
 def add_score(variant: dict, key: str, per_seed: list[float | None]) -> None:
     """Put a score over seeds into a variant's row of a summary: `key` (the mean over the seeds with a
-    value), `<key>_ci95`, `<key>_seeds`, `<key>_iqm`, `<key>_iqm_ci95` (see `score_statistics`) and
-    `<key>_per_seed` (`per_seed` as given, None where a seed had no value)."""
-    stats = score_statistics(per_seed)
+    value), `<key>_ci95`, `<key>_seeds`, `<key>_iqm`, `<key>_iqm_ci95`, `<key>_left_out` (see
+    `score_statistics`; the seeds named as in the row's `seeds`) and `<key>_per_seed` (`per_seed` as
+    given, None where a seed had no value)."""
+    stats = score_statistics(per_seed, variant.get("seeds"))
     variant[key] = stats.pop("mean")
     variant.update({f"{key}_{k}": value for k, value in stats.items()})
     variant[f"{key}_per_seed"] = per_seed
@@ -313,8 +336,9 @@ def score_text(mean: float, half: float | None, digits: int | None = None) -> st
 def seeds_text(per_seed: list[float | None], digits: int | None = None) -> str:
     """A value over seeds as one table cell: `score_text` of the values present (`mean_and_interval`),
     then each seed's value, `-` where a seed had none: [1.0, 0.98, None] -> `0.990 ± 0.127 (1.000, 0.980, -)`.
-    One seed reads `0.500 (one run)`; `none` when no seed has a value. digits: as in `score_text`."""
-    present = [v for v in per_seed if v is not None]
+    One seed reads `0.500 (one run)`; `none` when no seed has a value. A NaN or infinite value is shown
+    but left out of the mean (`finite_seeds`). digits: as in `score_text`."""
+    present = finite_seeds(per_seed)[0]
     if not present:
         return "none"
     mean, half = mean_and_interval(present)
@@ -354,7 +378,11 @@ def seeds_rows(summary: dict) -> list[list[str]]:
             mean, half, centre, interval = v[key], v[f"{key}_ci95"], v[f"{key}_iqm"], v[f"{key}_iqm_ci95"]
             digits = _decimals(mean, half, centre, *(interval or ()))
             number = f"{{:.{digits}f}}".format
-            rows.append([name, titles[key], str(v[f"{key}_seeds"]),
+            left_out = v.get(f"{key}_left_out") or []
+            counted = str(v[f"{key}_seeds"]) + (f" (seed{'s' if len(left_out) > 1 else ''} "
+                                                f"{', '.join(map(str, left_out))} left out: not finite)"
+                                                if left_out else "")
+            rows.append([name, titles[key], counted,
                          number(mean) + (" (one run)" if half is None else f" ± {number(half)}"), number(centre),
                          "one run: none" if interval is None else f"[{number(interval[0])}, {number(interval[1])}]",
                          ", ".join("-" if x is None else number(x) for x in v[f"{key}_per_seed"])])

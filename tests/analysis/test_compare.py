@@ -308,3 +308,25 @@ def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
     assert any(not torch.equal(initial[k], v) for k, v in model_state(tensors).items())
     records = load_run(a3c_dir).records
     assert records and records[-1]["dead_letters"] == 0 and all(r["policy_lag"] >= 0 for r in records)
+
+
+def test_a_seed_whose_score_is_not_finite_is_left_out_and_named(tmp_path):
+    # 5 seeds of constant returns 0.5, 0.6, 0.7, nan, 0.8: the statistics are those of the 4 finite ones.
+    returns = [0.5, 0.6, 0.7, float("nan"), 0.8]
+    runs = [_fake_run(tmp_path, f"nan-seed{seed}", 1000.0, [(t, 100 * t, 10, r) for t in (10, 20, 30)], seed)
+            for seed, r in enumerate(returns)]
+    out = write_outputs({"nan": runs}, tmp_path)
+    v = out["variants"]["nan"]
+    finite = [x for x in v["final_score_per_seed"] if not np.isnan(x)]  # the means of 0.5, 0.6, 0.7, 0.8
+    assert len(finite) == 4 and v["final_score_seeds"] == 4 and v["final_score_left_out"] == [3]
+    assert v["final_score"] == pytest.approx(0.65) and v["final_score_iqm"] == pytest.approx(0.65)
+    assert v["final_score_ci95"] == pytest.approx(mean_and_interval(finite)[1])
+    assert v["final_score_iqm_ci95"] == list(bootstrap_interval(finite))
+    table = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "| nan | final score | 4 (seed 3 left out: not finite) | 0.650 ± " in table and "[nan" not in table
+    assert "0.650 ± 0.205 (4 of 5 seeds)" in table  # t(0.975, 3) = 3.182, s = 0.1291
+    assert seeds_text(returns) == "0.650 ± 0.205 (0.500, 0.600, 0.700, nan, 0.800)"
+    with pytest.raises(ValueError, match="not finite"):
+        bootstrap_interval([0.5, float("inf")])
+    with pytest.raises(ValueError, match="not finite"):
+        mean_and_interval([0.5, float("nan")])
