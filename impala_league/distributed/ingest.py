@@ -145,9 +145,15 @@ class BatchReader:
         return ids, headers, payloads
 
     def dead_letter(self, entry_id: ShardEntry | bytes, data: bytes, reason: str) -> None:
-        """Move a rejected entry to the dead-letter stream with `reason`."""
+        """Move a rejected entry to the dead-letter stream with `reason`, prefixed with the stream and the
+        entry it came from, so the log line and the dead-letter record say where it was read."""
+        if isinstance(entry_id, ShardEntry):
+            stream, entry = self.trajectories.streams[entry_id.shard].key, entry_id.id.decode()
+        else:
+            stream, entry = self.trajectories.key, entry_id.decode()
+        reason = f"stream {stream} entry {entry}: {reason}"
         self.trajectories.dead_letter(entry_id, data, reason)
-        log.warning("dead-lettered stream entry %s: %s", entry_id.decode(), reason)
+        log.warning("dead-lettered %s", reason)
 
     def release(self, ids: list) -> None:
         """These entries are acked (or given back): no longer in flight."""

@@ -133,3 +133,33 @@ def test_the_update_runs_while_the_next_batch_is_read(tmp_path, redis_client, re
     reads = [t for n, k, t in events if n == "ingest" and k == "start"]
     assert len(updates) >= 4
     assert any(s < r < e for s, e in updates for r in reads)
+
+
+@pytest.mark.redis
+def test_an_entry_with_bytes_after_a_zstd_frame_is_dead_lettered_and_the_others_train(tmp_path, redis_client,
+                                                                                       redis_url, run_name):
+    """Among four good compressed entries, one whose reward frame has a byte after it: the four make two
+    batches of B = 2, the bad one is in the dead-letter stream with a reason naming stream and entry."""
+    import msgpack
+
+    from impala_league.distributed.learner import Learner
+
+    key = f"{run_name}:traj"
+    good = [encode(valid_unroll(r), compression="zstd") for r in (1.0, -1.0, 0.5, 0.25)]
+    msg = msgpack.unpackb(encode(valid_unroll(9.0), compression="zstd"), raw=False)
+    msg["arrays"]["reward"][2] += b"\x00"
+    bad = msgpack.packb(msg, use_bin_type=True)
+    ids = [redis_client.xadd(key, {"data": data}) for data in (good[0], bad, *good[1:])]
+    learner = Learner(small_config(run_name, tmp_path), redis_url, tmp_path / run_name)
+    learner.ingest.trajectories.ensure_group()
+    batches = [learner.ingest.next_batch() for _ in range(2)]
+    assert [np.asarray(b[2].batch.reward[0]).tolist() for b in batches] == [[1.0, -1.0], [0.5, 0.25]]
+    for batch_ids, headers, _ in batches:
+        learner.acknowledge(batch_ids, headers)
+    [(_, fields)] = redis_client.xrange(f"{run_name}:deadletter")
+    assert fields[b"entry_id"] == ids[1] and fields[b"data"] == bad
+    assert fields[b"reason"].decode() == (f"stream {key} entry {ids[1].decode()}: array 'reward' has 1 byte after "
+                                          "its zstd frame")
+    assert TrajectoryStream(redis_client, run_name).accounting() == {
+        "produced": 0, "trained": 4, "dead_lettered": 1, "backlog": 0, "throttled_s": 0.0, "env_steps": 0}
+    learner.metrics.close()

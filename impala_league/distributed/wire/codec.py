@@ -8,15 +8,16 @@ few numpy views, where n entries cost n of each: per-entry work is what limits a
 The decoder trusts nothing: it checks the schema, that exactly the expected arrays are present with the
 whitelisted dtype and the shape the config and the header's `unrolls` imply (before touching the bytes,
 so a huge declared shape allocates nothing), that a zstd frame declares exactly the bytes that shape
-needs (before decompressing it, so a decompression bomb allocates nothing either), that floats are
-finite, and that actions, masks and done flags are in range. An entry with one invalid unroll is
-rejected whole (it is acked or dead-lettered as one).
+needs (before decompressing it, so a decompression bomb allocates nothing either) and is followed by
+nothing (no byte, no second frame), that floats are finite, and that actions, masks and done flags are
+in range. An entry with one invalid unroll is rejected whole (it is acked or dead-lettered as one).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 SCHEMA = "impala-unroll/4"  # 2: `truncated`, `final_obs`, header `compression`; 3: n unrolls per entry;
 # 4: the recurrent core's `core_state`, `last_action`, `last_reward`
 MAX_MESSAGE_BYTES = 64 << 20  # refuse anything larger before parsing it, or decompressing to it
+UNUSED_DATA = re.compile(r"contains (\d+) bytes of unused data")  # zstandard's error for bytes after the frame
 
 
 class DecodeError(ValueError):
@@ -352,7 +354,8 @@ def _decode_array(name: str, item: Any, dtype: np.dtype, shape: tuple[int, ...],
 
 def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
     """The `nbytes` bytes in zstd `frame`; the size the frame declares is checked before anything is
-    allocated for it. Raises DecodeError for a frame that is corrupt or declares another size."""
+    allocated for it. Raises DecodeError for a frame that is corrupt, declares another size, or is
+    followed by anything (a byte, a second frame: our encoder writes one frame an array, nothing after)."""
     try:
         declared = zstandard.frame_content_size(frame)
     except zstandard.ZstdError as e:
@@ -362,8 +365,13 @@ def _decompress(name: str, frame: bytes, nbytes: int) -> bytes:
     if "decompressor" not in _zstd.__dict__:
         _zstd.decompressor = zstandard.ZstdDecompressor()
     try:
-        return _zstd.decompressor.decompress(frame, max_output_size=nbytes)
+        return _zstd.decompressor.decompress(frame, max_output_size=nbytes, allow_extra_data=False)
     except zstandard.ZstdError as e:
+        extra = UNUSED_DATA.search(str(e))
+        if extra:
+            count = int(extra.group(1))
+            raise DecodeError(f"array '{name}' has {count} byte{'s' if count != 1 else ''} after its zstd "
+                              "frame") from None
         raise DecodeError(f"array '{name}' does not decompress: {e}") from None
 
 

@@ -463,3 +463,15 @@ def test_corrupt_weights_raise_safetensor_error_as_documented():
 
     with pytest.raises(SafetensorError):
         decode_weights(b"definitely not safetensors")
+
+
+SECOND_FRAME = zstandard.ZstdCompressor().compress(bytes(range(64)))  # a whole zstd frame of its own
+
+
+@pytest.mark.parametrize("extra", [b"\x00", b"\x28\xb5\x2f\xfd\x00\x00\x00\x00", SECOND_FRAME],
+                         ids=["1 byte", "8 bytes", "a second frame"])
+def test_bytes_after_a_compressed_array_s_frame_are_refused(extra):
+    frame = zstandard.ZstdCompressor().compress(UNROLL["obs"].tobytes())
+    assert decode_unroll(zstd_tamper("obs", frame), USPEC)[1]["obs"].tobytes() == UNROLL["obs"].tobytes()
+    with pytest.raises(DecodeError, match=rf"^array 'obs' has {len(extra)} bytes? after its zstd frame"):
+        decode_unroll(zstd_tamper("obs", frame + extra), USPEC)
