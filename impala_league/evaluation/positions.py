@@ -11,6 +11,11 @@ play on). Of the positions the mover has not already lost (some move keeps a win
 *blunder* when it turns a won or drawn position lost; a won position turned drawn is neither and is
 counted apart. Each rate comes with its 95% Wilson interval, over all positions and by phase: plies
 0-9, 10-19 and 20 and more (``PHASES``).
+
+A feedforward policy's baseline V(x) is also set against the solved result of every position (+1 won,
+0 drawn, -1 lost for the mover; ``value_error``): with learner.discount 1 and a terminal reward of +-1,
+V estimates the expected result under the policy's own play, so its error says how well the network
+reads a position, apart from how it moves.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from impala_league.agents.policy import Policy
 from impala_league.evaluation.bots import CONNECT_FOUR, TO_MOVE, OPPONENT, TacticalBot
@@ -147,6 +153,21 @@ def score_moves(positions: Positions, values: np.ndarray, moves: np.ndarray) -> 
                        for name, low, high in PHASES}}
 
 
+def value_error(policy: Policy, positions: Positions, values: np.ndarray) -> dict | None:
+    """The policy's baseline V(x) of each position against its solved result r (+1, 0, -1 for the mover):
+    {"mae": mean |V - r|, "sign_agreement": share of positions not drawn where sign V = r, "mean_value"},
+    over all positions; None for a recurrent policy (its value depends on the game that led there)."""
+    if policy.recurrent:
+        return None
+    with torch.no_grad():
+        _, baseline, _ = policy.model.step(torch.as_tensor(positions.observations),
+                                           torch.as_tensor(positions.action_masks), None)
+    v, result = baseline.numpy().astype(np.float64), np.sign(values.max(1))
+    decided = result != DRAW
+    return {"mae": float(np.abs(v - result).mean()), "mean_value": float(v.mean()),
+            "sign_agreement": float((np.sign(v[decided]) == result[decided]).mean()) if decided.any() else None}
+
+
 _SOLVED: dict[tuple[int, int], tuple[Positions, np.ndarray]] = {}
 
 
@@ -172,8 +193,11 @@ def evaluate_positions(player, env_name: str, count: int, seed: int = 0, greedy:
                          f"not {env_name}")
     check_count(count)
     positions, values = solved_positions(count, seed)
-    return {"count": count, "seed": seed, "greedy": greedy, **score_moves(positions, values,
-                                                                         player_moves(player, positions, greedy))}
+    result = {"count": count, "seed": seed, "greedy": greedy,
+              **score_moves(positions, values, player_moves(player, positions, greedy))}
+    if isinstance(player, Policy):
+        result["value"] = value_error(player, positions, values)
+    return result
 
 
 def positions_lines(result: dict) -> list[str]:
@@ -186,6 +210,9 @@ def positions_lines(result: dict) -> list[str]:
         return (f"{name}: optimal {r['optimal']:.1%} [{ol:.1%}, {oh:.1%}]  blunder {r['blunder']:.1%} "
                 f"[{bl:.1%}, {bh:.1%}]  won to drawn {r['win_to_draw']:.1%}  of {r['positions']}")
 
+    value = result.get("value")
+    tail = [] if not value else [f"  value V(x) against the solved result: mean |V - r| {value['mae']:.3f}, sign "
+                                 f"agreement {value['sign_agreement']:.1%} of the decided positions"]
     head = (f"{result['count']} positions (seed {result['seed']}; {result['lost']} already lost left out), "
             f"{'greedy' if result['greedy'] else 'sampled'} moves scored by the solver:")
-    return [head, "  " + line("all", result["all"])] + ["  " + line(n, r) for n, r in result["phases"].items()]
+    return [head, "  " + line("all", result["all"])] + ["  " + line(n, r) for n, r in result["phases"].items()] + tail
