@@ -2,8 +2,9 @@
 
 Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is one file that
 opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
-the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and
-payoff heatmap, and the final evaluation with, in board games, how earlier policies played the bots.
+the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and the
+main agent's payoff against each opponent, and the final evaluation with, in board games, how earlier
+policies played the bots. The page counts training in agent steps throughout (metrics' `frames` key).
 Per compare output (a folder with compare.json): its tables (the variants; every score over seeds)
 and figures.
 """
@@ -22,13 +23,14 @@ import numpy as np
 
 from impala_league.analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
 from impala_league.config import ConfigError
+from impala_league.league.players import MAIN
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CURVE_KEYS = (*SCORE_KEYS, "first_seat_win_rate", "draw_rate", "episode_length")
 VTRACE_KEYS = ("mean_rho", "rho_clipped_fraction", "c_clipped_fraction")
-MAX_PAYOFF_PLAYERS = 40  # the payoff figure's rows and columns: wider is unreadable (and megapixels per snapshot)
+MAX_PAYOFF_PLAYERS = 40  # the payoff figure's opponents: taller is unreadable (and megapixels per snapshot)
 MAX_ELO_LINES = 12  # the Elo figure's lines: every learner and bot, then the newest snapshots
 
 
@@ -51,15 +53,24 @@ def _png(fig: Figure | None) -> str | None:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
 
-def _mean(records: list[dict], key: str, last: int = 5) -> float | None:
-    values = [r[key] for r in records if key in r][-last:]
-    return float(np.mean(values)) if values else None
+def _median(records: list[dict], key: str) -> float | None:
+    """The median of `key` over the records that have a finite value of it (None without one)."""
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+    return float(np.median(values)) if values else None
+
+
+def learner_device(run: Run) -> str:
+    """The device the learner trained on: the newest record's `learner_device` ('cuda:0', 'cpu'); runs
+    from before that key show learner.device with ' (configured)', since 'auto' says not which one ran."""
+    recorded = [r["learner_device"] for r in run.records if r.get("learner_device")]
+    return recorded[-1] if recorded else f"{run.config.learner.device} (configured)"
 
 
 def figures(run: Run) -> dict[str, float | None]:
-    """The run's own numbers for the diagram (means of the last 5 metrics records): SPS, queue depth,
-    policy lag, and publish rate = weight publishes per second (updates per second between the first
-    and last records, or since the start with one record, / publish_every)."""
+    """The run's own numbers for the diagram, whole-run figures: the median over the metrics records of
+    SPS, queue depth and policy lag (the last records, while the actors stop, are not the run), and
+    publish rate = weight publishes per second (updates per second between the first and last records,
+    or since the start with one record, / publish_every)."""
     recs = run.records
     rate = None
     if len(recs) >= 2 and run.elapsed(recs[-1]) > run.elapsed(recs[0]):
@@ -68,14 +79,15 @@ def figures(run: Run) -> dict[str, float | None]:
         rate = recs[-1]["step"] / run.elapsed(recs[-1])
     if rate is not None:
         rate /= run.config.learner.publish_every
-    return {"sps": _mean(recs, "sps"), "queue_depth": _mean(recs, "queue_depth"),
-            "policy_lag": _mean(recs, "policy_lag"), "publish_rate": rate}
+    return {"sps": _median(recs, "sps"), "queue_depth": _median(recs, "queue_depth"),
+            "policy_lag": _median(recs, "policy_lag"), "publish_rate": rate}
 
 
 def architecture(run: Run) -> Figure:
     """Boxes and arrows: actors -> Redis stream -> learner -> weights -> actors (+ league manager),
-    each labelled with the run's figures. A3C runs show workers, the gradient stream and the
-    parameter server instead."""
+    each labelled with the run's figures (`figures`: medians over the run) and the learner's device as
+    recorded (`learner_device`). A3C runs show workers, the gradient stream and the parameter server
+    instead."""
     plt = _pyplot()
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
@@ -86,11 +98,11 @@ def architecture(run: Run) -> Figure:
         "actors": (0.03, 0.55, f"{'A3C workers' if a3c else 'actors'}\n{cfg.actor.num_actors} processes x "
                    f"{cfg.actor.num_envs} envs\n{cfg.env.name}, T = {cfg.actor.unroll_length}"),
         "stream": (0.37, 0.55, f"Redis stream\n{cfg.run.name}:{'grads' if a3c else 'traj'}\nqueue depth "
-                   f"{fmt(f['queue_depth'], '.1f')}"),
-        "learner": (0.71, 0.55, f"{'parameter server' if a3c else 'learner'}\n{cfg.learner.device}, "
-                    f"B = {1 if a3c else cfg.learner.batch_size}\nSPS {fmt(f['sps'], ',.0f')}"),
+                   f"{fmt(f['queue_depth'], '.1f')} (median)"),
+        "learner": (0.71, 0.55, f"{'parameter server' if a3c else 'learner'}\n{learner_device(run)}, "
+                    f"B = {1 if a3c else cfg.learner.batch_size}\nSPS {fmt(f['sps'], ',.0f')} (median)"),
         "params": (0.37, 0.12, f"weights ({cfg.run.name}:params)\n{fmt(f['publish_rate'], '.2f')} publishes/s\n"
-                   f"policy lag {fmt(f['policy_lag'], '.1f')} updates"),
+                   f"policy lag {fmt(f['policy_lag'], '.1f')} updates (median)"),
     }
     if cfg.league.enabled:
         boxes["league"] = (0.71, 0.12, "league manager\nsnapshots, payoff, Elo, PFSP\n"
@@ -145,12 +157,17 @@ def _lines(run: Run, keys: tuple[str, ...], x: str, title: str, ylabel: str = ""
     present = [k for k in keys if any(r.get(k) not in (None, 0) and (x == "time" or x in r) for r in run.records)]
     if not present:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    # Keys with the same series (rho_clipped_fraction and c_clipped_fraction with both thresholds 1.0) are
+    # one line: a second one on top of it would be named in the legend and never seen.
+    series: dict[tuple, list[str]] = {}
     for k in present:
         recs = [r for r in run.records if k in r and (x == "time" or x in r)]
-        ax.plot(*_broken(run, recs, run.elapsed if x == "time" else (lambda r: r[x]), lambda r: r[k]),
-                ".-", label=k)
+        xy = _broken(run, recs, run.elapsed if x == "time" else (lambda r: r[x]), lambda r: r[k])
+        series.setdefault((tuple(xy[0]), tuple(xy[1])), []).append(k)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for (xs, ys), names in series.items():
+        ax.plot(xs, ys, ".-", label=" = ".join(names))
     ax.set_xlabel(X_AXES[x])
     if x != "time":
         from matplotlib.ticker import EngFormatter  # matplotlib loads with the first figure (_pyplot)
@@ -183,19 +200,60 @@ def throughput(run: Run) -> Figure | None:
     return fig
 
 
+def lag_distribution(records: list[dict]) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """Unrolls per policy lag over `records`, as two arrays indexed by lag (same length): `exact`, from
+    `policy_lag_counts` bins that hold one lag each, and `placed`, the unrolls of a record's last bin where
+    that bin holds "LAG_BINS - 1 or more" (the record's `policy_lag_max` is above it), each record's put at
+    the mean lag of those unrolls, which its `policy_lag` gives exactly: (mean * unrolls - the lags of the
+    other bins) / their count. Also returns the lag where the recorded counts stop (None where no record's
+    did). Records without counts are left out."""
+    from impala_league.distributed.metrics import LAG_BINS
+
+    exact: dict[int, float] = {}
+    placed: dict[int, float] = {}
+    cut = None
+    for r in records:
+        c = r.get("policy_lag_counts") or []
+        last = len(c) - 1
+        top = r.get("policy_lag_max")
+        beyond = last >= 0 and c[last] > 0 and (top > last if top is not None else len(c) >= LAG_BINS)
+        for lag, n in enumerate(c[:last] if beyond else c):
+            exact[lag] = exact.get(lag, 0) + n
+        if not beyond:
+            continue
+        cut = last if cut is None else min(cut, last)
+        mean = r.get("policy_lag")
+        at = last
+        if isinstance(mean, (int, float)) and np.isfinite(mean):
+            at = (mean * sum(c) - sum(lag * n for lag, n in enumerate(c[:last]))) / c[last]
+            at = int(round(min(max(at, last), top if top is not None else max(at, last))))
+        placed[at] = placed.get(at, 0) + c[last]
+    size = max([*exact, *placed], default=-1) + 1
+    out = np.zeros(size), np.zeros(size)
+    for arr, d in zip(out, (exact, placed)):
+        for lag, n in d.items():
+            arr[lag] = n
+    return out[0], out[1], cut
+
+
 def lag_histogram(run: Run) -> Figure | None:
-    """Unrolls (A3C: gradients) per policy lag, summed over the run's `policy_lag_counts`; runs
-    from before that metric show the distribution of the per-record mean lag instead."""
-    counts = [r["policy_lag_counts"] for r in run.records if "policy_lag_counts" in r]
+    """Unrolls (A3C: gradients) per policy lag over the run (`lag_distribution`), the x axis fitted to the
+    lags that occurred; runs from before `policy_lag_counts` show the distribution of the per-record mean
+    lag instead."""
+    exact, placed, cut = lag_distribution(run.records)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    if counts:
-        total = np.zeros(max(len(c) for c in counts))
-        for c in counts:
-            total[:len(c)] += c
-        ax.bar(np.arange(len(total)), total, color="C2")
+    if exact.sum() + placed.sum() > 0:
+        lags = np.arange(len(exact))
+        ax.bar(lags, exact, color="C2", label="unrolls per lag")
+        if cut is not None:
+            ax.bar(lags, placed, bottom=exact, color="C1", hatch="//",
+                   label=f"lag {cut} or more (where the recorded counts stop): a record's unrolls at their mean lag")
+            ax.legend(fontsize=7)
+        used = np.flatnonzero(exact + placed)
+        ax.set_xlim(used[0] - 1, used[-1] + 1)
         ax.set_ylabel("unrolls")
-        ax.set_xlabel("policy lag (learner updates; the last bar: that many or more)")
+        ax.set_xlabel("policy lag (learner updates)")
     elif run.records:
         ax.hist([r["policy_lag"] for r in run.records if r.get("policy_lag") is not None], bins=20, color="C2")
         ax.set_ylabel("metrics records")
@@ -216,11 +274,13 @@ def _elo_lines(ratings: list[dict]) -> list[str]:
         seen.update(dict.fromkeys(r.get("elo", {})))
     snapshots = [m for m in seen if m.rpartition("-")[2].isdigit()]
     others = [m for m in seen if not m.rpartition("-")[2].isdigit()]
-    return sorted(others + snapshots[len(snapshots) - max(0, MAX_ELO_LINES - len(others)):])
+    spare = max(0, MAX_ELO_LINES - len(others))
+    return sorted(others + (snapshots[-spare:] if spare else []))
 
 
 def league_figures(run: Run) -> list[Figure]:
-    """Elo over time (league/ratings.jsonl) and the payoff heatmap (league/state.json), where present."""
+    """Elo over time (league/ratings.jsonl) and the main agent's payoff (league/state.json, `payoff_figure`),
+    where present."""
     out = []
     plt = _pyplot()
     ratings = read_jsonl(run.path / "league" / "ratings.jsonl")
@@ -234,37 +294,53 @@ def league_figures(run: Run) -> list[Figure]:
         ax.set_ylabel("Elo")
         ax.set_title("league Elo over time")
         ax.grid(alpha=0.3)
-        if len(members) <= 12:
+        if len(members) <= MAX_ELO_LINES:
             ax.legend(fontsize=7)
         fig.tight_layout()
         out.append(fig)
     state_file = run.path / "league" / "state.json"
     if state_file.is_file():
-        state = json.loads(state_file.read_text())
-        rows = state.get("payoff", [])
-        players = sorted({row[0] for row in rows} | {row[1] for row in rows})
-        snapshots = [p for p in players if state.get("members", {}).get(p, {}).get("kind") == "snapshot"]
-        if len(players) > MAX_PAYOFF_PLAYERS and snapshots:
-            # A long league holds hundreds of snapshots: the figure keeps the others and the newest snapshots.
-            newest = sorted(snapshots, key=lambda p: state["members"][p].get("step", 0))
-            keep = set(players) - set(snapshots) | set(newest[-max(1, MAX_PAYOFF_PLAYERS - len(players) + len(snapshots)):])
-            players = [p for p in players if p in keep]
-            rows = [row for row in rows if row[0] in keep and row[1] in keep]
-        if players:
-            index = {p: i for i, p in enumerate(players)}
-            grid = np.full((len(players), len(players)), np.nan)
-            for a, b, w, d, l in rows:
-                if w + d + l > 0:
-                    grid[index[a], index[b]] = (w + 0.5 * d) / (w + d + l)
-            fig, ax = plt.subplots(figsize=(1.5 + 0.5 * len(players), 1.2 + 0.45 * len(players)))
-            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn")
-            ax.set_xticks(range(len(players)), players, rotation=60, ha="right", fontsize=7)
-            ax.set_yticks(range(len(players)), players, fontsize=7)
-            ax.set_title("payoff: row's score against column")
-            fig.colorbar(im, ax=ax)
-            fig.tight_layout()
+        fig = payoff_figure(json.loads(state_file.read_text()))
+        if fig is not None:
             out.append(fig)
     return out
+
+
+def payoff_figure(state: dict) -> Figure | None:
+    """The main agent's score, (wins + draws / 2) / games, against each opponent it played in
+    league/state.json's `payoff` rows ([player, opponent, wins, draws, losses]): one bar each, with the
+    score and the games written beside it; bots and learners first, then snapshots by step, the newest of
+    them where there are more than MAX_PAYOFF_PLAYERS opponents. None where the main agent played none.
+    (A heat map of every pair was mostly empty: the league's games are the main agent's.)"""
+    played = {b: (w, d, l) for a, b, w, d, l in state.get("payoff", []) if a == MAIN and w + d + l > 0}
+    if not played:
+        return None
+    members = state.get("members", {})
+    # A snapshot by its member record, or (a state.json without members) by its id ending in -<update>.
+    suffix = lambda p: p.rpartition("-")[2]  # noqa: E731
+    snapshots = sorted((p for p in played if members.get(p, {}).get("kind", "snapshot" if suffix(p).isdigit()
+                                                                     else "") == "snapshot"),
+                       key=lambda p: members.get(p, {}).get("step", int(suffix(p)) if suffix(p).isdigit() else 0))
+    others = sorted(set(played) - set(snapshots))
+    spare = max(1, MAX_PAYOFF_PLAYERS - len(others))
+    opponents = others + snapshots[-spare:]
+    scores = [(played[p][0] + 0.5 * played[p][1]) / sum(played[p]) for p in opponents]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(opponents)))
+    rows = np.arange(len(opponents))
+    ax.barh(rows, scores, color=["C0" if p in others else "C7" for p in opponents])
+    for row, p, score in zip(rows, opponents, scores):
+        ax.text(min(score, 0.78) + 0.01, row, f"{score:.2f} ({sum(played[p]):,} games)", va="center", fontsize=7)
+    ax.set_yticks(rows, opponents, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.axvline(0.5, color="#999", lw=0.8)
+    ax.set_xlabel("score of the main agent (wins + draws / 2) / games")
+    kept = len(opponents) - len(others)
+    shown = "" if len(opponents) == len(played) else f" (the newest {kept} snapshots of {len(snapshots)})"
+    ax.set_title(f"payoff: the main agent against each opponent{shown}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _section(anchor: str, title: str, body: list[str | None]) -> str:
@@ -316,7 +392,8 @@ def run_sections(run: Run, k: int) -> list[str]:
     correction = "none (A3C's own n-step returns)" if cfg.learner.algo == "a3c" else cfg.learner.correction
     facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {correction}, "
              f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
-             f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} frames.</p>")
+             f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} agent steps "
+             "trained.</p>")
     out = []
     for name, figs in run_figures(run).items():
         body = ([facts] if name == "architecture" else []) + [_png(f) for f in figs]
@@ -332,7 +409,7 @@ def evaluation_table(record: dict) -> str:
     seat the win/draw/loss rates and, in board games, the immediate wins taken and forced blocks made
     (one-agent envs: the episodes' returns)."""
     head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
-            f"{record.get('frames') or 0:,} frames; greedy, seed {record.get('seed')}, {record.get('games')} "
+            f"{record.get('frames') or 0:,} agent steps; greedy, seed {record.get('seed')}, {record.get('games')} "
             f"{'episodes' if 'episodes' in record else 'games per seat'}</p>")
     if "episodes" in record:
         e = record["episodes"]
@@ -384,7 +461,8 @@ def built_in_table(record: dict) -> str:
     return (f"<p>held out: {html.escape(final['env'])} ({html.escape(final['env_id'])}, gymnasium's wrappers) as "
             f"{html.escape(final['seat'])} against the game's built-in player, greedy, seed {final['seed']} "
             "(evaluation.built_in_games); the last row is the final policy</p><table><tr><th>update</th>"
-            "<th>frames</th><th>games</th><th>mean return</th><th>min</th><th>max</th><th>won / drew / lost</th></tr>"
+            "<th>agent steps</th><th>games</th><th>mean return</th><th>min</th><th>max</th>"
+            "<th>won / drew / lost</th></tr>"
             f"{rows}</table>")
 
 
@@ -528,13 +606,14 @@ def compare_section(folder: Path, k: int) -> str:
     summary = json.loads((folder / "compare.json").read_text())
     from impala_league.analysis.compare import COLUMNS, INTERVAL_NOTE, SEEDS_HEADER, SEEDS_NOTE, cell, seeds_rows
 
-    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
+    # compare.py's titles say frames for agent steps trained: the page says agent steps throughout.
+    head = "".join(f"<th>{html.escape(t.replace('frames', 'agent steps'))}</th>" for _, t, _ in COLUMNS)
     rows = []
     for name, v in summary["variants"].items():
         cells = "".join(f"<td>{html.escape(cell(v, key, fmt))}</td>" for key, _, fmt in COLUMNS)
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(v['runs'])}</td>{cells}</tr>")
     table = (f"<p>study {html.escape(str(summary.get('study')))}, score <code>{html.escape(str(summary['metric']))}"
-             f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal frames "
+             f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal agent steps "
              f"{summary['equal_frames']:,}. {html.escape(INTERVAL_NOTE)}</p>"
              f"<table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
     seeds = seeds_rows(summary)

@@ -113,7 +113,8 @@ class Learner:
         consumer = f"learner-{socket.gethostname()}" + (f"-rank{rank}" if rank else "")
         self.ingest = self.make_ingest(redis_url, prefix, consumer, rank)
         self.metrics = LearnerMetrics(cfg, run_dir, player, self.spec, self.group.is_main, self.redis, self.params,
-                                      self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay)
+                                      self.ingest.trajectories, self.ingest.unrolls_per_entry, self.ingest.replay,
+                                      device=str(self.device))
 
     @property
     def label(self) -> str:

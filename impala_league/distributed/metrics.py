@@ -105,9 +105,10 @@ class LearnerMetrics:
 
     def __init__(self, cfg: Config, run_dir: Path, player: str, spec: EnvSpec, is_main: bool, client: redis.Redis,
                  params: ParamStore, trajectories: ShardedTrajectories, unrolls_per_entry: int,
-                 replay: ReplayBuffer | None):
+                 replay: ReplayBuffer | None, device: str | None = None):
         """`trajectories` and `unrolls_per_entry` (what the actors put in one stream entry): the stream
-        whose queue a record reports, in unrolls; `replay`: the learner's, or None."""
+        whose queue a record reports, in unrolls; `replay`: the learner's, or None; `device`: the one it
+        trains on ('cuda:0', 'cpu'), each record's `learner_device` (learner.device may say only 'auto')."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.player = player
@@ -117,6 +118,7 @@ class LearnerMetrics:
         self.trajectories = trajectories
         self.unrolls_per_entry = unrolls_per_entry
         self.replay = replay
+        self.device = device
         self.results = ResultsStream(client, cfg.run.name)
         self.file = (metrics_path(self.run_dir, player) if is_main else Path(os.devnull)).open("a")
         self.tracker = Tracker([])  # wandb / TensorBoard: `start_tracking`
@@ -165,6 +167,8 @@ class LearnerMetrics:
             "weight_replica_fallbacks": self.params.replica_fallback_count(),
             "actors_throttled_s": counts["throttled_s"],
         })
+        if self.device:  # a string: the trackers log only the numbers
+            record["learner_device"] = self.device
         if self.spec.frames_per_step != 1:  # Atari: the published curves count emulator frames
             record["emulator_frames"] = counts["env_steps"] * self.spec.frames_per_step
         if self.replay is not None:

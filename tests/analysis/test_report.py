@@ -12,12 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from impala_league import REPO
 from impala_league.analysis.compare import write_outputs
-from impala_league.analysis.report import build_report, figures, over_training_figure
+from impala_league.analysis.report import _pyplot, build_report, figures, learner_device, over_training_figure
 from impala_league.analysis.runs import load_run
 from impala_league.config import load_config, to_yaml
 
@@ -44,9 +45,58 @@ def _run_dir(root: Path, name: str, overrides: list[str], start: float = 1000.0)
 def test_architecture_figures_are_the_runs_own(tmp_path):
     run = load_run(_run_dir(tmp_path, "r", ["learner.publish_every=2"]))
     f = figures(run)
-    # last 5 records: SPS 102..106 -> 104; 20 updates in 50 s at one publish per 2 updates -> 0.2 / s.
-    assert f["sps"] == pytest.approx(104.0) and f["queue_depth"] == 3 and f["policy_lag"] == 1.5
+    # the whole run: SPS 101..106 -> median 103.5; 20 updates in 50 s at one publish per 2 updates -> 0.2 / s.
+    assert f["sps"] == pytest.approx(103.5) and f["queue_depth"] == 3 and f["policy_lag"] == 1.5
     assert f["publish_rate"] == pytest.approx(0.2)
+    assert learner_device(run) == "auto (configured)"  # a run from before learner_device was recorded
+
+
+def test_the_report_draws_what_a_long_run_recorded(tmp_path):
+    """A league run with 7 snapshots, lags 69-89 past the counts' last bin (63 or more), rho and c clipped
+    alike, a learner on cuda:0 and a wind-down record: every figure shows what happened."""
+    from impala_league.analysis.report import MAX_ELO_LINES, lag_distribution, lag_histogram, league_figures, \
+        run_figures
+
+    run_dir = _run_dir(tmp_path, "r", ["league.enabled=true", "learner.device=auto"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(records):  # 4 unrolls at lag 2, 6 at lags of mean 69 + 4 i, the largest 69 + 4 i + 3
+        mean = 69 + 4 * i
+        r.update(policy_lag_counts=[0, 0, 4] + [0] * 60 + [6], policy_lag_max=mean + 3,
+                 policy_lag=(4 * 2 + 6 * mean) / 10, learner_device="cuda:0")
+    records[-1].update(sps=1.0, queue_depth=0)  # the actors stopped: not the run's throughput
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "league").mkdir()
+    snapshots = [f"main-{200 * k:07d}" for k in range(1, 8)]
+    (run_dir / "league" / "ratings.jsonl").write_text("".join(json.dumps(
+        {"time": 1000.0 + k, "elo": {"main": float(k), "random": 0.0, **dict.fromkeys(snapshots[:k], 1.0)}}) + "\n"
+        for k in range(1, 8)))
+    payoff = [["main", s, 3, 1, 1] for s in snapshots] + [["main", "random", 9, 0, 1], [snapshots[0], "random", 0, 0, 0]]
+    (run_dir / "league" / "state.json").write_text(json.dumps({"payoff": payoff}))
+    run = load_run(run_dir)
+
+    elo, pay = league_figures(run)
+    assert len(elo.axes[0].get_lines()) == min(len(snapshots) + 2, MAX_ELO_LINES) == 9
+    bars = [t.get_text() for t in pay.axes[0].get_yticklabels()]
+    assert bars == ["random", *snapshots] and len(pay.axes[0].patches) == 8  # the main agent's row only
+    assert "0.90 (10 games)" in [t.get_text() for t in pay.axes[0].texts]
+
+    exact, placed, cut = lag_distribution(run.records)
+    assert cut == 63 and exact[2] == 24 and exact.sum() == 24
+    assert list(np.flatnonzero(placed)) == [69, 73, 77, 81, 85, 89] and placed.sum() == 36
+    ax = lag_histogram(run).axes[0]
+    heights = [(round(b.get_x() + b.get_width() / 2), b.get_height()) for b in ax.patches if b.get_height() > 0]
+    assert len([x for x, _ in heights if 69 <= x <= 89]) == 6 and ax.get_xlim() == (1, 90)
+    assert "63 or more" in ax.get_legend().get_texts()[1].get_text()
+
+    vtrace = run_figures(run)["vtrace"][0].axes[0]
+    assert [line.get_label() for line in vtrace.get_lines()] == ["mean_rho", "rho_clipped_fraction = c_clipped_fraction"]
+
+    f = figures(run)
+    assert f["sps"] == pytest.approx(102.5) and f["queue_depth"] == 3  # medians of 101..105 and the wind-down 1
+    assert learner_device(run) == "cuda:0"
+    page = build_report([run_dir])
+    assert " frames" not in page.replace("emulator frames", "") and "agent steps trained" in page
+    _pyplot().close("all")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium); "
@@ -93,7 +143,7 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
             width, height = Image.open(io.BytesIO(base64.b64decode(data))).size
             assert width > 200 and height > 150, anchor
     assert "parameter server" not in sections["run0-architecture"]  # drawn text is in the PNG, not the DOM
-    assert sections["run0-league"].count("<img") == 2  # Elo over time and payoff heatmap
+    assert sections["run0-league"].count("<img") == 2  # Elo over time and the main agent's payoff
     # the score against wall clock and against frames, and every seed's curve (curves_seeds.png)
     assert sections["compare0"].count("<img") == 3 and "<td>a3c</td>" in sections["compare0"]
     assert "<td>one run: none</td>" in sections["compare0"]  # one seed each: no interval
@@ -119,7 +169,7 @@ def test_the_report_figures_go_to_an_offline_wandb_run(tmp_path, monkeypatch):
     wandb_run.finish()
     media = next(tmp_path.glob("wandb/offline-run-*-report-test/files/media"))
     images = sorted(p.relative_to(media / "images").as_posix() for p in (media / "images").rglob("*.png"))
-    # architecture, 3 learning plots, throughput, lag, vtrace, league payoff heatmap (no ratings.jsonl)
+    # architecture, 3 learning plots, throughput, lag, vtrace, the league's payoff (no ratings.jsonl)
     assert len(images) == 8 and any(p.startswith("report/architecture") for p in images), images
     table = json.loads(next((media / "table").rglob("*.json")).read_text())
     assert table["data"] == [["main", "random", 8, 1, 1]]
@@ -180,7 +230,8 @@ def test_the_report_shows_the_held_out_judge_beside_the_bots(tmp_path):
 
 
 def test_the_payoff_figure_of_a_league_of_hundreds_of_snapshots_keeps_the_newest(tmp_path):
-    """300 snapshots would make a 14,000-pixel-wide figure: it shows main, random and the newest 38."""
+    """300 snapshots would make a figure 8,000 pixels tall: it shows the main agent against random and the
+    newest 39 snapshots."""
     from impala_league.analysis.report import MAX_PAYOFF_PLAYERS, league_figures
 
     run_dir = _run_dir(tmp_path, "long-league", ["league.enabled=true"])
@@ -191,9 +242,9 @@ def test_the_payoff_figure_of_a_league_of_hundreds_of_snapshots_keeps_the_newest
     payoff = [["main", s, 5, 0, 5] for s in snapshots] + [["main", "random", 8, 1, 1]]
     (run_dir / "league" / "state.json").write_text(json.dumps({"members": members, "payoff": payoff}))
     (fig,) = league_figures(load_run(run_dir))
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert len(labels) == MAX_PAYOFF_PLAYERS and {"main", "random", snapshots[-1]} <= set(labels)
-    assert snapshots[-MAX_PAYOFF_PLAYERS + 2] in labels and snapshots[-MAX_PAYOFF_PLAYERS + 1] not in labels
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) == MAX_PAYOFF_PLAYERS and {"random", snapshots[-1]} <= set(labels) and "main" not in labels
+    assert snapshots[-MAX_PAYOFF_PLAYERS + 1] in labels and snapshots[-MAX_PAYOFF_PLAYERS] not in labels
 
 
 def test_the_elo_figure_of_a_league_of_thousands_draws_learners_bots_and_the_newest_snapshots(tmp_path):
