@@ -18,7 +18,41 @@ MAX_ENVS = 4096
 MAX_UNROLL_LENGTH = 10_000
 MAX_WEIGHT_DELAY = 1_000
 MAX_BUFFERED_STEPS = 2_000_000
-TORSOS = ("conv", "mlp", "fullyconv", "shallow", "resnet")  # agent.torso (agents/network.py, agents/torsos.py)
+MODULE_TORSO = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.-]*")  # agent.torso=<module>:<name>
+
+
+class TorsoNames:
+    """The values agent.torso accepts: the names of agents.torsos.TORSOS, the one table of torsos, which
+    `register_torso` fills, and `<module>:<name>`, a torso that importing <module> (through PYTHONPATH)
+    registers as <name>. The names live here, not there, because config is plain data: it checks a
+    config without importing torch or agents/, and agents/ writes each registration here (layers
+    import one way). The built-in names are listed below so that a process that never imports agents/
+    checks them too; tests/agents/test_layout.py holds them equal to the classes."""
+
+    def __init__(self, *names: str):
+        self._names = list(names)
+
+    def add(self, name: str) -> None:
+        if name not in self._names:
+            self._names.append(name)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names or (isinstance(value, str) and MODULE_TORSO.fullmatch(value) is not None)
+
+    forms = ("<module>:<name>",)  # the values beside the names, as `Rule.describe` lists them
+
+    def __iter__(self):
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"TorsoNames{tuple(self._names)!r}"
+
+
+# agent.torso (agents/torsos.py; fullyconv: agents/fullyconv.py, built by agents.model.make_model)
+TORSOS = TorsoNames("conv", "mlp", "fullyconv", "shallow", "resnet")
 REWARD_CLIPPINGS = ("none", "abs_one", "soft_asymmetric")  # learner.reward_clipping (distributed/vtrace.py)
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")  # off-policy corrections of IMPALA's Table 2
 PFSP_WEIGHTINGS = ("hard", "variance", "uniform")  # league.pfsp_weighting (league/matchmaking.py)
@@ -66,7 +100,7 @@ class Rule:
 
     def describe(self) -> str:
         if self.choices:
-            return _either([str(c) for c in self.choices])
+            return _either([str(c) for c in self.choices] + list(getattr(self.choices, "forms", ())))
         if self.predicate is not None:
             return self.text
         if self.low is not None and self.high is not None:
@@ -91,7 +125,9 @@ def _field(metadata: dict, rule: dict) -> dict:
         predicate, text = rule.pop("rule")
         rule.update(predicate=predicate, text=text)
     if rule:
-        metadata["rule"] = Rule(**{k: tuple(v) if k == "choices" else v for k, v in rule.items()})
+        # A TorsoNames stays itself: registrations add to it after the field is made.
+        metadata["rule"] = Rule(**{k: v if k != "choices" or isinstance(v, TorsoNames) else tuple(v)
+                                   for k, v in rule.items()})
     return metadata
 
 
@@ -176,7 +212,9 @@ class EnvConfig:
 class AgentConfig:
     torso: str = _f("conv", "network torso: conv (board games), mlp, fullyconv (StarCraft II, SC2LE's FullyConv), "
                     "or IMPALA's pixel torsos over frames [C, H, W]: shallow (2 convs, CPU-sized) or resnet "
-                    "(the deep one: 3 stacks of conv, max-pool and 2 residual blocks; a GPU network)", choices=TORSOS)
+                    "(the deep one: 3 stacks of conv, max-pool and 2 residual blocks; a GPU network); or one of "
+                    "your own, registered with agents.torsos.register_torso: its name, or <module>:<name> to have "
+                    "every process import <module> (docs/your-game-your-network.md)", choices=TORSOS)
     channels: int = _f(64, "conv torso: channels of each 3x3 conv layer", low=1)
     conv_layers: int = _f(2, "conv torso: number of conv layers", low=1)
     kernel_size: int = _f(3, "conv torso: kernel size (4 with valid padding sees every 4-in-a-row window)", low=1)

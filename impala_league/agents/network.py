@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from impala_league.agents.core import Network, make_core
-from impala_league.agents.torsos import TORSOS, orthogonal_init
+from impala_league.agents.torsos import TORSOS, orthogonal_init, torso_class
 from impala_league.config import AgentConfig
 
 # Illegal actions get this logit: exp() underflows to exactly 0, yet log-probs and entropies stay
@@ -60,14 +60,15 @@ class ActorCritic(Network):
       image: the observation is an image (EnvSpec.obs_image): a board or vector torso scales it by 1/255
         (the pixel torsos always scale their uint8 frames).
 
-    Raises ValueError for a torso that is not in TORSOS (fullyconv: agents.model.make_model builds it).
+    Raises ValueError for fullyconv (agents.model.make_model builds it), ConfigError (a ValueError) for a
+    torso that is not registered (`agents.torsos.torso_class`).
     """
 
     def __init__(self, obs_shape: Sequence[int], num_actions: int, cfg: AgentConfig, image: bool = False):
-        if cfg.torso not in TORSOS:
-            raise ValueError(f"agent.torso={cfg.torso} is not a torso of ActorCritic (one of {sorted(TORSOS)}); "
+        if cfg.torso == "fullyconv":
+            raise ValueError(f"agent.torso=fullyconv is not a torso of ActorCritic (one of {sorted(TORSOS)}); "
                              "build networks with agents.model.make_model")
-        torso = TORSOS[cfg.torso].from_config(obs_shape, cfg, image)
+        torso = torso_class(cfg.torso).from_config(obs_shape, cfg, image)
         core = make_core(cfg, torso.out_features, num_actions)
         super().__init__(torso, core, LinearHeads(core.out_size, num_actions, torso.head_gains))
         self.obs_shape = tuple(obs_shape)

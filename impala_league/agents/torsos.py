@@ -1,6 +1,7 @@
 """Torsos: the first part of every network (torso -> core -> heads, agents.core.Network), observations in,
-features [N, hidden] out. Each torso is one class with the `Torso` interface, named in `TORSOS`: a new
-torso is a class and a line there (and its name in config.TORSOS).
+features [N, hidden] out. Each torso is one class with the `Torso` interface, named in `TORSOS` by its
+`@register_torso(name)`: a new torso is a class and that line (docs/your-game-your-network.md), here or in
+a module of your own (`agent.torso=<module>:<name>` imports it in every process).
 
 * `MLPTorso` ("mlp"): `mlp_layers` fully connected ReLU layers of `hidden` units over the flattened
   observation (vectors, small boards).
@@ -29,15 +30,16 @@ builds it for `agent.torso=fullyconv`.
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from impala_league.agents.redo import Recyclable, default_init
 from impala_league.agents.spec import check_frames
-from impala_league.config import AgentConfig
+from impala_league.config import TORSOS as CONFIG_TORSOS, AgentConfig, ConfigError
 
 
 def orthogonal_init(module: nn.Module, gain: float) -> nn.Module:
@@ -114,6 +116,54 @@ class Torso(nn.Module):
         raise NotImplementedError
 
 
+# agent.torso -> its class: the one table of torsos, filled by `register_torso` ("fullyconv" is
+# agents/fullyconv.py's network, see the module doc). config.TORSOS holds its names for the config's check.
+TORSOS: dict[str, type[Torso]] = {}
+
+
+def register_torso(name: str) -> Callable[[type[Torso]], type[Torso]]:
+    """Class decorator: `agent.torso=<name>` builds this Torso subclass (`cls.from_config(obs_shape,
+    agent_cfg, image)`); adds the name to the values the config accepts (config.TORSOS). Returns the
+    class unchanged. Raises ValueError for a name already registered to another class, for 'fullyconv',
+    or for a name with ':' (reserved for <module>:<name>); TypeError for a class that is not a Torso."""
+
+    def register(cls: type[Torso]) -> type[Torso]:
+        if not (isinstance(cls, type) and issubclass(cls, Torso)):
+            raise TypeError(f"register_torso('{name}'): {cls!r} is not a subclass of agents.torsos.Torso")
+        taken = TORSOS.get(name)
+        if name == "fullyconv" or ":" in name or not name or (taken is not None and taken is not cls):
+            raise ValueError(f"register_torso('{name}'): the name is taken or reserved (taken: "
+                             f"{', '.join(sorted(TORSOS))}, fullyconv; ':' marks <module>:<name>); choose another")
+        TORSOS[name] = cls
+        CONFIG_TORSOS.add(name)
+        return cls
+
+    return register
+
+
+def torso_class(name: str) -> type[Torso]:
+    """The class `agent.torso=name` builds: TORSOS[name], or for `<module>:<torso>` the torso <torso> that
+    importing <module> (found through PYTHONPATH, as actors and learner import it) registered. Raises
+    ConfigError naming the valid forms for a name that is neither, or a module that registers no such torso."""
+    if name in TORSOS:
+        return TORSOS[name]
+    module, sep, torso = name.partition(":")
+    if not sep:
+        raise ConfigError(f"agent.torso={name} is not a torso of ActorCritic: one of {', '.join(sorted(TORSOS))} "
+                          "(fullyconv: StarCraft II), a name given to register_torso, or <module>:<name>")
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"agent.torso={name}: cannot import module '{module}' ({e}); put its folder on "
+                          "PYTHONPATH") from None
+    if torso not in TORSOS:
+        raise ConfigError(f"agent.torso={name}: module '{module}' registers no torso '{torso}' "
+                          f"(registered: {', '.join(sorted(TORSOS))}); decorate its class with "
+                          f"@register_torso('{torso}')")
+    return TORSOS[torso]
+
+
+@register_torso("mlp")
 class MLPTorso(Torso):
     """Fully connected ReLU layers over the flattened observation: obs [N, *obs_shape] (any numeric
     dtype) -> features float32 [N, hidden]. `cfg.mlp_layers` layers of `cfg.hidden` units."""
@@ -175,6 +225,7 @@ def threat_cells(board: torch.Tensor, length: int = 4) -> torch.Tensor:
     return ((cells > 0) & empty).to(x.dtype).permute(0, 2, 3, 1)
 
 
+@register_torso("conv")
 class ConvTorso(Torso):
     """Boards: obs [N, H, W, C] (channels last, as PettingZoo gives them; any numeric dtype) -> features
     float32 [N, hidden]. `cfg.conv_layers` ReLU convolutions of `cfg.channels` filters `cfg.kernel_size`
@@ -217,6 +268,7 @@ class ConvTorso(Torso):
         return [Recyclable(m, default_init) for m in (*self.conv, *self.fc) if isinstance(m, (nn.Conv2d, nn.Linear))]
 
 
+@register_torso("shallow")
 class ShallowTorso(Torso):
     """IMPALA's shallow torso (Espeholt et al. 2018, Fig. 3, left): frames uint8 [N, C, H, W] -> features
     float32 [N, hidden]; `center_frames` (agent.center_frames): zero-mean inputs, see `scale_frames`.
@@ -261,6 +313,7 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
+@register_torso("resnet")
 class ResNetTorso(Torso):
     """IMPALA's deep torso (Espeholt et al. 2018, Fig. 3, right): frames uint8 [N, C, H, W] -> features
     float32 [N, hidden]; `center_frames` (agent.center_frames): zero-mean inputs, see `scale_frames`.
@@ -302,12 +355,3 @@ class ResNetTorso(Torso):
         # The convs write into a residual stream (x + block(x)), whose channels a ReLU does not end.
         return [Recyclable(self.fc[0], _relu_init)]
 
-
-# agent.torso -> its class: the one place a torso is named (config.TORSOS lists the names the config
-# accepts; "fullyconv" is agents/fullyconv.py's network, see the module doc).
-TORSOS: dict[str, type[Torso]] = {
-    "mlp": MLPTorso,
-    "conv": ConvTorso,
-    "shallow": ShallowTorso,
-    "resnet": ResNetTorso,
-}
