@@ -29,6 +29,7 @@ from impala_league.analysis.compare import (add_score, cell, markdown_table, plo
                                             summarize, train_variants)
 from impala_league.analysis.runs import Run
 from impala_league.checked_config import load_config
+from impala_league.text import plural
 from impala_league.config import Config, ConfigError
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.judges import check_judges, is_judge_spec
@@ -128,7 +129,7 @@ def judge_run(run_dir: Path, judges: list[str], games: int, seed: int = 0) -> di
         start = time.monotonic()
         seats = evaluate(policy, judge, games, seed)["seats"]
         results[judge] = {"score": float(np.mean([r["score"] for r in seats.values()])), "seats": seats}
-        log.info("%s vs judge %s, %d games per seat: score %s (%.0f s)", run_dir.name, judge, games,
+        log.info("%s vs judge %s, %s per seat: score %s (%.0f s)", run_dir.name, judge, plural(games, "game"),
                  " / ".join(f"{r['score']:.2f}" for r in seats.values()), time.monotonic() - start)
     (run_dir / JUDGES_FILE).write_text(json.dumps({"games_per_seat": games, "seed": seed, "judges": results},
                                                   indent=2) + "\n")
@@ -149,7 +150,7 @@ def play_round_robin(runs: dict[str, list[Run]], games: int, seed: int = 0) -> d
     players = [checkpoint_player(r.path / "checkpoints" / "latest.safetensors", r.name, r.name) for r in finals]
     start = time.monotonic()
     result = round_robin(players[0].env, players, games, seed, greedy=False)
-    log.info("round-robin of %d final policies, %d games per pair and seat: %.0f s", len(players), games,
+    log.info("round-robin of %d final policies, %s per pair and seat: %.0f s", len(players), plural(games, "game"),
              time.monotonic() - start)
     return result
 
@@ -207,9 +208,11 @@ def league_table(summary: dict) -> str:
         lines.append(f"| {name} | {len(v['runs'])} | {cell(v, 'frames', '{:,.0f}')} | " + " | ".join(cells)
                      + f" | {v.get('meaning', '')} |")
     rr = summary.get("round_robin")
-    lines += ["", f"Judges: each final checkpoint, greedy, {summary.get('judge_games')} games per seat against each "
+    judge_games = plural(summary.get("judge_games"), "game")
+    lines += ["", f"Judges: each final checkpoint, greedy, {judge_games} per seat against each "
               "judge (never a training opponent); score = (wins + draws / 2) / games, both seats pooled. Round-robin "
-              + (f"Elo: every final policy against every other, {rr['games_per_seat']} games per pair and seat, "
+              + (f"Elo: every final policy against every other, {plural(rr['games_per_seat'], 'game')} per pair "
+                 "and seat, "
                  "sampled; Bradley-Terry fit, mean 0 over the policies (evaluation/elo.py). " if rr else
                  "Elo: none (fewer than two final policies). ")
               + "Each arm: mean over its seeds ± the half-width of the 95% interval of the mean (Student t); "

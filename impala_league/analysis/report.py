@@ -24,6 +24,7 @@ import numpy as np
 from impala_league.analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
 from impala_league.config import ConfigError
 from impala_league.league.players import MAIN
+from impala_league.text import plural
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -408,9 +409,10 @@ def evaluation_table(record: dict) -> str:
     """evaluation.json as HTML: the checkpoint's step, frames and the games' seed, then per opponent and
     seat the win/draw/loss rates and, in board games, the immediate wins taken and forced blocks made
     (one-agent envs: the episodes' returns)."""
+    games = plural(record.get("games"), "episode") if "episodes" in record else \
+        plural(record.get("games"), "game") + " per seat"
     head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
-            f"{record.get('frames') or 0:,} agent steps; greedy, seed {record.get('seed')}, {record.get('games')} "
-            f"{'episodes' if 'episodes' in record else 'games per seat'}</p>")
+            f"{record.get('frames') or 0:,} agent steps; greedy, seed {record.get('seed')}, {games}</p>")
     if "episodes" in record:
         e = record["episodes"]
         return head + (f"<table><tr><th>mean return</th><th>std</th><th>min</th><th>max</th></tr><tr>"

@@ -16,6 +16,7 @@ from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.final import checkpoint_facts, seat_line
 from impala_league.evaluation.positions import check_count, evaluate_positions, positions_lines
 from impala_league.evaluation.tournament import checkpoint_player, ratings_table, resolve_players, round_robin
+from impala_league.text import plural
 
 NAME = "evaluate"
 
@@ -54,8 +55,8 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(NAME, help=help,
                        description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--checkpoint", help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors) "
-                     "to play against --opponent in both seats")
+    who.add_argument("--checkpoint", help="a learner checkpoint (runs/<name>/checkpoints/latest.safetensors), or "
+                     "a run directory for its checkpoints/latest.safetensors, to play against --opponent in both seats")
     who.add_argument("--players", nargs="+", metavar="SPEC",
                      help="round-robin between these players: bots (random, tactical, minimax:D, mcts:N), "
                      ".safetensors checkpoints, and run directories (their latest checkpoints and league snapshots)")
@@ -118,14 +119,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result, args.json)
     if args.json != "-":
-        print(f"{result['env']}: checkpoint vs {opponent}, {args.games} games per seat")
+        print(f"{result['env']}: checkpoint vs {opponent}, {plural(args.games, 'game')} per seat")
         for seat, r in result["seats"].items():
             print(f"  {seat_line(seat, r)}")
     return 0
 
 
+def checkpoint_file(path: str) -> str:
+    """--checkpoint as a file: `path` itself, or for a directory (a run directory) its
+    checkpoints/latest.safetensors. Raises ConfigError for a directory without that file."""
+    if not Path(path).is_dir():
+        return path  # a missing file is load_policy's error, which names it
+    latest = Path(path) / "checkpoints" / "latest.safetensors"
+    if not latest.is_file():
+        raise ConfigError(f"--checkpoint {path}: a directory without checkpoints/latest.safetensors; give a run "
+                          "directory whose learner wrote a checkpoint, or a .safetensors file")
+    return str(latest)
+
+
 def check_evaluate_args(args: argparse.Namespace) -> None:
-    """Refuse arguments that do not go together or are out of range (ConfigError); fill --games."""
+    """Refuse arguments that do not go together or are out of range (ConfigError); fill --games; make a
+    run directory given as --checkpoint its checkpoints/latest.safetensors."""
+    if args.checkpoint is not None:
+        args.checkpoint = checkpoint_file(args.checkpoint)
     if args.positions is not None:
         try:
             check_count(args.positions)

@@ -23,6 +23,7 @@ from impala_league.distributed.ownership import (check_resumable, claim_run_dir,
 from impala_league.evaluation.judges import require_judge_packages, resolve_judges
 from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.checked_config import load_config
+from impala_league.text import plural
 
 log = logging.getLogger("run")
 
@@ -132,8 +133,8 @@ def evaluate_final(args: argparse.Namespace, cfg: Config, run_dir: Path, view: L
     from impala_league.evaluation.final import final_evaluation  # torch, after training only
 
     if view is not None:
-        view.evaluating(f"evaluating the final policy: {args.eval_games} games per seat against each baseline "
-                        "bot, then the judges")
+        view.evaluating(f"evaluating the final policy: {plural(args.eval_games, 'game')} per seat against each "
+                        "baseline bot, then the judges")
     final_evaluation(cfg, checkpoint, args.eval_games, run_dir, args.eval_history, args.eval_history_games)
 
 

@@ -29,13 +29,15 @@ numpy, on counts of each player's pieces per line (``GridGame.window_matrix``).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from impala_league.evaluation.judges import JUDGE_FORM, MCTSJudge, check_judge_spec, is_judge_spec, parse_judge
-from impala_league.evaluation.solver import SOLVER_FORM, SolverJudge, is_solver_spec, parse_solver
+from impala_league.evaluation.judges import (JUDGE_FORM, JUDGE_KIND, MCTSJudge, check_judge_spec, is_judge_spec,
+                                             parse_judge)
+from impala_league.evaluation.solver import SOLVER_FORM, SOLVER_KIND, SolverJudge, is_solver_spec, parse_solver
 
 TO_MOVE = 1
 """Board value of the pieces of the player to move (observation channel 0)."""
@@ -604,4 +606,16 @@ def make_bot(spec: str, env_name: str, seed: int | None = None) -> Bot | MCTSJud
     if spec == "minimax":
         raise ValueError("bot 'minimax' needs a search depth, as in 'minimax:2'; "
                          f"bot specs: {', '.join(repr(s) for s in BOT_SPECS)}")
-    raise ValueError(f"unknown bot spec {spec!r}; choose one of {', '.join(repr(s) for s in BOT_SPECS)}")
+    raise ValueError(f"unknown bot spec {spec!r}{did_you_mean(spec)}; choose one of "
+                     f"{', '.join(repr(s) for s in BOT_SPECS)}")
+
+
+BOT_KINDS = ("random", "tactical", "minimax", JUDGE_KIND, SOLVER_KIND)  # a spec's part before ':'
+
+
+def did_you_mean(spec: str) -> str:
+    """" (did you mean 'tactical'?)" for a misspelled kind (the part of `spec` before ':', close to one of
+    BOT_KINDS by difflib), with the rest of the spec kept ('minimx:2' -> 'minimax:2'); '' if none is close."""
+    kind, sep, rest = spec.partition(":")
+    close = difflib.get_close_matches(kind.lower(), BOT_KINDS, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}{sep}{rest}'?)" if close else ""

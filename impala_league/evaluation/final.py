@@ -24,6 +24,7 @@ from impala_league.evaluation.over_training import earlier_policies, evaluate_ov
 from impala_league.evaluation.positions import evaluate_positions, positions_lines
 from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.league.players import MAIN, checkpoint_dir
+from impala_league.text import plural
 from impala_league.tracking import log_final_evaluation
 
 log = logging.getLogger("run")  # lines of `run.py train`, as the rest of its output
@@ -53,7 +54,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
     for opponent in ("random", "tactical", strongest[policy.spec.name]) if board else ("random",):
         result = evaluate(policy, opponent, games)
         record["opponents"][opponent] = result["seats"]
-        log.info("greedy policy vs %s over %d games per seat:", opponent, games)
+        log.info("greedy policy vs %s over %s per seat:", opponent, plural(games, "game"))
         for seat, r in result["seats"].items():
             log.info("  %s", seat_line(seat, r))
     judges = play_judges(cfg, policy, record)
@@ -82,7 +83,7 @@ def play_judges(cfg: Config, policy, record: dict) -> tuple[str, ...]:
     for judge in judges:
         start = time.monotonic()
         record["judges"][judge] = evaluate(policy, judge, games)["seats"]
-        log.info("held out: greedy policy vs judge %s over %d games per seat (%.0f s):", judge, games,
+        log.info("held out: greedy policy vs judge %s over %s per seat (%.0f s):", judge, plural(games, "game"),
                  time.monotonic() - start)
         for seat, r in record["judges"][judge].items():
             log.info("  %s", seat_line(seat, r))
@@ -128,8 +129,9 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
         built_in_over_training(entries, record["built_in_player"])
         final["built_in_player"] = record["built_in_player"]
     if entries:
-        log.info("over training: %d earlier policies, %d games per seat and bot, in %.1f s (first / second seat):",
-                 len(entries), games, time.monotonic() - start)
+        log.info("over training: %s, %s per seat and bot, in %.1f s (first / second seat):",
+                 plural(len(entries), "earlier policy", "earlier policies"), plural(games, "game"),
+                 time.monotonic() - start)
     else:
         log.info("over training: no earlier policy of this run to play (%s)", "no snapshot of the main agent"
                  if cfg.league.enabled else "no copy in checkpoints/history/")

@@ -37,9 +37,10 @@ import numpy as np
 
 from impala_league import REPO
 from impala_league.config import UserError
-from impala_league.evaluation.bots import BOT_SPECS, is_bot_spec, make_bot
+from impala_league.evaluation.bots import BOT_SPECS, did_you_mean, is_bot_spec, make_bot
 from impala_league.evaluation.elo import fit_elo
 from impala_league.evaluation.evaluate import count_outcomes, play_games
+from impala_league.text import plural
 
 MATCH_SEED_STRIDE = 1_000_003
 """Seed distance between consecutive matches (one player in seat 0); more than any match's games."""
@@ -166,7 +167,7 @@ def _expanded(spec: str) -> list[Player]:
         return [checkpoint_player(path, spec)]
     if spec.endswith(".safetensors") or "/" in spec:
         raise PlayerError(f"player {spec!r}: no such checkpoint file or run directory")
-    raise PlayerError(f"player {spec!r}: not a bot ({', '.join(BOT_SPECS)}) "
+    raise PlayerError(f"player {spec!r}{did_you_mean(spec)}: not a bot ({', '.join(BOT_SPECS)}) "
                       "nor an existing checkpoint file or run directory")
 
 
@@ -440,7 +441,8 @@ def ratings_table(result: dict):
     from rich.table import Table
 
     mode = "greedy" if result["greedy"] else "sampled"
-    table = Table(title=f"{result['env']} round-robin: {result['games_per_seat']} games per pair and seat, {mode}",
+    games = plural(result["games_per_seat"], "game")
+    table = Table(title=f"{result['env']} round-robin: {games} per pair and seat, {mode}",
                   caption="Elo: Bradley-Terry fit, mean 0; ± one standard error")
     for column, justify in (("#", "right"), ("player", "left"), ("games", "right"), ("win %", "right"),
                             ("draw %", "right"), ("loss %", "right"), ("Elo", "right"), ("±", "right")):
