@@ -327,7 +327,7 @@ def payoff_figure(state: dict) -> Figure | None:
     opponents = others + snapshots[-spare:]
     scores = [(played[p][0] + 0.5 * played[p][1]) / sum(played[p]) for p in opponents]
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(opponents)))
+    fig, ax = plt.subplots(figsize=(7, max(2.4, 1.2 + 0.28 * len(opponents))))
     rows = np.arange(len(opponents))
     ax.barh(rows, scores, color=["C0" if p in others else "C7" for p in opponents])
     for row, p, score in zip(rows, opponents, scores):
