@@ -231,8 +231,8 @@ class AgentConfig:
                              "stacked frames) after scaling to [0, 1], so that the first convolution's inputs have "
                              "zero mean. With uncentered frames every weight of a filter gets a gradient of one "
                              "sign from the background, Adam moves them all by the learning rate together, and "
-                             "filters die within minutes (on Pong 15 of 16 in 13 minutes; docs/atari.md). Off "
-                             "for checkpoints that were trained without it")
+                             "filters die within minutes (docs/atari.md). Off for checkpoints that were trained "
+                             "without it")
     hidden: int = _f(256, "width of the fully connected layer(s) before the policy and baseline heads", low=1)
     mlp_layers: int = _f(2, "mlp torso: number of hidden layers", low=1)
     sc2_embed_dim: int = _f(8, "fullyconv: categorical feature layers with more categories than this are embedded "
@@ -417,14 +417,12 @@ class TransportConfig:
                      "{<run>:s<s>}:traj ... (a Redis Cluster hash tag per shard; on a cluster shard 0 is {<run>:s0})",
                      low=1, high=MAX_SHARDS)
     shard_urls: List[str] = _f_list([], "Redis of each shard: shard s lives on shard_urls[s % len]; empty = all on "
-                                    "the run's Redis. No password in these URLs (config.yaml keeps them): a shard "
-                                    "server takes the password of the run's Redis URL",
+                                    "the run's Redis",
                                     rule=(_server_urls_ok, _SERVER_URLS_RULE))
     params_urls: List[str] = _f_list([], "read-only replicas of the run's Redis (redis-server --replicaof) that actors "
                                      "fetch weights from: actor i reads params_urls[i % len], and falls back to the "
                                      "run's Redis when a replica is unreachable, behind, or its blob fails the "
-                                     "published SHA-256; empty = all from the run's Redis. No password in these URLs: "
-                                     "a replica takes the password of the run's Redis URL",
+                                     "published SHA-256; empty = all from the run's Redis",
                                      rule=(_server_urls_ok, _SERVER_URLS_RULE))
 
 
@@ -437,8 +435,8 @@ class EvaluationConfig:
                                      "earlier policies (the held-out line of the over-training figure). null = the "
                                      "game's ladder (connect_four, tictactoe: mcts:100, mcts:400, mcts:1600), [] = none")
     judge_games: int = _f(10, "games per seat against each judge at the end of the run (its earlier policies: "
-                          "--eval-history-games); 0 = no judges. Connect four's ladder costs about 6 minutes at 10 "
-                          "(14 s a game at mcts:1600); 50 a seat is the protocol of the reported ladders", low=0,
+                          "--eval-history-games); 0 = no judges. 50 a seat is the protocol of the reported "
+                          "ladders; a judge's time a game grows with its N and the game's length", low=0,
                           high=10_000)
     positions: int = _f(1000, "connect four: seeded positions where the final policy's and each earlier policy's "
                         "greedy move is scored by the perfect solver at the end of the run (optimal and blunder rates "
