@@ -30,7 +30,7 @@ import sys
 
 try:
     from impala_league.config import UserError
-    from impala_league.distributed.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
+    from impala_league.distributed.launch.ownership import REDIS_UNREACHABLE_EXIT, USER_ERROR_EXIT
     from impala_league.distributed.wire.transport import RedisUnreachable
 except ModuleNotFoundError as e:  # `python run.py` outside the project's environment
     print(f"error: {e.name} is not installed for {sys.executable}: run `bash scripts/bootstrap.sh`, then "

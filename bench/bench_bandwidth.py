@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.netns import linked_namespaces, namespaces_refused  # noqa: E402
-from impala_league.distributed.launcher import redis_server_binary  # noqa: E402
-from impala_league.distributed.wire.transport import TrajectoryStream, connect  # noqa: E402
 from impala_league.checked_config import load_config  # noqa: E402
+from impala_league.distributed.launch.launcher import redis_server_binary  # noqa: E402
+from impala_league.distributed.wire.transport import TrajectoryStream, connect  # noqa: E402
 
 
 @contextmanager

@@ -28,9 +28,9 @@ import torch  # noqa: E402
 
 from impala_league.agents.core import NO_ACTION, zero_core_input  # noqa: E402
 from impala_league.agents.model import make_model  # noqa: E402
-from impala_league.config import AgentConfig, LearnerConfig  # noqa: E402
 from impala_league.batch import Batch  # noqa: E402
-from impala_league.distributed.update import learn_step, make_optimizer  # noqa: E402
+from impala_league.config import AgentConfig, LearnerConfig  # noqa: E402
+from impala_league.distributed.learner.update import learn_step, make_optimizer  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402
 
 CASES = {  # name: (env, agent config without the core, core_size: IMPALA's 256, and the memory configs' 64)

@@ -209,10 +209,10 @@ def run_fleet(args: argparse.Namespace, actors: int, shards: int, replicas: int,
     the table (actors, shards, replicas); returns its row."""
     import redis
 
+    from impala_league.distributed.launch.launcher import EmbeddedRedis
+    from impala_league.distributed.learner.ingest_thread import Prefetcher
+    from impala_league.distributed.learner.role import Learner
     from impala_league.distributed.wire.codec import encode_weights
-    from impala_league.distributed.ingest import Prefetcher
-    from impala_league.distributed.launcher import EmbeddedRedis
-    from impala_league.distributed.learner import Learner
     from impala_league.distributed.wire.params import ParamStore
     from impala_league.distributed.wire.transport import connect
 
@@ -289,8 +289,8 @@ def measure_publish_hz(cfg_path: str, overrides: list[str], payloads: list[bytes
     """Publishes per second of a real learner on this machine (updates per second / learner.publish_every:
     ingest, V-trace update and publish of `train_on`, on the replayed unrolls) and its last weights."""
     from impala_league.config import load_config
-    from impala_league.distributed.launcher import EmbeddedRedis
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.launch.launcher import EmbeddedRedis
+    from impala_league.distributed.learner.role import Learner
     from impala_league.distributed.wire.transport import TrajectoryStream, connect
 
     cfg = load_config(REPO / cfg_path, [*overrides, "run.name=rate", f"run.dir={tmp}", "run.wandb_mode=disabled",

@@ -40,9 +40,9 @@ import torch  # noqa: E402
 
 from bench_wire import actor_unrolls  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
+from impala_league.distributed.launch.launcher import EmbeddedRedis  # noqa: E402
+from impala_league.distributed.learner.role import Learner  # noqa: E402
 from impala_league.distributed.wire.codec import encode_unrolls  # noqa: E402
-from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
-from impala_league.distributed.learner import Learner  # noqa: E402
 from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, connect  # noqa: E402
 
 

@@ -40,7 +40,7 @@ from impala_league.agents.network import ActorCritic  # noqa: E402
 from impala_league.analysis.report import league_figures  # noqa: E402
 from impala_league.analysis.runs import Run  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
-from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
+from impala_league.distributed.launch.launcher import EmbeddedRedis  # noqa: E402
 from impala_league.distributed.wire.params import ParamStore  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402
 from impala_league.league.manager import LeagueManager  # noqa: E402

@@ -14,7 +14,7 @@ its latest save, games scored, games against snapshots evicted before, loads fro
     python bench/bench_long_league.py --bound 100000 --redis-aof-defaults   # the bound off: as before
 
 `--bound` is `league.redis_snapshots`; with `--redis-aof-defaults` Redis keeps its own rewrite thresholds
-(100 %, 64 MB) instead of the embedded Redis's (distributed/embedded_redis.py). It stops the run (SIGTERM)
+(100 %, 64 MB) instead of the embedded Redis's (distributed/launch/embedded_redis.py). It stops the run (SIGTERM)
 once the league holds --snapshots snapshots, or after --minutes. Run nothing else meanwhile.
 """
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from impala_league.agents.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
+from impala_league.distributed.launch.launcher import EmbeddedRedis  # noqa: E402
 from impala_league.distributed.wire.transport import connect  # noqa: E402
 from impala_league.league.usage import tree_bytes  # noqa: E402
 

@@ -3,7 +3,7 @@
 1. The learner's update (`learn_step`: forward over T+1 steps, V-trace, backward, the optimizer's step)
    on frames [T+1, B, 4, 84, 84] uint8, in agent steps (frames of the batch) per second, for each torso;
    each case in a fresh process: float32 with glibc's default malloc, float32 after
-   `distributed.allocator.keep_freed_memory()` (what actors and learners run with), and the latter with
+   `distributed.launch.allocator.keep_freed_memory()` (what actors and learners run with), and the latter with
    the forward pass under a bfloat16 autocast (`learner.precision: bf16`, which `auto` picks for these
    torsos on a CPU with AMX units), and the ratios.
 2. The wire: real unrolls of one actor of the config (bench_wire.actor_unrolls), bytes per unroll raw
@@ -31,16 +31,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from impala_league.agents.model import make_model  # noqa: E402
-from impala_league.config import load_config  # noqa: E402
 from impala_league.batch import Batch  # noqa: E402
-from impala_league.distributed.update import learn_step, make_optimizer  # noqa: E402
+from impala_league.config import load_config  # noqa: E402
+from impala_league.distributed.learner.update import learn_step, make_optimizer  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402
 
 
 def learner_rate(config: str, overrides: list[str], torso: str, keep: bool, device: str, reps: int) -> float:
     """Agent steps per second of `learn_step` on a random frames batch at the config's T x B (this process)."""
     if keep:
-        from impala_league.distributed.allocator import keep_freed_memory
+        from impala_league.distributed.launch.allocator import keep_freed_memory
         keep_freed_memory()
     torch.set_num_threads(1)
     cfg = load_config(config, [*overrides, f"agent.torso={torso}"])
@@ -71,8 +71,8 @@ def learner_rate(config: str, overrides: list[str], torso: str, keep: bool, devi
 def wire(config: str) -> None:
     """Bytes per unroll and Redis's memory at the high-water mark, for real unrolls of the config's actor."""
     from bench_wire import actor_unrolls
+    from impala_league.distributed.launch.launcher import EmbeddedRedis
     from impala_league.distributed.wire.codec import encode_unrolls
-    from impala_league.distributed.launcher import EmbeddedRedis
     from impala_league.distributed.wire.transport import connect
 
     cfg = load_config(config)

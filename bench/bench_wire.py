@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from impala_league.agents.model import make_model  # noqa: E402
 from impala_league.config import load_config  # noqa: E402
 from impala_league.distributed.actor import Actor  # noqa: E402
+from impala_league.distributed.launch.launcher import EmbeddedRedis  # noqa: E402
 from impala_league.distributed.wire.codec import UnrollSpec, decode_unroll, decode_unrolls, encode_unrolls  # noqa: E402
-from impala_league.distributed.launcher import EmbeddedRedis  # noqa: E402
 from impala_league.distributed.wire.params import ParamStore  # noqa: E402
 from impala_league.distributed.wire.transport import connect  # noqa: E402
 from impala_league.envs.registry import env_spec  # noqa: E402

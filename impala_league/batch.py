@@ -6,7 +6,7 @@ over it (agents.core.forward_batch), the losses (losses.actor_critic) and the ro
 (distributed/: the learner's ingest, A3C's workers) — and it belongs to none of them. Below all three,
 each can name its type; in losses/ it would make the networks depend on the loss package for a record.
 So it is plain data like the config: fields and pure array/tensor operations, importing nothing of
-ours. What depends on a game (the board's mirror, distributed/mirror.py) or on the wire (decoding,
+ours. What depends on a game (the board's mirror, distributed/learner/augmentation.py) or on the wire (decoding,
 validation: distributed/wire/codec.py) lives with the roles.
 """
 

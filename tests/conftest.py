@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.launch.launcher import EmbeddedRedis
 from impala_league.distributed.wire.transport import connect
 
 

@@ -22,16 +22,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the math of learning", ("losses",)),
     ("games", ("envs",)),
     ("networks", ("agents",)),
-    ("roles", ("distributed", "league", "evaluation", "analysis", "checked_config")),
+    ("roles", ("distributed", "deploy", "league", "evaluation", "analysis", "checked_config")),
     ("entry point", ("run", "cli")),
 )
 # Within the lowest layer each module imports nothing of ours, except config, which re-exports its schema,
 # and tracking, which reads the config.
 BASE_IMPORTS = {"config_schema": set(), "config": {"config_schema"}, "distributed.vtrace": set(),
                 "tracking": {"config"}, "batch": set(), "text": set()}
-# Training processes carry no plotting or report code.
+# Training processes and cluster files carry no plotting or report code; the roles import no cluster files.
 FORBIDDEN = (("distributed", "analysis", "training roles know no report code"),
-             ("league", "analysis", "training roles know no report code"))
+             ("league", "analysis", "training roles know no report code"),
+             ("deploy", "analysis", "cluster files know no report code"),
+             ("distributed", "deploy", "the roles know nothing of the cluster files rendered from their role table"))
 
 
 def _plain(name: str) -> str:
@@ -132,8 +134,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_package_is_read_whole():
-    assert {"run", "config", "tracking", "checked_config", "distributed.learner", "distributed.vtrace", "agents.heads",
-            "agents.checkpoint", "envs.registry", "envs.sc2_wrappers.actions", "analysis.report"} <= set(MODULES)
+    assert {"run", "config", "tracking", "checked_config", "distributed.learner.role", "distributed.vtrace",
+            "agents.heads", "agents.checkpoint", "envs.registry", "envs.sc2_wrappers.actions", "analysis.report",
+            "deploy.k8s"} <= set(MODULES)
     assert "tests.test_layers" not in MODULES and not any(m.startswith("bench") for m in MODULES)
     assert "agents.network" in GRAPH["agents.heads"] and "config" in GRAPH["agents.network"]
 
@@ -168,7 +171,7 @@ def test_the_known_wrong_ways_are_gone():
     networks -> config) or pulled report code into the learner."""
     assert GRAPH["config"] <= {"config_schema"} and GRAPH["config_schema"] == set()
     assert not any(t.startswith("agents") for t in GRAPH["envs.sc2_wrappers.actions"])
-    assert not any(t.startswith("analysis") for t in GRAPH["distributed.learner"])
+    assert not any(t.startswith("analysis") for t in GRAPH["distributed.learner.role"])
     assert not any(t.startswith("distributed") for t in GRAPH["agents.policy"])
     # agents/ may import V-trace, pure math, from distributed/, and nothing else of it
     assert GRAPH["agents.heads"] & {m for m in MODULES if m.startswith("distributed")} <= {"distributed.vtrace"}
@@ -185,8 +188,9 @@ def test_the_train_launcher_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, run, impala_league.cli.train, impala_league.checked_config, impala_league.distributed.launcher, "
-            "impala_league.distributed.live, impala_league.distributed.ownership;"
+    code = ("import sys, run, impala_league.cli.train, impala_league.checked_config, "
+            "impala_league.distributed.launch.launcher, impala_league.distributed.launch.live, "
+            "impala_league.distributed.launch.ownership;"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout[:500]

@@ -36,7 +36,7 @@ def strict_lines(path: Path) -> list[dict]:
 
 def train_with_one_actor(cfg, redis_url: str, run_dir: Path):
     """Run a learner to `run.total_agent_steps` with one real actor in a thread; returns (learner, actor)."""
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     learner = Learner(cfg, redis_url, run_dir)
     actor = Actor(cfg, redis_url, 0)
@@ -183,7 +183,7 @@ def test_an_actor_reloads_when_a_rolled_back_learner_reuses_a_version_number(tmp
 
 
 def test_unrolls_from_before_a_rollback_are_counted_apart_from_lag_zero():
-    from impala_league.distributed.metrics import MetricsWindow
+    from impala_league.distributed.learner.metrics import MetricsWindow
 
     window = MetricsWindow(0.0)
     stats = {"loss": 1.0, "skipped_update": 0.0}

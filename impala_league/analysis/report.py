@@ -208,7 +208,7 @@ def lag_distribution(records: list[dict]) -> tuple[np.ndarray, np.ndarray, int |
     the mean lag of those unrolls, which its `policy_lag` gives exactly: (mean * unrolls - the lags of the
     other bins) / their count. Also returns the lag where the recorded counts stop (None where no record's
     did). Records without counts are left out."""
-    from impala_league.distributed.metrics import LAG_BINS
+    from impala_league.distributed.learner.metrics import LAG_BINS
 
     exact: dict[int, float] = {}
     placed: dict[int, float] = {}

@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from impala_league.config import Config, ConfigError
 from impala_league.checked_config import from_yaml_text
+from impala_league.config import Config, ConfigError
+from impala_league.distributed.launch.ownership import lock_holder
 from impala_league.distributed.wire import keys as run_keys
-from impala_league.distributed.ownership import lock_holder
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -110,7 +110,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def list_run_dirs(base: Path) -> list[dict]:
     """Every run directory under `base` (one with a config.yaml): name, env, state and frames. The
-    state: `live (host pid N)` while a process holds its lock (distributed/ownership.py), `finished`
+    state: `live (host pid N)` while a process holds its lock (distributed/launch/ownership.py), `finished`
     when its checkpoint says the learner reached the end, else `stopped` (resumable with a
     checkpoint) or `no checkpoint`."""
     rows = []

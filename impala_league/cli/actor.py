@@ -7,7 +7,7 @@ import argparse
 from impala_league.cli.common import config_args, connect_waiting, load, player_arg, redis_url, require_game, wait_redis_arg
 from impala_league.config import ConfigError
 from impala_league.distributed.actor import run_actor
-from impala_league.distributed.ownership import exit_with_launcher
+from impala_league.distributed.launch.ownership import exit_with_launcher
 from impala_league.evaluation.bots import league_bot
 
 NAME = "actor"

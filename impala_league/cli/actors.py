@@ -7,7 +7,7 @@ import os
 
 from impala_league.cli.common import config_args, connect_waiting, load, player_arg, redis_url, require_game, wait_redis_arg
 from impala_league.config import ConfigError
-from impala_league.distributed.launcher import supervise_actors
+from impala_league.distributed.launch.launcher import supervise_actors
 
 NAME = "actors"
 

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from impala_league.config import Config, ConfigError, describe
-from impala_league.distributed.launcher import REDIS_URL_ENV
-from impala_league.distributed.wire.transport import connect, shard_urls
 from impala_league.checked_config import load_config
+from impala_league.config import Config, ConfigError, describe
+from impala_league.distributed.launch.launcher import REDIS_URL_ENV
+from impala_league.distributed.wire.transport import connect, shard_urls
 from impala_league.league.players import learner_players
 
 

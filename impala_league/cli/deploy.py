@@ -8,14 +8,14 @@ from pathlib import Path
 from impala_league import REPO
 from impala_league.cli.common import load
 from impala_league.config import Rule, check_arguments
-from impala_league.distributed.cluster import (GRES_GPUS, OBJECT_NAME, ROLES, SLURM_NAME, SLURM_TIME, VOLUMES,
-                                               ClusterOptions, assignment_ok, cores, label_ok, size_bytes, toleration)
-from impala_league.distributed.deploy import deploy
+from impala_league.deploy.cluster import (GRES_GPUS, OBJECT_NAME, ROLES, SLURM_NAME, SLURM_TIME, VOLUMES,
+                                          ClusterOptions, assignment_ok, cores, label_ok, size_bytes, toleration)
+from impala_league.deploy.render import deploy
 
 NAME = "deploy"
 
 DEPLOY_HELP = """Render the files that run the config's training on a cluster, from the same role table
-`run.py train` starts on one machine (distributed/deploy.py; docs/architecture.md, "On Kubernetes" and
+`run.py train` starts on one machine (deploy/render.py; docs/architecture.md, "On Kubernetes" and
 "On SLURM", walk through them):
 
   run.py deploy k8s --config configs/cluster.yaml --image REGISTRY/impala-league:TAG --out deploy/k8s

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from impala_league.cli.common import config_args, connect_waiting, load, redis_url, wait_redis_arg
 from impala_league.config import ConfigError
-from impala_league.distributed.ownership import exit_with_launcher
+from impala_league.distributed.launch.ownership import exit_with_launcher
 from impala_league.league.manager import run_league
 
 NAME = "league"

@@ -10,9 +10,9 @@ from impala_league.analysis.report import log_report
 from impala_league.cli.common import config_args, connect_waiting, load, player_arg, redis_url, wait_redis_arg
 from impala_league.config import ConfigError
 from impala_league.distributed.a3c import ParameterServer
-from impala_league.distributed.data_parallel import DataParallelError
-from impala_league.distributed.learner import run_learner
-from impala_league.distributed.ownership import PEER_LOST_EXIT, exit_with_launcher, write_run_config
+from impala_league.distributed.launch.ownership import PEER_LOST_EXIT, exit_with_launcher, write_run_config
+from impala_league.distributed.learner.data_parallel import DataParallelError
+from impala_league.distributed.learner.role import run_learner
 
 NAME = "learner"
 

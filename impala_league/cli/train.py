@@ -12,17 +12,17 @@ import signal
 import sys
 from pathlib import Path
 
-from impala_league.cli.common import (MAX_EVAL_GAMES, config_args, connect_waiting, load, redis_url, require_game,
-                        wait_redis_arg)
-from impala_league.config import Config, ConfigError, Rule, check_arguments
 from impala_league.analysis.summary import end_summary
-from impala_league.distributed.launcher import EmbeddedRedis, supervise
-from impala_league.distributed.live import LiveView
-from impala_league.distributed.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir, run_lease,
-                                   write_run_config)
+from impala_league.checked_config import load_config
+from impala_league.cli.common import (MAX_EVAL_GAMES, config_args, connect_waiting, load, redis_url, require_game,
+                                      wait_redis_arg)
+from impala_league.config import Config, ConfigError, Rule, check_arguments
+from impala_league.distributed.launch.launcher import EmbeddedRedis, supervise
+from impala_league.distributed.launch.live import LiveView
+from impala_league.distributed.launch.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir,
+                                                        run_lease, write_run_config)
 from impala_league.evaluation.judges import require_judge_packages, resolve_judges
 from impala_league.evaluation.solver import SOLVER_GAMES
-from impala_league.checked_config import load_config
 from impala_league.text import plural
 
 log = logging.getLogger("run")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     url = redis_url(args, cfg)
     client = connect_waiting(args, cfg, url, shards=True) if url else None  # fail fast with a clear message
     if cfg.learner.device != "auto" or cfg.learner.num_learners > 1:  # auto alone cannot fail (nor needs torch)
-        from impala_league.distributed.update import pick_device  # torch: only for a device that can fail
+        from impala_league.distributed.learner.update import pick_device  # torch: only for a device that can fail
 
         device = pick_device(cfg.learner.device)  # fail fast: e.g. learner.device=cuda on a machine without CUDA
         check_learner_gpus(cfg, device)

@@ -25,11 +25,11 @@ from impala_league.agents.heads import DiscreteHead
 from impala_league.batch import Batch
 from impala_league.config import Config
 from impala_league.distributed.actor import Actor
+from impala_league.distributed.learner.augmentation import mirrored
+from impala_league.distributed.learner.ingest import Ingest
+from impala_league.distributed.learner.role import Learner
+from impala_league.distributed.learner.update import optimizer_step
 from impala_league.distributed.wire.codec import DecodeError, decode_weights, encode_weights, unpack_message
-from impala_league.distributed.learner import Learner
-from impala_league.distributed.learner_ingest import Ingest
-from impala_league.distributed.mirror import mirrored
-from impala_league.distributed.update import optimizer_step
 from impala_league.distributed.wire.transport import TrajectoryStream
 from impala_league.league.opponents import BotFactory
 from impala_league.league.players import MAIN, namespace

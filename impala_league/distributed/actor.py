@@ -25,14 +25,14 @@ from impala_league.agents.core import CoreStates
 from impala_league.agents.heads import DiscreteHead, FunctionCallHead
 from impala_league.agents.model import make_model, policy_head
 from impala_league.config import Config, ConfigError, core_size
-from impala_league.distributed.allocator import keep_freed_memory
+from impala_league.distributed.launch.allocator import keep_freed_memory
+from impala_league.distributed.launch.ownership import run_role
 from impala_league.distributed.unroll_buffer import UnrollBuffer
 from impala_league.distributed.wire import keys
 from impala_league.distributed.wire.codec import UnrollSpec, WeightsCorrupt, encode_unrolls
-from impala_league.distributed.ownership import run_role
 from impala_league.distributed.wire.params import ParamStore, params_replica
-from impala_league.distributed.wire.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream, actor_shard, connect,
-                                   connect_shard, run_is_over, shard_urls)
+from impala_league.distributed.wire.transport import (LearnerLease, LeaseHeld, ResultsStream, TrajectoryStream,
+                                                      actor_shard, connect, connect_shard, run_is_over, shard_urls)
 from impala_league.envs.registry import env_spec, make_envs
 from impala_league.league.opponents import BotFactory, Match, Opponents
 from impala_league.league.players import MAIN, namespace

@@ -15,7 +15,7 @@ from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
 from impala_league.agents.policy import load_policy
 from impala_league.analysis.runs import EVALUATION_FILE
 from impala_league.config import Config
-from impala_league.distributed.history import history_files
+from impala_league.distributed.learner.checkpoint_history import history_files
 from impala_league.envs import atari2p
 from impala_league.evaluation.atari_judge import ONE_PLAYER_SEAT, JudgeError, judge, judge_line, one_player_game
 from impala_league.evaluation.evaluate import episode_returns, evaluate

@@ -2,7 +2,7 @@
 
 The earlier policies are checkpoint files whose meta holds the update `step` and env `frames`: with a
 league the main agent's snapshots (`league/snapshots/main-*.safetensors`), without one the copies of
-its checkpoint that `run.py train` keeps (`checkpoints/history/`, distributed/history.py).
+its checkpoint that `run.py train` keeps (`checkpoints/history/`, distributed/learner/checkpoint_history.py).
 `earlier_policies` picks a few, evenly spaced; `evaluate_over_training` plays each in every seat
 against each bot, and against a judge the run never trained against (the held-out score), as the final
 evaluation does but with fewer games. `run.py train` keeps the result

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from impala_league.agents.checkpoint import CheckpointError, read_meta, save_checkpoint
 from impala_league.agents.model import make_model
 from impala_league.config import Config, ConfigError, to_yaml, without_secrets
-from impala_league.distributed.ownership import owns_run_dir, run_role
+from impala_league.distributed.launch.ownership import owns_run_dir, run_role
 from impala_league.distributed.wire import keys
 from impala_league.distributed.wire.codec import WeightsCorrupt, decode_weights
 from impala_league.distributed.wire.params import ParamStore

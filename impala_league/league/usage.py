@@ -7,10 +7,10 @@ What grows in a run directory, and its rule:
                        line dropped, the first and the last kept) once past RATINGS_MAX_BYTES;
   league/state.json    rewritten at every pass: its size follows the payoff table (pairs that played);
   checkpoints/         `latest.safetensors` per learner, rewritten in place; without a league, evenly
-                       spaced copies in `checkpoints/history/` (at most 16: distributed/history.py);
+                       spaced copies in `checkpoints/history/` (at most 16: distributed/learner/checkpoint_history.py);
   metrics*.jsonl       one record per learner per `run.log_every_s`: grows linearly, a few MB a day;
   redis/               the embedded Redis's append-only file, rewritten by Redis itself once it has
-                       grown by `auto-aof-rewrite-percentage` (distributed/embedded_redis.py sets it).
+                       grown by `auto-aof-rewrite-percentage` (distributed/launch/embedded_redis.py sets it).
 `Usage.check` logs a warning with the numbers when the run directory or Redis passes its budget
 (`league.disk_budget_mb`, `league.redis_budget_mb`).
 """

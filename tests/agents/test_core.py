@@ -17,11 +17,11 @@ import torch
 from impala_league.agents.core import NO_ACTION, CoreInput, forward_batch
 from impala_league.agents.model import make_model, policy_head
 from impala_league.agents.policy import Policy
+from impala_league.batch import Batch
 from impala_league.config import load_config
 from impala_league.distributed.actor import Actor
+from impala_league.distributed.learner.update import learn_step, make_optimizer
 from impala_league.distributed.wire.codec import DecodeError, UnrollSpec, decode_unrolls, encode_unrolls, split_unrolls
-from impala_league.batch import Batch
-from impala_league.distributed.update import learn_step, make_optimizer
 from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.evaluate import episode_returns

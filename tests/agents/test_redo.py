@@ -13,8 +13,8 @@ import torch
 from impala_league.agents.network import ActorCritic
 from impala_league.agents.redo import recycle_dormant_units, unit_scores
 from impala_league.config import AgentConfig, ConfigError, load_config
-from impala_league.distributed.data_parallel import Group
-from impala_league.distributed.learner import Learner
+from impala_league.distributed.learner.data_parallel import Group
+from impala_league.distributed.learner.role import Learner
 
 
 def frames(n: int = 16) -> torch.Tensor:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from impala_league.config import LeagueConfig
-from impala_league.distributed.metrics import seat_scores
+from impala_league.distributed.learner.metrics import seat_scores
 from impala_league.league.matchmaking import league_exploiter_opponents
 from impala_league.league.payoff import PayoffTable, episode_score
 

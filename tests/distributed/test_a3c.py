@@ -10,11 +10,11 @@ import torch
 from impala_league.agents.core import forward_batch
 from impala_league.agents.heads import DiscreteHead
 from impala_league.agents.network import ActorCritic
+from impala_league.batch import Batch
 from impala_league.config import AgentConfig, ConfigError, LearnerConfig, load_config
 from impala_league.distributed.a3c import apply_gradients, decode_gradients, encode_gradients
+from impala_league.distributed.learner.update import learn_step, make_optimizer
 from impala_league.distributed.wire.codec import DecodeError
-from impala_league.batch import Batch
-from impala_league.distributed.update import learn_step, make_optimizer
 from impala_league.envs.registry import env_spec
 from impala_league.losses.actor_critic import actor_critic_loss
 

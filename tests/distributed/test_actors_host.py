@@ -1,4 +1,4 @@
-"""`run.py actors`: one host's actor processes under the launcher's rules (distributed/launcher.py,
+"""`run.py actors`: one host's actor processes under the launcher's rules (distributed/launch/launcher.py,
 `Workers`), with real processes, a real Redis and real signals. No learner runs: the actors wait for
 weights, holding their id leases, until the test ends them."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from impala_league import REPO
-from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.launch.launcher import EmbeddedRedis
 from impala_league.distributed.wire.transport import GROUP, TrajectoryStream, connect, redis_outages
 from tests.distributed.test_faults import T, encode, small_config, valid_unroll
 
@@ -133,7 +133,7 @@ def test_an_add_whose_reply_was_lost_is_resent_and_done_once(tmp_path, redis_ser
     """The real path of a re-sent add: the actor's script runs, its reply is lost, the retry policy
     re-sends it. The re-sent script finds the producer's count done and adds nothing: the stream holds
     each unroll once, and the learner trains on each once."""
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     proxy = ReplyDroppingProxy(redis_server.port)
     try:

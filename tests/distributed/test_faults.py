@@ -93,7 +93,7 @@ def _nan_reward(msg):
 # -- a live learner ---------------------------------------------------------------------------------
 
 def test_live_learner_dead_letters_garbage_and_survives_a_poisoned_unroll(tmp_path, redis_client, redis_url, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     key = f"{run_name}:traj"
     garbage = {
@@ -135,7 +135,7 @@ def test_a_starting_learner_clears_the_done_flag_of_an_earlier_end(tmp_path, red
     actor home at once, and the learner waited for unrolls forever."""
     import threading
 
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     redis_client.set(f"{run_name}:done", 1)
     learner = Learner(small_config(run_name, tmp_path, "run.total_agent_steps=1000"), redis_url, tmp_path / run_name)
@@ -172,7 +172,7 @@ def test_actor_with_another_network_than_the_learner_is_a_clear_error(tmp_path, 
 
 
 def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path, redis_url, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     cfg = small_config(run_name, tmp_path, "run.total_agent_steps=1")
     first = Learner(cfg, redis_url, tmp_path / run_name)
@@ -190,7 +190,7 @@ def test_resume_with_a_different_network_or_optimizer_is_a_clear_error(tmp_path,
 
 
 def test_checkpoint_holds_no_redis_password(tmp_path, redis_url, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     cfg = small_config(run_name, tmp_path, f"run.redis_url={redis_url}")
     learner = Learner(cfg, redis_url, tmp_path / run_name)
@@ -270,7 +270,8 @@ def test_bad_command_lines_exit_2_with_one_clear_line(cli_errors, name, message)
 
 
 def test_unreachable_redis_exits_4_with_one_clear_line(cli_errors):
-    """Not a bad command line: Redis may come up later, so it has its own code (see tests/distributed/test_startup.py)."""
+    """Not a bad command line: Redis may come up later, so it has its own code (see
+    tests/distributed/launch/test_startup.py)."""
     code, out, err, cwd = cli_errors["train unreachable"]
     assert code == 4, out + err
     assert err.startswith("error: cannot reach Redis at redis://***@127.0.0.1:") and err.count("\n") == 1, err

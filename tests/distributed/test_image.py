@@ -117,5 +117,5 @@ def test_dockerignore_keeps_environments_runs_and_history_out():
                  ".hypothesis/examples/x", "test-artifacts/report.html"):
         assert _ignored(path, patterns), path
     for path in ("run.py", "requirements.txt", "pyproject.toml", "impala_league/config.py", "configs/connect_four.yaml",
-                 "impala_league/distributed/launcher.py", "impala_league/envs/registry.py"):
+                 "impala_league/distributed/launch/launcher.py", "impala_league/envs/registry.py"):
         assert (REPO / path).exists() and not _ignored(path, patterns), path

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from impala_league import REPO
-from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.launch.launcher import EmbeddedRedis
 from impala_league.distributed.wire.transport import TrajectoryStream, connect
 from tests.distributed.test_faults import encode, small_config, valid_unroll
 
@@ -60,7 +60,7 @@ def rate(client, stream: TrajectoryStream, seconds: float) -> tuple[float, float
 
 
 def test_32_actors_against_a_slow_learner_stay_within_the_memory_bound_and_recover(tmp_path, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     overrides = [f"actor.num_envs={NUM_ENVS}", f"actor.high_water_mark={HIGH_WATER_MARK}", "learner.batch_size=8",
                  "run.total_agent_steps=1000000000", "run.log_every_s=1", "learner.mirror_augment=none"]

@@ -21,7 +21,7 @@ import pytest
 
 from bench.netns import ip, linked_namespaces, namespaces_refused
 from impala_league import REPO
-from impala_league.distributed.launcher import redis_server_binary
+from impala_league.distributed.launch.launcher import redis_server_binary
 from impala_league.distributed.wire.transport import TrajectoryStream, connect
 from tests.distributed.test_delivery import _wait
 

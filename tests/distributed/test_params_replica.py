@@ -16,8 +16,8 @@ import torch
 
 from impala_league import REPO
 from impala_league.config import ConfigError, load_config
+from impala_league.distributed.launch.launcher import EmbeddedRedis
 from impala_league.distributed.wire.codec import encode_weights, weights_digest
-from impala_league.distributed.launcher import EmbeddedRedis
 from impala_league.distributed.wire.params import ParamStore, params_replica
 
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's

@@ -23,9 +23,9 @@ import pytest
 import redis
 
 from impala_league import REPO
-from impala_league.distributed.launcher import EmbeddedRedis
-from impala_league.distributed.wire.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable, RetryPolicy,
-                                   TrajectoryStream, connect, redis_outages)
+from impala_league.distributed.launch.launcher import EmbeddedRedis
+from impala_league.distributed.wire.transport import (GROUP, DeadConsumerSweeper, RedisGaveUp, RedisUnavailable,
+                                                      RetryPolicy, TrajectoryStream, connect, redis_outages)
 from tests.background import Background
 from tests.distributed.test_faults import T, _descendants, encode, small_config, valid_unroll
 
@@ -110,7 +110,7 @@ def test_a_read_blocking_longer_than_the_socket_timeout_is_refused_before_it_is_
 
 
 def test_the_learner_client_can_block_for_its_configured_read(tmp_path, redis_url, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     learner = Learner(small_config(run_name, tmp_path, "learner.read_block_ms=30000"), redis_url, tmp_path / run_name)
     assert learner.redis.connection_pool.connection_kwargs["socket_timeout"] > 30
@@ -255,7 +255,7 @@ def test_a_racing_learner_that_recreates_the_group_first_is_tolerated(redis_clie
 
 
 def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, volatile_redis, run_name, caplog):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     cfg = small_config(run_name, tmp_path, f"run.total_agent_steps={2 * 2 * T}", "run.redis_retry_s=20")
     learner = Learner(cfg, volatile_redis.url, tmp_path / run_name)
@@ -341,7 +341,7 @@ def test_the_sweeper_claims_each_entry_once_it_is_idle_and_then_removes_the_dead
 
 def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_path, redis_client, redis_url,
                                                                          run_name, caplog):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     key = f"{run_name}:traj"
     stream = TrajectoryStream(redis_client, run_name)
@@ -409,7 +409,7 @@ def test_an_actor_exits_with_redis_unavailable_when_redis_stays_down(tmp_path, o
 def test_a_learner_exits_with_redis_unavailable_and_a_checkpoint_when_redis_stays_down(tmp_path, own_redis, run_name):
     import torch
 
-    from impala_league.distributed.learner import run_learner
+    from impala_league.distributed.learner.role import run_learner
 
     cfg = small_config(run_name, tmp_path, "run.redis_retry_s=1", "learner.num_threads=3")
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

@@ -15,13 +15,13 @@ import torch
 
 from impala_league import REPO
 import impala_league.envs.sc2_wrappers  # noqa: F401  (imports pysc2 through the shim)
+from impala_league.agents.checkpoint import read_checkpoint
 from impala_league.agents.model import make_model, policy_head
+from impala_league.batch import Batch
 from impala_league.config import LearnerConfig, load_config
 from impala_league.distributed.actor import UnrollBuffer
-from impala_league.agents.checkpoint import read_checkpoint
+from impala_league.distributed.learner.update import learn_step
 from impala_league.distributed.wire.codec import UnrollSpec, decode_unroll, encode_unroll
-from impala_league.batch import Batch
-from impala_league.distributed.update import learn_step
 from impala_league.distributed.wire.transport import GROUP
 from impala_league.envs.registry import env_spec, make_env
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from impala_league import REPO
-from impala_league.distributed.embedded_redis import EmbeddedRedis, free_port, redis_server_binary
+from impala_league.distributed.launch.embedded_redis import EmbeddedRedis, free_port, redis_server_binary
 from impala_league.distributed.wire.transport import RedisUnavailable, TrajectoryStream, connect
 from tests.background import Background
 from tests.distributed.test_delivery import run_learner_until
@@ -82,7 +82,7 @@ def test_rediss_with_a_ca_certificate_carries_a_learner_update(tls_redis, tmp_pa
     assert client.connection_pool.connection_class is redis.SSLConnection
     for reward in (1.0, -1.0):
         client.xadd(f"{run_name}:traj", {"data": encode(valid_unroll(reward))})
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     with caplog.at_level(logging.DEBUG):
         learner = Learner(small_config(run_name, tmp_path), url, tmp_path / run_name)
@@ -105,7 +105,7 @@ def test_rediss_with_a_ca_certificate_carries_a_learner_update(tls_redis, tmp_pa
 def test_a_password_is_never_logged_nor_written(tmp_path, run_name, caplog):
     """A learner run through a forced reconnect and a Redis restart, with every logger at DEBUG; then
     the CLI with a wrong password, in the URL's user info and in its query string."""
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     with EmbeddedRedis() as server:
         client = connect(server.url)
@@ -153,9 +153,10 @@ def documented_acl(run: str, password: str) -> list[str]:
 
 def test_the_documented_acl_user_can_run_an_actor_and_a_learner_and_nothing_else(tmp_path, run_name, monkeypatch):
     from impala_league.distributed.actor import Actor
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
-    monkeypatch.setattr("impala_league.distributed.ingest.KEEP_ALIVE_S", 0.05)  # the learner renews its entries in flight too
+    # the learner renews its entries in flight too
+    monkeypatch.setattr("impala_league.distributed.learner.ingest_thread.KEEP_ALIVE_S", 0.05)
 
     with EmbeddedRedis() as server:
         admin = connect(server.url)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from impala_league import REPO
-from impala_league.distributed.launcher import EmbeddedRedis
+from impala_league.distributed.launch.launcher import EmbeddedRedis
 from impala_league.distributed.wire.transport import RESULTS_MAXLEN, connect
 from tests.distributed.test_faults import _descendants
 

@@ -48,7 +48,7 @@ def test_rest_of_the_project_does_not_import_pysc2_or_switch_protobuf():
     result = _run(
         "import json, os, sys\n"
         "import run, impala_league.config, impala_league.envs.registry, impala_league.distributed.actor\n"
-        "import impala_league.distributed.learner, impala_league.agents.network\n"
+        "import impala_league.distributed.learner.role, impala_league.agents.network\n"
         "import google.protobuf\n"
         "from google.protobuf.internal import api_implementation\n"
         "print(json.dumps({'pysc2': any(m.startswith('pysc2') for m in sys.modules),\n"

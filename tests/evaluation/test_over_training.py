@@ -16,7 +16,7 @@ from impala_league.agents.checkpoint import model_state, read_checkpoint, read_m
 from impala_league.agents.network import ActorCritic
 from impala_league.agents.policy import load_policy
 from impala_league.config import load_config, to_yaml
-from impala_league.distributed.history import CheckpointHistory, history_files
+from impala_league.distributed.learner.checkpoint_history import CheckpointHistory, history_files
 from impala_league.envs.registry import env_spec
 from impala_league.evaluation.final import final_evaluation, tactics_line
 from impala_league.evaluation.over_training import earlier_policies

@@ -16,8 +16,8 @@ from impala_league.agents.policy import load_policy
 from impala_league.config import LeagueConfig, load_config
 from impala_league.distributed.wire.params import ParamStore
 from impala_league.envs.registry import env_spec
-from impala_league.league.matchmaking import (league_exploiter_opponents, main_agent_opponents, main_exploiter_opponents,
-                                pfsp_probabilities)
+from impala_league.league.matchmaking import (league_exploiter_opponents, main_agent_opponents,
+                                              main_exploiter_opponents, pfsp_probabilities)
 from impala_league.league.payoff import ELO_SCALE, EloRatings, PayoffTable, episode_score
 from impala_league.league.store import LeagueStore
 
@@ -410,7 +410,7 @@ def test_a_min_games_that_decay_can_never_reach_is_a_config_error():
 
 def test_an_exploiter_reset_asked_for_while_its_learner_was_down_is_applied_on_resume(tmp_path, redis_client,
                                                                                       redis_url, run_name):
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     cfg = _config(tmp_path, run_name, "league.main_exploiters=1")
     (tmp_path / run_name).mkdir(parents=True)

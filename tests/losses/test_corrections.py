@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from impala_league.config import ConfigError, LearnerConfig, load_config
-from impala_league.distributed.update import learn_step
-from tests.distributed.test_update import TableModel, make_batch
+from impala_league.distributed.learner.update import learn_step
+from tests.distributed.learner.test_update import TableModel, make_batch
 
 # T=2, B=1, two actions; actions [1, 0]; pi(1|x0) = 0.75, pi(0|x1) = 0.75 (the learner's table);
 # mu(1|x0) = 0.5, mu(0|x1) = 0.9 (the actor's), so rho = [1.5, 0.75 / 0.9 = 5/6].

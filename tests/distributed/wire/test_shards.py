@@ -18,11 +18,11 @@ from redis.crc import key_slot
 
 from impala_league.analysis.runs import delete_run_keys, list_redis_runs
 from impala_league.config import ConfigError
+from impala_league.distributed.launch.launcher import EmbeddedRedis, redis_server_binary
 from impala_league.distributed.wire import shards as shards_module
-from impala_league.distributed.launcher import EmbeddedRedis, redis_server_binary
 from impala_league.distributed.wire.shards import ShardedTrajectories
-from impala_league.distributed.wire.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard, shard_namespace,
-                                   shard_urls)
+from impala_league.distributed.wire.transport import (GROUP, TrajectoryStream, actor_shard, connect, connect_shard,
+                                                      shard_namespace, shard_urls)
 from tests.background import Background
 from tests.distributed.test_faults import T, encode, small_config, valid_unroll
 
@@ -97,7 +97,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
     """Five actors on three shards (actor i on shard i % 3; actor 4 a real `Actor`), 18 unrolls; an add
     re-sent on shard 1 (done once) and a garbage entry on shard 2. The learner trains on all of them; each shard's counts balance, and so do the totals."""
     from impala_league.distributed.actor import Actor
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     cfg = small_config(run_name, tmp_path, "transport.shards=3", "run.total_agent_steps=100000")
     actor = Actor(cfg, redis_url, actor_id=4)  # the real actor: id 4 writes to shard 1 and counts there
@@ -142,7 +142,7 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
     """Shard 0 on the run's Redis, shard 1 on a second server. Stopping the second (SIGTERM to its pid),
     the learner keeps training shard 0; restarted from its append-only file, shard 1 is trained again,
     the acks of before the stop are there, and everything balances."""
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     monkeypatch.setattr(shards_module, "PROBE_MAX_S", 0.5)  # probe the stopped server often: a short test
     other = EmbeddedRedis(password=redis_server.password)
@@ -304,7 +304,7 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
     from redis.crc import key_slot
 
     from impala_league.distributed.actor import Actor
-    from impala_league.distributed.learner import Learner
+    from impala_league.distributed.learner.role import Learner
 
     # The tags spread: for a fixed run name, shards 0..2 fall on all three thirds of the slots.
     assert {key_slot(f"{shard_namespace('run', s, cluster=True)}:traj".encode()) * 3 // 16384

@@ -248,7 +248,7 @@ def test_each_actor_s_seconds_throttled_are_counted_once_and_summed(traj):
 
 
 def test_the_metrics_window_reports_the_update_thread_s_shares_of_its_time():
-    from impala_league.distributed.metrics import MetricsWindow
+    from impala_league.distributed.learner.metrics import MetricsWindow
 
     window = MetricsWindow(start=100.0)
     window.add(40, [0, 1], {"loss": 0.5, "skipped_update": 0.0})
