@@ -12,7 +12,7 @@ over several seeds each cell is the mean, the 95% Student-t half-width and the s
     python bench/bench_memory.py [--minutes 6] [--episodes 200] [--seeds 0 1 2] [--none-seeds 0]
                                  [--configs configs/memory_cue.yaml ...]
 
-Each run takes the whole machine: run nothing else meanwhile (the table gives frames and minutes).
+Each run takes the whole machine: run nothing else meanwhile (the table gives agent steps and minutes).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def random_return(cfg, episodes: int, seed: int = 0) -> float:
 
 
 def train(config: str, core: str, seed: int, minutes: float | None, episodes: int, out: Path) -> dict:
-    """One `run.py train`; its frames, updates, training minutes and the greedy evaluation's mean return."""
+    """One `run.py train`; its agent steps trained, updates, training minutes and the greedy evaluation's mean
+    return."""
     name = f"bench_memory-{Path(config).stem}-{core}-seed{seed}-{int(time.time())}"
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / config), "--eval-games",
            str(episodes), "--set", f"run.name={name}", "--set", f"run.dir={out}", "--set", f"agent.core={core}",
@@ -69,10 +70,11 @@ def train(config: str, core: str, seed: int, minutes: float | None, episodes: in
     # When the training episodes' mean return (the sampling policy's) first came within 90% of the best.
     best = BEST.get(load_config(REPO / config).env.name, float("inf"))
     reached = next((r for r in records if (r.get("episode_return") or -math.inf) >= 0.9 * best), None)
-    return {"seed": seed, "frames": records[-1]["frames"], "minutes": records[-1]["elapsed_s"] / 60, "wall_minutes": wall / 60,
+    return {"seed": seed, "agent_steps": records[-1]["agent_steps_trained"], "minutes": records[-1]["elapsed_s"] / 60,
+            "wall_minutes": wall / 60,
             "return": evaluation["episodes"]["mean_return"],
             "minutes_to_90": None if reached is None else reached["elapsed_s"] / 60,
-            "frames_to_90": None if reached is None else reached["frames"]}
+            "agent_steps_to_90": None if reached is None else reached["agent_steps_trained"]}
 
 
 def column(runs: list[dict], key: str, scale: float = 1.0) -> list[float | None]:
@@ -105,11 +107,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for env, r, rand in rows:
         lstm, none = r["lstm"], r["none"]
-        steps_none = seeds_text(column(none, "frames", 1e6), 2) if none else "-"
+        steps_none = seeds_text(column(none, "agent_steps", 1e6), 2) if none else "-"
         memoryless = seeds_text(column(none, "return"), 3) if none else "-"
         print(f"| {env} | {seeds_text(column(lstm, 'return'), 3)} | {memoryless} | {rand:.3f} | "
               f"{BEST.get(env, float('nan')):.1f} | {seeds_text(column(lstm, 'minutes_to_90'), 1)} | "
-              f"{seeds_text(column(lstm, 'frames', 1e6), 2)} / {steps_none} | {lstm[0]['minutes']:.1f} |")
+              f"{seeds_text(column(lstm, 'agent_steps', 1e6), 2)} / {steps_none} | {lstm[0]['minutes']:.1f} |")
 
 
 if __name__ == "__main__":

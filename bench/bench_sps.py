@@ -75,7 +75,7 @@ def end_to_end_sps(config: str, overrides: list[str], seconds: float, warmup: fl
     steady = [r for r in records if r["time"] - t0 >= warmup]
     first, last = steady[0], steady[-1]
     seconds = last["time"] - first["time"]
-    sps = (last["frames"] - first["frames"]) / seconds
+    sps = (last["agent_steps_trained"] - first["agent_steps_trained"]) / seconds
     # What the actors would produce unthrottled: their rate while not waiting for room in the stream.
     cfg = load_config(config, overrides)
     produced = (last["unrolls_produced"] - first["unrolls_produced"]) * cfg.actor.unroll_length / seconds

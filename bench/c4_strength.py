@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import numpy as np  # noqa: E402
 
 from impala_league.analysis.runs import load_run  # noqa: E402
+from impala_league.records import upgraded  # noqa: E402
 from pong_league_curve import snapshot_minutes  # noqa: E402
 
 
@@ -62,12 +63,14 @@ def points(run_dir: Path, minutes: list[float]) -> list[tuple[str, Path, int, fl
         near = [s for s in snapshots if abs(s[2] - mark) <= 1.0]
         if near:
             path, update, at = min(near, key=lambda s: abs(s[2] - mark))
-            meta = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else {}
-            out.append((f"{mark:g} min", path, update, at, meta.get("frames") or 0))
+            meta_file = path.with_suffix(".json")
+            meta = upgraded(json.loads(meta_file.read_text())) if meta_file.exists() else {}
+            out.append((f"{mark:g} min", path, update, at, meta.get("agent_steps_trained") or 0))
     final = run_dir / "checkpoints" / "latest.safetensors"
     records = [r for r in run.records if "step" in r and "elapsed_s" in r]
     if final.exists() and records:
-        out.append(("final", final, records[-1]["step"], run.elapsed(records[-1]) / 60, records[-1].get("frames", 0)))
+        out.append(("final", final, records[-1]["step"], run.elapsed(records[-1]) / 60,
+                    records[-1].get("agent_steps_trained", 0)))
     return out
 
 
@@ -87,9 +90,9 @@ def main() -> None:
     todo = []
     rows = []
     for run_dir in args.runs:
-        for label, path, update, at, frames in points(run_dir, args.minutes):
+        for label, path, update, at, agent_steps in points(run_dir, args.minutes):
             key = f"{path.resolve()}@{update}"
-            rows.append((run_dir.name, label, key, at, frames))
+            rows.append((run_dir.name, label, key, at, agent_steps))
             wanted = ([("positions", args.positions, args.positions_seed)] if args.positions else []) + \
                 [(j, args.games, 0) for j in args.judges]
             for what, count, seed in wanted:
@@ -111,10 +114,10 @@ def main() -> None:
         [f"{j}:{args.games}:0" for j in args.judges]
     print("run  point  minutes  agent steps  " + "  ".join(names))
     by_label: dict[str, list[list[float]]] = {}
-    for run_name, label, key, at, frames in rows:
+    for run_name, label, key, at, agent_steps in rows:
         values = [kept[key][n].get("blunder", kept[key][n].get("score")) for n in names]
         by_label.setdefault(label, []).append(values)
-        print(f"{run_name}  {label}  {at:.1f}  {frames:,}  " + "  ".join(f"{v:.3f}" for v in values))
+        print(f"{run_name}  {label}  {at:.1f}  {agent_steps:,}  " + "  ".join(f"{v:.3f}" for v in values))
     if len(args.runs) > 1:
         print("over runs (mean, min-max): blunder rate for positions, pooled score for judges")
         for label, values in by_label.items():

@@ -23,12 +23,13 @@ sys.path.insert(0, str(REPO))
 from omegaconf import OmegaConf  # noqa: E402
 
 from impala_league.analysis.compare import score_statistics, seeds_text  # noqa: E402
+from impala_league.records import upgraded  # noqa: E402
 
 
 def run_summary(run_dir: Path) -> dict:
     """One run's evaluation: per opponent (bots, then judges) each seat's win rate and score, the pooled
     score and the games per seat; and the run's agent steps trained and training minutes."""
-    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    evaluation = upgraded(json.loads((run_dir / "evaluation.json").read_text()))
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     seed = OmegaConf.load(run_dir / "config.yaml").run.seed
     opponents = {}
@@ -40,7 +41,7 @@ def run_summary(run_dir: Path) -> dict:
                                "win_rate": [s["win_rate"] for s in seats.values()],
                                "score": [s["score"] for s in seats.values()],
                                "pooled": sum(s["score"] * s["games"] for s in seats.values()) / games}
-    return {"run": str(run_dir), "seed": seed, "agent_steps": evaluation["frames"],
+    return {"run": str(run_dir), "seed": seed, "agent_steps": evaluation["agent_steps_trained"],
             "updates": evaluation["step"], "minutes": last["elapsed_s"] / 60, "opponents": opponents}
 
 

@@ -18,17 +18,17 @@ from impala_league.distributed.wire.transport import GROUP
 pytestmark = pytest.mark.redis  # its tests start their own redis-server where they use no fixture's
 
 
-def train_command(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> list[str]:
+def train_command(tmp_path: Path, run_name: str, redis_url: str, *extra: str, agent_steps: int = 3000) -> list[str]:
     return [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--redis-url", redis_url, "--eval-games", "0",
            "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}", "--set", "run.wandb_mode=disabled",
-           "--set", f"run.total_agent_steps={frames}", "--set", "run.log_every_s=1",
+           "--set", f"run.total_agent_steps={agent_steps}", "--set", "run.log_every_s=1",
            "--set", "actor.num_actors=2", "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8",
            "--set", "learner.batch_size=4", "--set", "actor.high_water_mark=16", *extra]
 
 
-def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, frames: int = 3000) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(tmp_path, run_name, redis_url, *extra, frames=frames), capture_output=True,
+def train(tmp_path: Path, run_name: str, redis_url: str, *extra: str, agent_steps: int = 3000) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(tmp_path, run_name, redis_url, *extra, agent_steps=agent_steps), capture_output=True,
                           text=True, timeout=180, cwd=REPO)
 
 
@@ -49,8 +49,8 @@ def test_unrolls_are_produced_consumed_acked_and_params_advance(finished_run, re
     checkpoint = tmp / name / "checkpoints" / "latest.safetensors"
     _, metadata = read_checkpoint(checkpoint)
     meta = json.loads(metadata["meta"])
-    # 3000 frames at T * B = 32 frames per update: 94 updates.
-    assert meta["frames"] >= 3000 and meta["step"] == meta["frames"] // 32
+    # 3000 agent steps at T * B = 32 agent steps per update: 94 updates.
+    assert meta["agent_steps_trained"] >= 3000 and meta["step"] == meta["agent_steps_trained"] // 32
     assert int(r.get(f"{name}:params:version")) == meta["step"]
     group = next(g for g in r.xinfo_groups(f"{name}:traj") if g["name"].decode() == GROUP)
     assert group["pending"] == 0  # everything delivered was acked
@@ -64,7 +64,7 @@ def test_unrolls_are_produced_consumed_acked_and_params_advance(finished_run, re
     assert r.xlen(f"{name}:results") > 0
     assert int(r.get(f"{name}:deadletter:count") or 0) == 0
     records = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
-    assert records and records[-1]["frames"] <= meta["frames"] and records[-1]["sps"] > 0
+    assert records and records[-1]["agent_steps_trained"] <= meta["agent_steps_trained"] and records[-1]["sps"] > 0
     assert (tmp / name / "config.yaml").exists()
 
 
@@ -83,7 +83,7 @@ def test_a_run_with_ingest_workers_trains_every_unroll_once_and_leaves_nothing_b
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, metadata = read_checkpoint(tmp_path / run_name / "checkpoints" / "latest.safetensors")
     meta = json.loads(metadata["meta"])
-    assert meta["frames"] >= 3000 and meta["step"] == meta["frames"] // 32
+    assert meta["agent_steps_trained"] >= 3000 and meta["step"] == meta["agent_steps_trained"] // 32
     r = connect(redis_server.url)
     counts = TrajectoryStream(r, run_name).accounting()
     assert counts["trained"] == meta["step"] * 4 and counts["dead_lettered"] == 0
@@ -96,12 +96,12 @@ def test_a_run_with_ingest_workers_trains_every_unroll_once_and_leaves_nothing_b
 def test_resume_continues_from_the_checkpoint(finished_run, redis_server):
     tmp, name, _ = finished_run
     before = json.loads(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["meta"])
-    proc = train(tmp, name, redis_server.url, "--resume", frames=before["frames"] + 1000)
+    proc = train(tmp, name, redis_server.url, "--resume", agent_steps=before["agent_steps_trained"] + 1000)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = json.loads(read_checkpoint(tmp / name / "checkpoints" / "latest.safetensors")[1]["meta"])
     assert "resumed from" in proc.stdout
-    assert after["step"] > before["step"] and after["frames"] >= before["frames"] + 1000
-    assert after["step"] == after["frames"] // 32  # the update counter continued, not restarted
+    assert after["step"] > before["step"] and after["agent_steps_trained"] >= before["agent_steps_trained"] + 1000
+    assert after["step"] == after["agent_steps_trained"] // 32  # the update counter continued, not restarted
 
 
 def test_resume_with_another_network_is_refused_before_the_run_config_is_rewritten(finished_run, redis_server):
@@ -123,7 +123,7 @@ def test_evaluate_prints_per_seat_rates_as_json(finished_run):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     meta = json.loads(read_checkpoint(checkpoint)[1]["meta"])
-    assert (result["step"], result["frames"], result["seed"]) == (meta["step"], meta["frames"], 5)
+    assert (result["step"], result["agent_steps_trained"], result["seed"]) == (meta["step"], meta["agent_steps_trained"], 5)
     assert result["checkpoint"] == str(checkpoint)
     assert set(result["seats"]) == {"player_1", "player_2"}
     for seat in result["seats"].values():
@@ -212,7 +212,7 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
     league = ["--set", "league.enabled=true", "--set", "league.main_exploiters=1", "--set", "league.league_exploiters=1",
               "--set", "league.snapshot_every=10", "--set", "league.manager_every_s=0.2", "--set", "league.min_games=2",
               "--set", "actor.num_actors=1", "--set", "league.exploiter_nice=0"]
-    proc = subprocess.Popen(train_command(tmp_path, run_name, redis_server.url, *league, frames=10_000_000),
+    proc = subprocess.Popen(train_command(tmp_path, run_name, redis_server.url, *league, agent_steps=10_000_000),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     r = connect(redis_server.url)
     run_dir = tmp_path / run_name
@@ -237,8 +237,8 @@ def test_league_run_with_both_exploiters_snapshots_scores_and_resumes(tmp_path, 
     assert all((run_dir / "league" / "snapshots" / f"{s}.safetensors").exists() for s in snapshots)
     assert state["games"] > 0 and state["payoff"]
     # Resume: the manager reloads its snapshots and the exploiters their checkpoints; the run finishes.
-    frames = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])["frames"]
-    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", frames=frames + 500)
+    agent_steps = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])["agent_steps_trained"]
+    proc = train(tmp_path, run_name, redis_server.url, *league, "--resume", agent_steps=agent_steps + 500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"league resumed from {run_dir / 'league' / 'state.json'}: {len(snapshots)} snapshots" in out

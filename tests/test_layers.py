@@ -18,7 +18,8 @@ NOT_PACKAGE = {"tests", "bench", "scripts", ".venv", "venv", ".git", "runs", "wa
 
 # Lowest first; a module may import modules of its own layer or of a lower one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plain data and pure math", ("config", "config_schema", "tracking", "batch", "distributed.vtrace", "text")),
+    ("plain data and pure math", ("config", "config_schema", "tracking", "batch", "distributed.vtrace", "text",
+                                  "records")),
     ("the math of learning", ("losses",)),
     ("games", ("envs",)),
     ("networks", ("agents",)),
@@ -28,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Within the lowest layer each module imports nothing of ours, except config, which re-exports its schema,
 # and tracking, which reads the config.
 BASE_IMPORTS = {"config_schema": set(), "config": {"config_schema"}, "distributed.vtrace": set(),
-                "tracking": {"config"}, "batch": set(), "text": set()}
+                "tracking": {"config"}, "batch": set(), "text": set(), "records": set()}
 # Training processes and cluster files carry no plotting or report code; the roles import no cluster files.
 FORBIDDEN = (("distributed", "analysis", "training roles know no report code"),
              ("league", "analysis", "training roles know no report code"),

@@ -259,8 +259,8 @@ def test_metrics_count_agent_steps_trained_and_env_steps_played_apart(tmp_path, 
     cfg = duel_config(run_name, tmp_path, "run.total_agent_steps=24")
     learner, actor = train_with_one_actor(cfg, redis_url, tmp_path / run_name)
     records = strict_lines(tmp_path / run_name / "metrics.jsonl")
-    assert all(r["agent_steps_trained"] == r["frames"] for r in records)
-    assert records[-1]["agent_steps_trained"] == learner.frames == 24  # the budget counts agent steps
+    assert all("agent_steps_trained" in r and "frames" not in r for r in records)  # one name, the new one
+    assert records[-1]["agent_steps_trained"] == learner.agent_steps == 24  # the budget counts agent steps
     counts = TrajectoryStream(redis_client, run_name).accounting()
     played, T, buffers = counts["env_steps"], cfg.actor.unroll_length, 2 * cfg.actor.num_envs
     # What the actor reported with its last send: each env step once, both players' steps in its unrolls.

@@ -55,7 +55,7 @@ def resumed(tmp_path_factory):
 def test_resume_by_directory_alone_continues_the_run_with_its_own_config(resumed):
     run_dir, before, after, second = resumed
     assert f"resumed from {run_dir / 'checkpoints' / 'latest.safetensors'} at update {before['step']:,}" in second.stdout
-    assert after["step"] > before["step"] and after["frames"] > before["frames"]
+    assert after["step"] > before["step"] and after["agent_steps_trained"] > before["agent_steps_trained"]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["run"]["max_minutes"] == 0.1 and saved["learner"]["lr_schedule"] == "linear"  # --set applied
     assert not (run_dir.parent / "sched-2").exists()
@@ -100,7 +100,7 @@ def test_counters_and_the_time_axis_continue_across_the_resume_and_the_gap_is_no
 def test_the_final_evaluation_is_saved_with_step_frames_seed_and_shown_in_the_report(resumed):
     run_dir, _, after, second = resumed
     record = json.loads((run_dir / "evaluation.json").read_text())
-    assert record["step"] == after["step"] and record["frames"] == after["frames"] and record["seed"] == 0
+    assert record["step"] == after["step"] and record["agent_steps_trained"] == after["agent_steps_trained"] and record["seed"] == 0
     assert set(record["opponents"]) == {"random", "tactical", "minimax:9"}
     for seats in record["opponents"].values():
         assert set(seats) == {"player_1", "player_2"}

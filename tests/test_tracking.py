@@ -21,11 +21,11 @@ from impala_league.tracking import TensorBoardSink, Tracker, log_final_evaluatio
 
 RECORDS = [  # two metrics records as the learner writes them (metrics.jsonl), at updates 4 and 8
     {"loss": 0.5, "entropy": 1.9, "sps": 1200.0, "policy_lag": 0.75, "skipped_updates": 0, "step": 4,
-     "frames": 2560, "policy_lag_counts": [2, 1, 1]},
+     "agent_steps_trained": 2560, "policy_lag_counts": [2, 1, 1]},
     {"loss": 0.25, "entropy": 1.5, "sps": 1500.0, "policy_lag": 0.5, "skipped_updates": 1, "step": 8,
-     "frames": 5120, "policy_lag_counts": [3, 0, 1], "first_seat_win_rate": 0.625},
+     "agent_steps_trained": 5120, "policy_lag_counts": [3, 0, 1], "first_seat_win_rate": 0.625},
 ]
-SCALARS = {"loss", "entropy", "sps", "policy_lag", "skipped_updates", "step", "frames", "first_seat_win_rate"}
+SCALARS = {"loss", "entropy", "sps", "policy_lag", "skipped_updates", "step", "agent_steps_trained", "first_seat_win_rate"}
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Tensors: `model.<name>` (the network) and `optim.<param index>.<state name>` (optimizer moments).
 Metadata (strings in the safetensors header): `config` (resolved YAML), `meta` (JSON: update step,
-frames, params version, consumed stream position), `optim_groups` (JSON: optimizer hyperparameters) and
+`agent_steps_trained`, params version, consumed stream position), `optim_groups` (JSON: optimizer hyperparameters) and
 `tensors_sha256` (see `tensors_digest`), which `read_checkpoint` verifies before returning anything.
 A `checkpoint.json` beside it repeats `meta` for people; loading never reads it. Nothing is pickled.
 
@@ -28,6 +28,8 @@ import yaml
 from safetensors import SafetensorError
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from impala_league.records import upgraded
 
 from impala_league.config import UserError
 
@@ -131,13 +133,14 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
 
 def read_meta(path: str | Path) -> dict:
     """A checkpoint's `meta` JSON from its header alone: cheap, for listing many checkpoints; the tensors
-    are neither read nor verified (`read_checkpoint` does that). Raises CheckpointError naming the file."""
+    are neither read nor verified (`read_checkpoint` does that). Keys written under an older name read
+    under the name now (`records.upgraded`). Raises CheckpointError naming the file."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
     except (SafetensorError, OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path} has no readable checkpoint meta: {e}") from None
-    return meta if isinstance(meta, dict) else {}
+    return upgraded(meta) if isinstance(meta, dict) else {}
 
 
 def save_model_only(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -37,7 +37,7 @@ log = logging.getLogger("compare")
 
 STUDIES = ("algos", "corrections", "actors")
 SMOOTH = 3  # a score is the mean of the last SMOOTH metrics records up to the point it is read at
-UNLIMITED_FRAMES = 10**15
+UNLIMITED_AGENT_STEPS = 10**15
 FINAL_EVAL = "final_eval.json"  # the wall-clock budget, not the config's total_agent_steps, ends compared runs
 REPLAY_SUFFIX = "-replay"  # `vtrace-replay`: a run name, so no '+' (run.name allows letters, digits, . _ -)
 CONFIDENCE = 0.95
@@ -45,7 +45,7 @@ IQM_TRIM = 0.25  # the interquartile mean drops int(0.25 n) of the n values from
 BOOTSTRAP_RESAMPLES = 2000  # resamples of the seeds per bootstrap interval (rliable's default is 50,000)
 BOOTSTRAP_SEED = 0  # every interval starts a generator of its own from this seed: same scores, same interval
 # Per-seed scores: the summary holds their mean, its interval's half-width and the values themselves.
-SCORES = ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames", "final_eval_score")
+SCORES = ("final_score", "score_at_equal_wall_clock", "score_at_equal_agent_steps", "final_eval_score")
 
 
 def actor_counts(cores: int) -> list[int]:
@@ -88,39 +88,39 @@ def plan(study: str, lag: int, only: list[str] | None = None, actors: list[int] 
 
 
 def train_command(config: str, run_dir: Path, overrides: list[str], seed: int, minutes: float,
-                  frames: int | None, redis_url: str | None) -> list[str]:
+                  agent_steps: int | None, redis_url: str | None) -> list[str]:
     """The `run.py train` command of one compared run (no final evaluation, wandb as configured)."""
     sets = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", f"run.seed={seed}",
-            f"run.max_minutes={minutes}", f"run.total_agent_steps={frames or UNLIMITED_FRAMES}", *overrides]
+            f"run.max_minutes={minutes}", f"run.total_agent_steps={agent_steps or UNLIMITED_AGENT_STEPS}", *overrides]
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(config), "--eval-games", "0"]
     for item in sets:
         cmd += ["--set", item]
     return cmd + (["--redis-url", redis_url] if redis_url else [])
 
 
-def score_at(run: Run, key: str, *, seconds: float | None = None, frames: float | None = None) -> float | None:
-    """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `frames`
+def score_at(run: Run, key: str, *, seconds: float | None = None, agent_steps: float | None = None) -> float | None:
+    """Mean of `key` over the last SMOOTH records at or before `seconds` of wall clock (or `agent_steps`
     agent steps trained); None when no record has it by then. Without a limit: at the end of the run."""
     rows = [r for r in run.records if key in r
             and (seconds is None or run.elapsed(r) <= seconds + 1e-9)
-            and (frames is None or r["frames"] <= frames)]
+            and (agent_steps is None or r["agent_steps_trained"] <= agent_steps)]
     return float(np.mean([r[key] for r in rows[-SMOOTH:]])) if rows else None
 
 
-def run_summary(run: Run, key: str | None, equal_seconds: float, equal_frames: float) -> dict:
-    """One run's row: mean SPS over its records, frames and seconds at its end, and scores."""
+def run_summary(run: Run, key: str | None, equal_seconds: float, equal_agent_steps: float) -> dict:
+    """One run's row: mean SPS over its records, agent steps trained and seconds at its end, and scores."""
     recs = run.records
     return {
         "run": run.name,
         "seed": run.config.run.seed,
         "sps": float(np.mean([r["sps"] for r in recs])) if recs else None,
-        "frames": int(recs[-1]["frames"]) if recs else 0,
+        "agent_steps_trained": int(recs[-1]["agent_steps_trained"]) if recs else 0,
         "wall_s": run.elapsed(recs[-1]) if recs else 0.0,
         "policy_lag": float(np.nanmean([r["policy_lag"] if r.get("policy_lag") is not None else np.nan for r in recs]))
         if recs else None,
         "final_score": score_at(run, key) if key else None,
         "score_at_equal_wall_clock": score_at(run, key, seconds=equal_seconds) if key else None,
-        "score_at_equal_frames": score_at(run, key, frames=equal_frames) if key else None,
+        "score_at_equal_agent_steps": score_at(run, key, agent_steps=equal_agent_steps) if key else None,
         "final_eval_score": _final_eval_score(run.path),
     }
 
@@ -270,8 +270,8 @@ def aggregate_curve(curves: list[tuple[list[float], list[float]]], points: int =
 def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     """The comparison of `runs` (variant -> its runs, one per seed).
 
-    Equal wall clock = the shortest run's last record (seconds from its start); equal frames = the
-    fewest frames any run reached. Variant rows are means over seeds; `sps_ratio` divides each
+    Equal wall clock = the shortest run's last record (seconds from its start); equal agent steps = the
+    fewest agent steps any run reached. Variant rows are means over seeds; `sps_ratio` divides each
     variant's SPS by the first variant's. Each score of SCORES (its mean over seeds) also has
     `<score>_ci95` (the half-width of its 95% Student-t interval, see `mean_and_interval`),
     `<score>_seeds` (the seeds with a value), `<score>_iqm` and `<score>_iqm_ci95` (the interquartile
@@ -282,12 +282,12 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     key = score_key([rec for r in every for rec in r.records], metric)
     with_records = [r for r in every if r.records]
     equal_seconds = min((r.elapsed(r.records[-1]) for r in with_records), default=0.0)
-    equal_frames = min((r.records[-1]["frames"] for r in with_records), default=0)
+    equal_agent_steps = min((r.records[-1]["agent_steps_trained"] for r in with_records), default=0)
     variants = {}
     for name, rs in runs.items():
-        rows = [run_summary(r, key, equal_seconds, equal_frames) for r in rs]
+        rows = [run_summary(r, key, equal_seconds, equal_agent_steps) for r in rs]
         variants[name] = {field: _mean([row[field] for row in rows]) for field in
-                          ("sps", "frames", "wall_s", "policy_lag")}
+                          ("sps", "agent_steps_trained", "wall_s", "policy_lag")}
         variants[name]["seeds"] = [row["seed"] for row in rows]
         for field in SCORES:
             add_score(variants[name], field, [row[field] for row in rows])
@@ -295,17 +295,19 @@ def summarize(runs: dict[str, list[Run]], metric: str = "auto") -> dict:
     first = next(iter(variants.values()), {}).get("sps")
     for v in variants.values():
         v["sps_ratio"] = v["sps"] / first if v["sps"] is not None and first else None
-    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_frames": equal_frames, "variants": variants,
+    return {"metric": key, "equal_wall_clock_s": equal_seconds, "equal_agent_steps": equal_agent_steps,
+            "variants": variants,
             "statistics": {"confidence": CONFIDENCE, "mean_interval": "Student t, n - 1 degrees of freedom",
                            "iqm_trim": IQM_TRIM, "iqm_interval": "percentile bootstrap over seeds",
                            "bootstrap_resamples": BOOTSTRAP_RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED}}
 
 
 # (key, title, format); format None: a score of SCORES, shown as `mean ± half-width` (see `cell`).
-COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"), ("frames", "frames", "{:,.0f}"),
+COLUMNS = [("sps", "SPS", "{:.0f}"), ("sps_ratio", "SPS ratio", "{:.2f}"),
+           ("agent_steps_trained", "agent steps trained", "{:,.0f}"),
            ("policy_lag", "policy lag", "{:.1f}"), ("final_score", "final score", None),
            ("score_at_equal_wall_clock", "score at equal wall clock", None),
-           ("score_at_equal_frames", "score at equal frames", None),
+           ("score_at_equal_agent_steps", "score at equal agent steps", None),
            ("final_eval_score", "final score vs bot", None)]
 INTERVAL_NOTE = (f"Scores are means over seeds ± the half-width of the {CONFIDENCE:.0%} confidence interval of "
                  "the mean (Student t with n - 1 degrees of freedom, n = the seeds with a score); `(one run)`: a "
@@ -400,8 +402,8 @@ def markdown_table(summary: dict) -> str:
         lines.append(f"| {name} | {len(v['runs'])} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Score: `{summary['metric'] or 'none recorded'}` from metrics.jsonl, mean of the last {SMOOTH} "
-                 f"records up to the point; equal wall clock = {summary['equal_wall_clock_s']:.0f} s, equal frames "
-                 f"= {summary['equal_frames']:,}. {INTERVAL_NOTE}"
+                 f"records up to the point; equal wall clock = {summary['equal_wall_clock_s']:.0f} s, equal agent "
+                 f"steps = {summary['equal_agent_steps']:,}. {INTERVAL_NOTE}"
                  + (f" Final score vs bot: the last checkpoint, greedy, against {summary['eval_opponent']}, wins "
                     "+ draws / 2 in both seats." if summary.get("eval_opponent") else ""))
     pairs = replay_table(summary)
@@ -431,7 +433,7 @@ def replay_table(summary: dict) -> list[str]:
 
 
 def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[Path]:
-    """Learning curves (`key` against wall-clock seconds and against frames), one line per run,
+    """Learning curves (`key` against wall-clock seconds and against agent steps trained), one line per run,
     one colour per variant; PNG files in `out`. Returns their paths (none without a metric)."""
     if key is None:
         return []
@@ -442,12 +444,12 @@ def plot_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> list[
 
     paths = []
     for axis, label, fname in (("time", "wall clock (s)", "curves_wall_clock.png"),
-                               ("frames", "agent steps trained", "curves_frames.png")):
+                               ("agent_steps_trained", "agent steps trained", "curves_agent_steps.png")):
         fig, ax = plt.subplots(figsize=(7, 4))
         for k, (name, rs) in enumerate(runs.items()):
             for j, run in enumerate(rs):
                 recs = [r for r in run.records if key in r]
-                xs = [run.elapsed(r) if axis == "time" else r["frames"] for r in recs]
+                xs = [run.elapsed(r) if axis == "time" else r["agent_steps_trained"] for r in recs]
                 ax.plot(xs, [r[key] for r in recs], ".-", color=f"C{k}", alpha=0.9, label=name if j == 0 else None)
         ax.set_xlabel(label)
         ax.set_ylabel(key)
@@ -468,8 +470,9 @@ def plot_seed_curves(runs: dict[str, list[Run]], key: str | None, out: Path) -> 
     """SEEDS_PLOT in `out`: one panel per variant, `key` against agent steps trained, a thin line per
     seed and in bold their IQM over seeds (`aggregate_curve`) where the seeds overlap; a variant with
     one seed is titled "one run". None without a metric or a record of it."""
-    curves = {name: [([r["frames"] for r in run.records if key in r], [r[key] for r in run.records if key in r])
-                     for run in rs] for name, rs in runs.items()} if key else {}
+    curves = {name: [([r["agent_steps_trained"] for r in run.records if key in r],
+                      [r[key] for r in run.records if key in r]) for run in rs]
+              for name, rs in runs.items()} if key else {}
     if not any(xs for seeds in curves.values() for xs, _ in seeds):
         return None
     import matplotlib
@@ -531,7 +534,7 @@ def plot_sps_against_actors(summary: dict, out: Path) -> Path | None:
 
 
 def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", meta: dict | None = None) -> dict:
-    """compare.json, compare.md and the curve PNGs in `out` (the score against wall clock and frames,
+    """compare.json, compare.md and the curve PNGs in `out` (the score against wall clock and agent steps trained,
     every seed's curve per variant; with `meta["actors"]`, variant -> actor count, also the
     SPS-against-actors plot); returns the summary."""
     summary = summarize(runs, metric)
@@ -546,10 +549,10 @@ def write_outputs(runs: dict[str, list[Run]], out: Path, metric: str = "auto", m
 
 
 def train_variants(config: str, variants: dict[str, list[str]], out: Path, seeds: list[int], minutes: float,
-                   frames: int | None, extra: list[str], redis_url: str | None,
+                   agent_steps: int | None, extra: list[str], redis_url: str | None,
                    after=None) -> dict[str, list[Run]]:
     """Train every variant (name -> overrides, applied after `extra`) x seed one after another, each a
-    `run.py train` run of `minutes` of wall clock (or `frames` agent steps) in `out/<variant>-seed<seed>`
+    `run.py train` run of `minutes` of wall clock (or `agent_steps` agent steps) in `out/<variant>-seed<seed>`
     with its log beside it; `after(run_dir)`, where given, runs once a run has finished. Returns
     variant -> its runs that finished, in seed order (variants without one left out). A run that fails
     is reported and left out; all failing is a RuntimeError."""
@@ -558,7 +561,7 @@ def train_variants(config: str, variants: dict[str, list[str]], out: Path, seeds
     for seed in seeds:
         for name, overrides in variants.items():
             run_dir = out / f"{name}-seed{seed}"
-            cmd = train_command(config, run_dir, [*extra, *overrides], seed, minutes, frames, redis_url)
+            cmd = train_command(config, run_dir, [*extra, *overrides], seed, minutes, agent_steps, redis_url)
             log.info("%s, seed %d: %s", name, seed, " ".join(cmd[1:]))
             start = time.time()
             with (out / f"{run_dir.name}.log").open("w") as output:
@@ -577,16 +580,16 @@ def train_variants(config: str, variants: dict[str, list[str]], out: Path, seeds
 
 
 def run_study(config: str, study: str, variants: dict[str, list[str]], out: Path, seeds: list[int],
-              minutes: float, frames: int | None, lag: int, extra: list[str], redis_url: str | None,
+              minutes: float, agent_steps: int | None, lag: int, extra: list[str], redis_url: str | None,
               metric: str = "auto", eval_opponent: str | None = "tactical", eval_games: int = 100,
               replay_fraction: float | None = None) -> dict:
     """Train every variant of `study` (name -> overrides, see `plan`; `replay_fraction` as given to it,
     for the table) x seed one after another (`train_variants`: each `minutes` of wall clock, or
-    `frames`), then evaluate each final checkpoint of a multi-seat game against `eval_opponent`
+    `agent_steps`), then evaluate each final checkpoint of a multi-seat game against `eval_opponent`
     (`eval_games` per seat; 0 = no evaluation) and write the outputs. A run that fails is reported and
     left out; all failing is a RuntimeError."""
     after = (lambda run_dir: final_evaluation(run_dir, eval_opponent, eval_games)) if eval_games else None
-    runs = train_variants(config, variants, out, seeds, minutes, frames, extra, redis_url, after)
+    runs = train_variants(config, variants, out, seeds, minutes, agent_steps, extra, redis_url, after)
     return write_outputs(runs, out, metric, {"study": study, "config": str(config), "seeds": seeds,
                                               "minutes": minutes, "lag": lag if study == "corrections" else None,
                                               "replay_fraction": replay_fraction,

@@ -205,7 +205,7 @@ def league_table(summary: dict) -> str:
              + " | round-robin Elo | meaning |", "|" + "---|" * (len(keys) + 4)]
     for name, v in summary["variants"].items():
         cells = [elo_text(v) if key == "elo" else cell(v, key, None) for key in keys]
-        lines.append(f"| {name} | {len(v['runs'])} | {cell(v, 'frames', '{:,.0f}')} | " + " | ".join(cells)
+        lines.append(f"| {name} | {len(v['runs'])} | {cell(v, 'agent_steps_trained', '{:,.0f}')} | " + " | ".join(cells)
                      + f" | {v.get('meaning', '')} |")
     rr = summary.get("round_robin")
     judge_games = plural(summary.get("judge_games"), "game")
@@ -224,7 +224,7 @@ def league_table(summary: dict) -> str:
             scores = [" / ".join(f"{s['score']:.2f}" for s in row["judges"][j]["seats"].values())
                       if j in row["judges"] else "-" for j in judges]
             elo = row.get("elo")
-            lines.append(f"| {row['run']} | {row['frames']:,} | {row['snapshots']} | " + " | ".join(scores)
+            lines.append(f"| {row['run']} | {row['agent_steps_trained']:,} | {row['snapshots']} | " + " | ".join(scores)
                          + (f" | {elo['elo']:+.0f} ± {elo['stderr']:.0f} | {elo['score']:.3f} |" if elo else " | - | - |"))
     return "\n".join(lines) + "\n\n## Training\n\n" + markdown_table(summary)
 
@@ -280,12 +280,12 @@ def write_league_outputs(runs: dict[str, list[Run]], judged: dict[str, dict], to
 
 
 def run_league_study(config: str | Path, arms: dict[str, list[str]], out: Path, seeds: list[int], minutes: float,
-                     frames: int | None, extra: list[str], redis_url: str | None, judges: list[str],
+                     agent_steps: int | None, extra: list[str], redis_url: str | None, judges: list[str],
                      judge_games: int = DEFAULT_JUDGE_GAMES, round_robin_games: int = DEFAULT_ROUND_ROBIN_GAMES,
                      metric: str = "auto") -> dict:
     """Train every arm (name -> overrides, see `arm_plan`; checked by `check_arms`) x seed one after
     another as normal `run.py train` runs with their league settings, `minutes` of wall clock each (or
-    `frames` agent steps; compare's `train_variants`); judge each final policy as it finishes
+    `agent_steps` trained; compare's `train_variants`); judge each final policy as it finishes
     (`judge_run`, `judge_games` per seat); then the round-robin of all final policies (`play_round_robin`,
     `round_robin_games` per pair and seat) and the outputs in `out` (`write_league_outputs`). Returns the
     summary. A run that fails is reported and left out; all failing is a RuntimeError."""
@@ -294,7 +294,7 @@ def run_league_study(config: str | Path, arms: dict[str, list[str]], out: Path, 
     def after(run_dir: Path) -> None:
         judged[run_dir.name] = judge_run(run_dir, judges, judge_games)
 
-    runs = train_variants(config, arms, out, seeds, minutes, frames, extra, redis_url, after)
+    runs = train_variants(config, arms, out, seeds, minutes, agent_steps, extra, redis_url, after)
     tournament = play_round_robin(runs, round_robin_games)
     meta = {"study": STUDY, "config": str(config), "seeds": seeds, "minutes": minutes, "judges": list(judges),
             "judge_games": judge_games, "round_robin_games": round_robin_games,

@@ -4,7 +4,7 @@ Every figure is drawn by matplotlib and embedded as a base64 PNG, so the page is
 opens anywhere. Per run: the architecture with the run's own figures, learning curves, throughput,
 the policy-lag histogram, V-trace diagnostics, where a league ran its Elo ratings over time and the
 main agent's payoff against each opponent, and the final evaluation with, in board games, how earlier
-policies played the bots. The page counts training in agent steps throughout (metrics' `frames` key).
+policies played the bots. The page counts training in agent steps throughout (metrics' `agent_steps_trained` key).
 Per compare output (a folder with compare.json): its tables (the variants; every score over seeds)
 and figures.
 """
@@ -24,6 +24,7 @@ import numpy as np
 from impala_league.analysis.runs import SCORE_KEYS, Run, load_run, read_jsonl
 from impala_league.config import ConfigError
 from impala_league.league.players import MAIN
+from impala_league.records import upgraded
 from impala_league.text import plural
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def _broken(run: Run, records: list[dict], x, y) -> tuple[list[float], list[floa
     return xs, ys
 
 
-X_AXES = {"frames": "agent steps trained", "emulator_frames": "emulator frames (Atari: 4 per agent step)",
+X_AXES = {"agent_steps_trained": "agent steps trained", "emulator_frames": "emulator frames (Atari: 4 per agent step)",
           "time": "wall clock (s)"}
 
 
@@ -367,16 +368,17 @@ def run_figures(run: Run) -> dict[str, list]:
     sections = {
         "architecture": [architecture(run)],
         # Atari's published curves count emulator frames (and minutes); runs with a frame skip log them.
-        "learning": [_lines(run, CURVE_KEYS[:2], "frames", "score"),
+        "learning": [_lines(run, CURVE_KEYS[:2], "agent_steps_trained", "score"),
                      _lines(run, CURVE_KEYS[:2], "emulator_frames", "score against emulator frames"),
                      _lines(run, CURVE_KEYS[:2], "time", "score against time")
                      if _has(run, "emulator_frames") else None,
-                     _lines(run, CURVE_KEYS[2:4], "frames", "self-play outcomes", "fraction of games"),
-                     _lines(run, CURVE_KEYS[4:], "frames", "episode length", "steps"),
-                     _lines(run, _seat_keys(run), "frames", "league score per learner seat (seat 0 moves first)")],
+                     _lines(run, CURVE_KEYS[2:4], "agent_steps_trained", "self-play outcomes", "fraction of games"),
+                     _lines(run, CURVE_KEYS[4:], "agent_steps_trained", "episode length", "steps"),
+                     _lines(run, _seat_keys(run), "agent_steps_trained",
+                            "league score per learner seat (seat 0 moves first)")],
         "throughput": [throughput(run)],
         "lag": [lag_histogram(run)],
-        "vtrace": [_lines(run, VTRACE_KEYS, "frames", "importance ratios rho = pi / mu")],
+        "vtrace": [_lines(run, VTRACE_KEYS, "agent_steps_trained", "importance ratios rho = pi / mu")],
     }
     if run.config.league.enabled:
         sections["league"] = league_figures(run)
@@ -393,7 +395,8 @@ def run_sections(run: Run, k: int) -> list[str]:
     correction = "none (A3C's own n-step returns)" if cfg.learner.algo == "a3c" else cfg.learner.correction
     facts = (f"<p>{html.escape(str(run.path))}: {cfg.learner.algo}, correction {correction}, "
              f"{cfg.actor.num_actors} actors x {cfg.actor.num_envs} envs, weight delay {cfg.actor.weight_delay}, "
-             f"{len(run.records)} metrics records, {run.records[-1]['frames'] if run.records else 0:,} agent steps "
+             f"{len(run.records)} metrics records, "
+             f"{run.records[-1]['agent_steps_trained'] if run.records else 0:,} agent steps "
              "trained.</p>")
     out = []
     for name, figs in run_figures(run).items():
@@ -406,13 +409,13 @@ def run_sections(run: Run, k: int) -> list[str]:
 
 
 def evaluation_table(record: dict) -> str:
-    """evaluation.json as HTML: the checkpoint's step, frames and the games' seed, then per opponent and
+    """evaluation.json as HTML: the checkpoint's step, agent steps trained and the games' seed, then per opponent and
     seat the win/draw/loss rates and, in board games, the immediate wins taken and forced blocks made
     (one-agent envs: the episodes' returns)."""
     games = plural(record.get("games"), "episode") if "episodes" in record else \
         plural(record.get("games"), "game") + " per seat"
     head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
-            f"{record.get('frames') or 0:,} agent steps; greedy, seed {record.get('seed')}, {games}</p>")
+            f"{record.get('agent_steps_trained') or 0:,} agent steps; greedy, seed {record.get('seed')}, {games}</p>")
     if "episodes" in record:
         e = record["episodes"]
         return head + (f"<table><tr><th>mean return</th><th>std</th><th>min</th><th>max</th></tr><tr>"
@@ -447,7 +450,7 @@ def judges_table(record: dict) -> str:
 def built_in_table(record: dict) -> str:
     """evaluation.json's `built_in_player` as HTML (two-player Atari, evaluation/atari_judge.py): the final
     policy and the earlier ones of `over_training` as first_0 of the one-player game against its built-in
-    player, one row each: update, frames, games, mean return (its points minus the built-in player's), min,
+    player, one row each: update, agent steps trained, games, mean return (its points minus the built-in player's), min,
     max, won/drew/lost; '' where the record has none."""
     final = record.get("built_in_player")
     if not final:
@@ -455,8 +458,9 @@ def built_in_table(record: dict) -> str:
     # The earlier policies of over_training, then the final one (over_training's last entry, when it has one).
     entries = [e for e in record.get("over_training", [])
                if "built_in_player" in e and e.get("step") != record.get("step")]
-    entries.append({"step": record.get("step"), "frames": record.get("frames"), "built_in_player": final})
-    rows = "".join(f"<tr><td>{e['step']}</td><td>{e.get('frames') or 0:,}</td><td>{r['games']}</td>"
+    entries.append({"step": record.get("step"), "agent_steps_trained": record.get("agent_steps_trained"),
+                    "built_in_player": final})
+    rows = "".join(f"<tr><td>{e['step']}</td><td>{e.get('agent_steps_trained') or 0:,}</td><td>{r['games']}</td>"
                    f"<td>{r['mean_return']:+.1f}</td><td>{r['min_return']:+.0f}</td><td>{r['max_return']:+.0f}</td>"
                    f"<td>{r['wins']} / {r['draws']} / {r['losses']}</td></tr>"
                    for e in entries for r in [e["built_in_player"]])
@@ -502,8 +506,8 @@ def over_training_figure(record: dict | None) -> Figure | None:
     agent steps trained, one line per seat. A judge's row (below the bots') shows in its first column
     the score (wins + draws / 2) / games with its 95% interval instead of the win rate. None where the
     record has no such entries."""
-    entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("frames") is not None),
-                     key=lambda e: e["frames"])
+    entries = sorted((e for e in (record or {}).get("over_training") or [] if e.get("agent_steps_trained") is not None),
+                     key=lambda e: e["agent_steps_trained"])
     if not entries:
         return None
     rows = [(o, "opponents") for o in dict.fromkeys(o for e in entries for o in e["opponents"])]
@@ -515,7 +519,7 @@ def over_training_figure(record: dict | None) -> Figure | None:
     n_rows = len(rows) + int(with_positions)
     fig, axes = plt.subplots(n_rows, len(rates), figsize=(10, 0.8 + 2.6 * n_rows), squeeze=False, sharex=True)
     for row, (opponent, kind) in enumerate(rows):
-        played = [(e["frames"], e[kind][opponent]) for e in entries if opponent in e.get(kind, {})]
+        played = [(e["agent_steps_trained"], e[kind][opponent]) for e in entries if opponent in e.get(kind, {})]
         seats = list(dict.fromkeys(s for _, by_seat in played for s in by_seat))
         for col, (key, label) in enumerate(rates):
             ax = axes[row][col]
@@ -553,7 +557,7 @@ def positions_row(axes, entries: list[dict]) -> None:
     """The over-training figure's row of the solver's positions (evaluation/positions.py) on three axes:
     the blunder rate and the optimal-move rate over the positions not already lost, each with its 95%
     interval, and the blunder rate by phase; `entries` sorted by agent steps, each with `positions`."""
-    xs = [e["frames"] for e in entries]
+    xs = [e["agent_steps_trained"] for e in entries]
     for ax, key, label in ((axes[0], "blunder", "blunder rate"), (axes[1], "optimal", "optimal moves")):
         rates = [e["positions"]["all"] for e in entries]
         ys = [r[key] for r in rates]
@@ -605,18 +609,17 @@ def log_report(run_dir: str | Path, tracker) -> None:
 
 def compare_section(folder: Path, k: int) -> str:
     """The tables of compare.json as HTML (the variants; every score over seeds) and its PNGs, embedded."""
-    summary = json.loads((folder / "compare.json").read_text())
+    summary = upgraded(json.loads((folder / "compare.json").read_text()))
     from impala_league.analysis.compare import COLUMNS, INTERVAL_NOTE, SEEDS_HEADER, SEEDS_NOTE, cell, seeds_rows
 
-    # compare.py's titles say frames for agent steps trained: the page says agent steps throughout.
-    head = "".join(f"<th>{html.escape(t.replace('frames', 'agent steps'))}</th>" for _, t, _ in COLUMNS)
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in COLUMNS)
     rows = []
     for name, v in summary["variants"].items():
         cells = "".join(f"<td>{html.escape(cell(v, key, fmt))}</td>" for key, _, fmt in COLUMNS)
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(v['runs'])}</td>{cells}</tr>")
     table = (f"<p>study {html.escape(str(summary.get('study')))}, score <code>{html.escape(str(summary['metric']))}"
              f"</code>, equal wall clock {summary['equal_wall_clock_s']:.0f} s, equal agent steps "
-             f"{summary['equal_frames']:,}. {html.escape(INTERVAL_NOTE)}</p>"
+             f"{summary['equal_agent_steps']:,}. {html.escape(INTERVAL_NOTE)}</p>"
              f"<table><tr><th>variant</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>")
     seeds = seeds_rows(summary)
     if seeds:

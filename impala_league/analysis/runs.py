@@ -3,8 +3,9 @@
 A run directory holds `config.yaml`, `metrics.jsonl` (one JSON record per `run.log_every_s`, written
 by the learner: `time` in Unix seconds, `elapsed_s` (training seconds of the whole run, continued by a
 resume), `learner_started` (when the learner process that wrote it started: it changes at a resume),
-`frames`, `sps`, `policy_lag`, losses, episode outcomes...), `evaluation.json` (the final evaluation of
-`run.py train`), and with a league `league/ratings.jsonl` and `league/state.json`.
+`agent_steps_trained`, `sps`, `policy_lag`, losses, episode outcomes...), `evaluation.json` (the final
+evaluation of `run.py train`), and with a league `league/ratings.jsonl` and `league/state.json`. Files
+written under older key names (`frames`) read under the names now (`records.upgraded`).
 Also here: the listing of `run.py runs`, local run directories and the runs in a shared Redis.
 """
 
@@ -18,6 +19,7 @@ from impala_league.checked_config import from_yaml_text
 from impala_league.config import Config, ConfigError
 from impala_league.distributed.launch.ownership import lock_holder
 from impala_league.distributed.wire import keys as run_keys
+from impala_league.records import upgraded
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -74,7 +76,7 @@ def load_run(path: str | Path) -> Run:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append(upgraded(json.loads(line)))
             except json.JSONDecodeError:
                 raise ConfigError(f"{metrics_file}:{n} is not JSON") from None
     started = path / "started"
@@ -85,7 +87,7 @@ def load_run(path: str | Path) -> Run:
     else:
         start = config_file.stat().st_mtime
     evaluation_file = path / EVALUATION_FILE
-    evaluation = json.loads(evaluation_file.read_text()) if evaluation_file.is_file() else None
+    evaluation = upgraded(json.loads(evaluation_file.read_text())) if evaluation_file.is_file() else None
     return Run(path, config, records, start, evaluation, started.is_file())
 
 
@@ -102,14 +104,14 @@ def read_jsonl(path: Path) -> list[dict]:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                out.append(upgraded(json.loads(line)))
             except json.JSONDecodeError:
                 continue
     return out
 
 
 def list_run_dirs(base: Path) -> list[dict]:
-    """Every run directory under `base` (one with a config.yaml): name, env, state and frames. The
+    """Every run directory under `base` (one with a config.yaml): name, env, state and agent steps trained. The
     state: `live (host pid N)` while a process holds its lock (distributed/launch/ownership.py), `finished`
     when its checkpoint says the learner reached the end, else `stopped` (resumable with a
     checkpoint) or `no checkpoint`."""
@@ -117,7 +119,7 @@ def list_run_dirs(base: Path) -> list[dict]:
     for path in sorted(p.parent for p in base.glob("*/config.yaml")) if base.is_dir() else []:
         meta_file = path / "checkpoints" / "latest.json"
         try:
-            meta = json.loads(meta_file.read_text()) if meta_file.is_file() else None
+            meta = upgraded(json.loads(meta_file.read_text())) if meta_file.is_file() else None
             env = from_yaml_text((path / "config.yaml").read_text()).env.name
         except (ValueError, ConfigError, OSError):
             meta, env = None, "?"
@@ -125,7 +127,7 @@ def list_run_dirs(base: Path) -> list[dict]:
         state = (f"live ({owner})" if owner else "finished" if meta and meta.get("finished")
                  else "stopped" if meta else "no checkpoint")
         rows.append({"name": path.name, "path": str(path), "env": env, "state": state,
-                     "frames": int(meta["frames"]) if meta else 0})
+                     "agent_steps_trained": int(meta["agent_steps_trained"]) if meta else 0})
     return rows
 
 

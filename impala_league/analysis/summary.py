@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from impala_league.analysis.runs import EVALUATION_FILE
+from impala_league.records import upgraded
 from impala_league.tracking import offline_segments
 
 CHECKPOINT_META = Path("checkpoints") / "latest.json"
@@ -68,12 +69,13 @@ def end_summary(run_dir: str | Path, name: str) -> list[str]:
     lines = []
     meta_path = run_dir / CHECKPOINT_META
     if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        lines.append(f"trained {meta.get('frames', 0):,} agent steps in {duration(meta.get('elapsed_s', 0.0))} "
+        meta = upgraded(json.loads(meta_path.read_text()))
+        lines.append(f"trained {meta.get('agent_steps_trained', 0):,} agent steps in "
+                     f"{duration(meta.get('elapsed_s', 0.0))} "
                      f"({meta.get('step', 0):,} updates)")
     evaluation = run_dir / EVALUATION_FILE
     if evaluation.is_file():
-        headline = evaluation_headline(json.loads(evaluation.read_text()))
+        headline = evaluation_headline(upgraded(json.loads(evaluation.read_text())))
         if headline:
             lines.append(f"evaluation: {headline}")
     lines.append(f"files: {run_dir} (config.yaml, metrics.jsonl, checkpoints/, evaluation.json)")

@@ -46,15 +46,16 @@ seed's value; compare.json has them all (<score>_ci95, _seeds, _iqm, _iqm_ci95, 
 docs/seeds.md says more. The columns:
   SPS             agent steps per second the learner (A3C: parameter server) trained on, mean
   SPS ratio       the variant's SPS over the first variant's (impala, resp. vtrace)
-  frames          agent steps trained on by the end of the budget
+  agent steps trained
+                  agent steps trained on by the end of the budget
   policy lag      learner updates between acting and learning (A3C: gradient staleness)
   final score     the score at the end of the run
   final score vs bot
                   two-player games: the final checkpoint, greedy, against --eval-opponent in both
                   seats (wins + draws / 2); self-play returns measure nothing there
-  score at equal wall clock / at equal frames
-                  the score when the shortest run ended, resp. at the fewest frames any run reached
-and curves_wall_clock.png, curves_frames.png (the score of every run against both axes),
+  score at equal wall clock / at equal agent steps
+                  the score when the shortest run ended, resp. at the fewest agent steps any run reached
+and curves_wall_clock.png, curves_agent_steps.png (the score of every run against both axes),
 curves_seeds.png (a panel per variant: every seed's curve thin, their IQM bold).
 The score is the metric --metric of metrics.jsonl, by default league_score where recorded, else
 episode_return (the learning seat's return: the score of single-agent envs such as gym:CartPole-v1;
@@ -71,7 +72,7 @@ episode_return (the learning seat's return: the score of single-agent envs such 
 # excludes 0: that would be the variant without replay.
 ALL_STUDIES = (*STUDIES, league_study.STUDY)
 ARGUMENT_RULES = {"study": Rule(choices=ALL_STUDIES), "minutes": Rule(low=0, low_open=True, finite=True),
-                  "frames": Rule(low=1), "lag": Rule(low=0, high=MAX_WEIGHT_DELAY),
+                  "agent_steps": Rule(low=1), "lag": Rule(low=0, high=MAX_WEIGHT_DELAY),
                   "seeds": Rule(low=0, high=2**31, high_open=True), "replay_fraction": Rule(low=0, high=1, low_open=True),
                   "eval_games": Rule(low=0, high=MAX_EVAL_GAMES), "actors": Rule(low=1, high=MAX_ACTORS),
                   "judge_games": Rule(low=0, high=MAX_EVAL_GAMES), "round_robin_games": Rule(low=0, high=MAX_EVAL_GAMES)}
@@ -89,7 +90,8 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
     p.add_argument("--actors", type=int, nargs="+", help="actors study: the actor counts (default 1, 2, 4, ... "
                    "up to the cores)")
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run (default 10)")
-    p.add_argument("--frames", type=int, help="also end each run at this many agent steps trained (default: only the budget)")
+    p.add_argument("--agent-steps", type=int, help="also end each run at this many agent steps trained (default: "
+                   "only the budget)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds; every variant runs each (default 0 1 2)")
     p.add_argument("--variants", nargs="+", help="run only these variants of the study (e.g. vtrace is1); "
                    "default: all")
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             load_config(args.config, [*args.overrides, *overrides])
         except ConfigError as e:
             raise ConfigError(f"variant {name}: {e}") from None
-    summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.frames, args.lag,
+    summary = run_study(args.config, args.study, variants, out, args.seeds, args.minutes, args.agent_steps, args.lag,
                         args.overrides, args.redis_url, args.metric, args.eval_opponent, args.eval_games,
                         replay_fraction)
     print(markdown_table(summary))
@@ -180,7 +182,7 @@ def run_league(args: argparse.Namespace) -> int:
     league_study.check_arms(args.config, args.overrides, arms, judges)
     if judge_games:
         require_judge_packages(judges)  # the judges play after the first run: fail now, not after it
-    summary = league_study.run_league_study(args.config, arms, out, args.seeds, args.minutes, args.frames,
+    summary = league_study.run_league_study(args.config, arms, out, args.seeds, args.minutes, args.agent_steps,
                                             args.overrides, args.redis_url, judges, judge_games, games, args.metric)
     print(league_study.league_table(summary))
     print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and {league_study.PLOT}; `run.py report {out}` "

@@ -16,7 +16,7 @@ NAME = "runs"
 RUNS_HELP = """List runs, or delete what a run left in a shared Redis.
 
   run.py runs                                   the run directories under runs/ (--dir): live (host and
-                                                pid of its owner), finished or stopped, frames, env
+                                                pid of its owner), finished or stopped, agent steps, env
   run.py runs --redis-url URL                   also the run names that have keys in that Redis: live or
                                                 not, finished or not, keys and bytes
   run.py runs --redis-url URL --delete NAME     delete every key of run NAME (refused while it is live)
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     rows = list_run_dirs(Path(args.dir))
     print(f"{args.dir}/: {len(rows) or 'no'} run director{'y' if len(rows) == 1 else 'ies'}")
     for row in rows:
-        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['frames']:>12,} agent steps trained")
+        print(f"  {row['name']:<28} {row['state']:<34} {row['env']:<16} {row['agent_steps_trained']:>12,} "
+              "agent steps trained")
     if url:
         remote = list_redis_runs(connect(url, wait_s=args.wait_redis))
         print(f"Redis: {len(remote) or 'no'} run{'' if len(remote) == 1 else 's'}")

@@ -41,19 +41,19 @@ STAT_NAMES = ("loss", "policy_gradient_loss", "baseline_loss", "entropy", "mean_
               "c_clipped_fraction")
 
 
-def encode_gradients(model: torch.nn.Module, *, policy_version: int, actor_id: int, frames: int,
+def encode_gradients(model: torch.nn.Module, *, policy_version: int, actor_id: int, agent_steps: int,
                      stats: dict[str, float]) -> bytes:
     """One worker's gradient for XADD: msgpack {"header": {...}, "grads": safetensors bytes}.
 
     grads holds each parameter's .grad (float32, the parameter's shape; zeros where it has none),
     named as in `model.named_parameters()`. header: `schema`, `policy_version` (the weights the
-    gradient was computed with), `actor_id`, `frames` (agent steps it covers) and `stats` (loss parts,
+    gradient was computed with), `actor_id`, `agent_steps` (the agent steps it covers) and `stats` (loss parts,
     floats named as in STAT_NAMES).
     """
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).float()
              for name, p in model.named_parameters()}
     header = {"schema": SCHEMA, "policy_version": int(policy_version), "actor_id": int(actor_id),
-              "frames": int(frames), "stats": {k: float(stats[k]) for k in STAT_NAMES}}
+              "agent_steps": int(agent_steps), "stats": {k: float(stats[k]) for k in STAT_NAMES}}
     return msgpack.packb({"header": header, "grads": encode_weights(grads)}, use_bin_type=True)
 
 
@@ -68,7 +68,7 @@ def decode_gradients(data: bytes, shapes: dict[str, tuple[int, ...]]) -> tuple[d
     header = msg["header"]
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise DecodeError(f"gradient header must be a map with schema {SCHEMA}")
-    for key in ("policy_version", "actor_id", "frames"):
+    for key in ("policy_version", "actor_id", "agent_steps"):
         if not isinstance(header.get(key), int) or isinstance(header.get(key), bool) or header[key] < -1:
             raise DecodeError(f"gradient header field {key!r} must be an integer >= -1")
     stats = header.get("stats")
@@ -132,7 +132,7 @@ class A3CWorker(Actor):
         self.gradients_sent += 1  # the stream's `produced` counts gradients, as the parameter server's acks do
         self.counters.backlog = self.gradients.add([encode_gradients(
             self.policy.model, policy_version=self.policy.version, actor_id=self.actor_id,
-            frames=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
+            agent_steps=self.cfg.actor.unroll_length * len(unrolls), stats={k: float(v) for k, v in parts.items()})],
             producer=f"{self.actor_id}-{self.token}", produced=self.gradients_sent, env_steps=self.counters.env_steps)
         self.counters.sent += len(unrolls)
         self.sync_params()
@@ -193,7 +193,7 @@ class ParameterServer(Learner):
         [(header, grads)] = payloads
         stats = {**header["stats"], **apply_gradients(self.model, self.optimizer, grads, self.cfg.learner)}
         self.step += 1
-        self.frames += header["frames"]
+        self.agent_steps += header["agent_steps"]
         if self.step % self.cfg.learner.publish_every == 0:
-            self.params.publish(self.model.state_dict(), self.step, self.frames)
+            self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
         return stats

@@ -24,6 +24,7 @@ from impala_league.evaluation.over_training import earlier_policies, evaluate_ov
 from impala_league.evaluation.positions import evaluate_positions, positions_lines
 from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.league.players import MAIN, checkpoint_dir
+from impala_league.records import upgraded
 from impala_league.text import plural
 from impala_league.tracking import log_final_evaluation
 
@@ -119,8 +120,9 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
     start = time.monotonic()
     entries = evaluate_over_training(earlier_policies(candidates, record["step"], count), opponents, games,
                                      judges=judges, positions=positions)
-    final = {"checkpoint": record["checkpoint"], "step": record["step"], "frames": record["frames"],
-             "games": record["games"], "opponents": {o: record["opponents"][o] for o in opponents}}
+    final = {"checkpoint": record["checkpoint"], "step": record["step"],
+             "agent_steps_trained": record["agent_steps_trained"], "games": record["games"],
+             "opponents": {o: record["opponents"][o] for o in opponents}}
     if judges:
         final["judges"] = {j: record["judges"][j] for j in judges}
     if positions:
@@ -138,17 +140,17 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
     for entry in entries + [final]:
         for opponent, seats in {**entry["opponents"], **entry.get("judges", {})}.items():
             log.info("  update %s%s, %s agent steps, vs %s: %s", entry["step"], " (final)" if entry is final else "",
-                     f"{entry['frames'] or 0:,}", opponent, seats_summary(seats))
+                     f"{entry['agent_steps_trained'] or 0:,}", opponent, seats_summary(seats))
         if "positions" in entry:
             r = entry["positions"]["all"]
             log.info("  update %s%s, %s agent steps, solver's positions: optimal %.1f%%, blunder %.1f%% of %d",
-                     entry["step"], " (final)" if entry is final else "", f"{entry['frames'] or 0:,}",
+                     entry["step"], " (final)" if entry is final else "", f"{entry['agent_steps_trained'] or 0:,}",
                      100 * r["optimal"], 100 * r["blunder"], r["positions"])
         if "built_in_player" in entry:
             r = entry["built_in_player"]
             log.info("  update %s%s, %s agent steps, in %s vs the built-in player: mean return %+.1f over %d games",
-                     entry["step"], " (final)" if entry is final else "", f"{entry['frames'] or 0:,}", r["env"],
-                     r["mean_return"], r["games"])
+                     entry["step"], " (final)" if entry is final else "", f"{entry['agent_steps_trained'] or 0:,}",
+                     r["env"], r["mean_return"], r["games"])
     return entries + [final]
 
 
@@ -231,9 +233,10 @@ def flat(tree: dict, prefix: str = "") -> dict[str, float]:
 
 
 def checkpoint_facts(checkpoint: str | Path) -> dict:
-    """The checkpoint's path, update step and frames (from its metadata; None where it has none)."""
-    meta = json.loads(read_checkpoint(checkpoint)[1]["meta"])
-    return {"checkpoint": str(checkpoint), "step": meta.get("step"), "frames": meta.get("frames")}
+    """The checkpoint's path, update step and agent steps trained (from its metadata; None where it has none)."""
+    meta = upgraded(json.loads(read_checkpoint(checkpoint)[1]["meta"]))
+    return {"checkpoint": str(checkpoint), "step": meta.get("step"),
+            "agent_steps_trained": meta.get("agent_steps_trained")}
 
 
 def seat_line(seat: str, result: dict) -> str:

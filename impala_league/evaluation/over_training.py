@@ -1,6 +1,6 @@
 """How a run's greedy policy played over training: some of its earlier policies against baseline bots.
 
-The earlier policies are checkpoint files whose meta holds the update `step` and env `frames`: with a
+The earlier policies are checkpoint files whose meta holds the update `step` and `agent_steps_trained`: with a
 league the main agent's snapshots (`league/snapshots/main-*.safetensors`), without one the copies of
 its checkpoint that `run.py train` keeps (`checkpoints/history/`, distributed/learner/checkpoint_history.py).
 `earlier_policies` picks a few, evenly spaced; `evaluate_over_training` plays each in every seat
@@ -57,8 +57,8 @@ def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Seq
     `judges` (evaluation/judges.py) in every seat, and with `positions` > 0 its moves in that many solved
     positions (evaluation/positions.py; seed 0, the final policy's set).
 
-    Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `frames` (agent steps
-    trained on; None where the meta lacks them), `games` (per seat and opponent) and `opponents`:
+    Returns one JSON-ready dict per policy, in order: `checkpoint` (path), `step`, `agent_steps_trained`
+    (agent steps trained on; None where the meta lacks them), `games` (per seat and opponent) and `opponents`:
     {opponent: {seat name: `MatchResult.as_dict()`}}, the shape of evaluation.json's `opponents`, and with
     `judges` also `judges` of the same shape, with `positions` also `positions` (`evaluate_positions`'s). Every
     policy plays the same games (`seed`), so differences come from the policies alone. A policy whose
@@ -72,7 +72,8 @@ def evaluate_over_training(policies: Sequence[tuple[Path, dict]], opponents: Seq
         except CheckpointError as e:
             log.warning("over training: leaving out %s: %s", path, e)
             continue
-        entry = {"checkpoint": str(path), "step": meta.get("step"), "frames": meta.get("frames"), "games": games,
+        entry = {"checkpoint": str(path), "step": meta.get("step"),
+                 "agent_steps_trained": meta.get("agent_steps_trained"), "games": games,
                  "opponents": {opponent: evaluate(policy, opponent, games, seed)["seats"] for opponent in opponents}}
         if judges:
             entry["judges"] = {judge: evaluate(policy, judge, games, seed)["seats"] for judge in judges}

@@ -96,6 +96,7 @@ def checkpoint_player(path: Path, source: str, name: str | None = None) -> Playe
     """
     from impala_league.agents.policy import load_policy
     from impala_league.agents.checkpoint import CheckpointError, read_checkpoint
+    from impala_league.records import upgraded
 
     try:
         _, metadata = read_checkpoint(path)
@@ -106,7 +107,7 @@ def checkpoint_player(path: Path, source: str, name: str | None = None) -> Playe
         meta = json.loads(metadata["meta"])
     except json.JSONDecodeError:
         raise PlayerError(f"player {source!r}: {path} has unreadable 'meta' JSON in its metadata") from None
-    meta = meta if isinstance(meta, dict) else {}
+    meta = upgraded(meta) if isinstance(meta, dict) else {}
     path = path.resolve()
     return Player(name or checkpoint_name(path, meta), "checkpoint", str(path), source, policy.spec.name, meta,
                   dict(policy.config.env.kwargs), policy.config.env.seats)
@@ -331,7 +332,7 @@ def round_robin(env_name: str, players: list[Player], games: int, seed: int = 0,
 
     Returns:
       A JSON-ready dict: ``env``, ``games_per_seat``, ``greedy``, ``seed``, ``players`` (name, kind,
-      source, file, step, frames), ``matches`` (see `play_pair`), ``ratings`` (name, elo, stderr,
+      source, file, step, agent_steps_trained), ``matches`` (see `play_pair`), ``ratings`` (name, elo, stderr,
       games, wins, draws, losses, score; best first) and ``elo`` (how ratings were fitted).
 
     Raises:
@@ -427,7 +428,8 @@ def summarize(env_name: str, players: list[Player], matches: list[dict], games: 
                         "games": total, "wins": int(wins[i]), "draws": int(draws[i]), "losses": int(losses[i]),
                         "score": float((wins[i] + draws[i] / 2) / total) if total else None})
     described = [{"name": p.name, "kind": p.kind, "source": p.source,
-                  **({"file": p.load, "step": p.meta.get("step"), "frames": p.meta.get("frames")}
+                  **({"file": p.load, "step": p.meta.get("step"),
+                      "agent_steps_trained": p.meta.get("agent_steps_trained")}
                      if p.kind == "checkpoint" else {})} for p in players]
     return {"env": env_name, "env_kwargs": env_kwargs(players), "games_per_seat": games, "greedy": greedy,
             "seed": seed, "players": described, "matches": matches, "ratings": ratings,

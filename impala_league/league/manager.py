@@ -133,8 +133,8 @@ class LeagueManager:
             return None
         if fetched is None:
             return None
-        step, data, frames = fetched
-        member = self.state.new_snapshot(player, step, frames, time.time())
+        step, data, agent_steps = fetched
+        member = self.state.new_snapshot(player, step, agent_steps, time.time())
         if member is None:
             return None
         model = make_model(self.spec, self.cfg.agent)

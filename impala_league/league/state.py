@@ -24,6 +24,7 @@ from impala_league.league.matchmaking import (SELF, league_exploiter_opponents, 
                                               main_exploiter_opponents)
 from impala_league.league.payoff import EloRatings, PayoffTable, episode_score
 from impala_league.league.players import MAIN, PLAYER_ID, SNAPSHOT_ID, role
+from impala_league.records import upgraded
 
 STATE_VERSION = 1
 KINDS = ("learner", "snapshot", "bot")
@@ -53,8 +54,8 @@ class Member:
     id: the member's id (`main`, `main_exploiter_0`; `main-0000400`; `random`, `minimax:2`).
     kind: `learner` (weights still training), `snapshot` (frozen weights of a learner) or `bot`.
     role: the learner's role (`main`, `main_exploiter`, `league_exploiter`); None for a bot.
-    For snapshots only: player (the learner frozen), step (its update count then), frames (its agent
-    steps trained then), parent (the previous snapshot of that learner; None after a reset or for the
+    For snapshots only: player (the learner frozen), step (its update count then), agent_steps (its
+    agent steps trained then), parent (the previous snapshot of that learner; None after a reset or for the
     first), created (unix seconds).
     """
 
@@ -63,7 +64,7 @@ class Member:
     role: str | None = None
     player: str | None = None
     step: int = 0
-    frames: int = 0
+    agent_steps: int = 0
     parent: str | None = None
     created: float = 0.0
 
@@ -80,12 +81,13 @@ class Member:
         if self.kind == "learner":
             return {"kind": "learner", "role": self.role}
         return {"kind": "snapshot", "id": self.id, "player": self.player, "role": self.role, "step": self.step,
-                "frames": self.frames, "parent": self.parent, "created": self.created}
+                "agent_steps_trained": self.agent_steps, "parent": self.parent, "created": self.created}
 
     @classmethod
     def from_json(cls, member_id: str, info: dict) -> "Member":
-        """The member `to_json` wrote. Raises ValueError unless it is a well-formed snapshot (id and player
-        valid ids, an integer step), learner or bot."""
+        """The member `to_json` wrote (now or under older key names, `records.upgraded`). Raises ValueError
+        unless it is a well-formed snapshot (id and player valid ids, an integer step), learner or bot."""
+        info = upgraded(info) if isinstance(info, dict) else info
         kind = info.get("kind") if isinstance(info, dict) else None
         if kind not in KINDS:
             raise ValueError(f"member {member_id!r} has no valid kind")
@@ -98,10 +100,10 @@ class Member:
             raise ValueError(f"snapshot {member_id!r} has a malformed id or player")
         try:
             return cls(member_id, kind, role=info.get("role", role(player)), player=player, step=int(info["step"]),
-                       frames=int(info.get("frames") or 0), parent=info.get("parent"),
+                       agent_steps=int(info.get("agent_steps_trained") or 0), parent=info.get("parent"),
                        created=float(info.get("created") or 0.0))
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"snapshot {member_id!r} has no valid step, frames or created ({e})") from None
+            raise ValueError(f"snapshot {member_id!r} has no valid step, agent steps or created ({e})") from None
 
 
 class LeagueState:
@@ -209,14 +211,14 @@ class LeagueState:
             return f"beats all {len(others)} league members at >= {league.snapshot_win_rate:.0%}"
         return None
 
-    def new_snapshot(self, player: str, step: int, frames: int, created: float) -> Member | None:
-        """The record of `player`'s snapshot at update `step` (`frames` agent steps trained, `created` unix
+    def new_snapshot(self, player: str, step: int, agent_steps: int, created: float) -> Member | None:
+        """The record of `player`'s snapshot at update `step` (`agent_steps` trained, `created` unix
         seconds), its parent the learner's latest snapshot; None when that snapshot exists already.
         Not yet a member: `add_snapshot` makes it one once its weights are stored."""
         member_id = snapshot_id(player, step)
         if member_id in self.members:
             return None
-        return Member(member_id, "snapshot", role(player), player, step, frames, self.lineage[player], created)
+        return Member(member_id, "snapshot", role(player), player, step, agent_steps, self.lineage[player], created)
 
     def add_snapshot(self, member: Member) -> None:
         """Make `member` (a snapshot) a member: its Elo starts as its learner's; it becomes the learner's

@@ -26,7 +26,7 @@ def small_model_and_optimizer():
 def saved(tmp_path):
     model, optimizer = small_model_and_optimizer()
     path = tmp_path / "checkpoints" / "latest.safetensors"
-    save_checkpoint(path, model, optimizer, "env:\n  name: tictactoe\n", {"step": 3, "frames": 120})
+    save_checkpoint(path, model, optimizer, "env:\n  name: tictactoe\n", {"step": 3, "agent_steps_trained": 120})
     return path, model
 
 
@@ -43,7 +43,7 @@ def test_saved_checkpoint_carries_the_digest_of_what_was_saved(saved):
     assert len(metadata[DIGEST_KEY]) == 64
     for name, value in model.state_dict().items():
         assert torch.equal(tensors[f"model.{name}"], value), name
-    assert json.loads(metadata["meta"]) == {"step": 3, "frames": 120}
+    assert json.loads(metadata["meta"]) == {"step": 3, "agent_steps_trained": 120}
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -96,7 +96,7 @@ def test_load_policy_refuses_a_corrupt_checkpoint(tmp_path):
     spec = env_spec("tictactoe")
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent)
     path = tmp_path / "latest.safetensors"
-    save_checkpoint(path, model, None, to_yaml(cfg), {"step": 0, "frames": 0})
+    save_checkpoint(path, model, None, to_yaml(cfg), {"step": 0, "agent_steps_trained": 0})
     load_policy(path)  # intact: loads
     start, end = data_region(path)
     raw = bytearray(path.read_bytes())

@@ -281,7 +281,7 @@ def test_a_short_recurrent_run_trains_through_ingest_workers_and_replay_and_resu
     _, records = _train(tmp_path, redis_url, "configs/memory_cue.yaml", run_name, "run.total_agent_steps=3000",
                         "actor.num_envs=4", "learner.batch_size=4", "learner.replay_fraction=0.5",
                         "learner.ingest_workers=1", "agent.core_size=16", "agent.hidden=16", eval_games=4)
-    assert records[-1]["frames"] >= 3000 and records[-1]["replayed_fraction"] > 0
+    assert records[-1]["agent_steps_trained"] >= 3000 and records[-1]["replayed_fraction"] > 0
     path = tmp_path / run_name / "checkpoints" / "latest.safetensors"
     _, metadata = read_checkpoint(path)
     check_network(metadata, cue_config("agent.core_size=16"), path)  # the same core: accepted

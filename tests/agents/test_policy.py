@@ -25,7 +25,7 @@ def checkpoint(tmp_path_factory) -> Path:
     spec = env_spec("tictactoe")
     path = tmp_path_factory.mktemp("policy") / "latest.safetensors"
     save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent), None, to_yaml(cfg),
-                    {"step": 0, "frames": 0})
+                    {"step": 0, "agent_steps_trained": 0})
     return path
 
 
@@ -98,7 +98,7 @@ def test_load_policy_plays_a_starcraft_checkpoint_with_its_fullyconv_network(cor
     torch.manual_seed(0)
     model = make_model(spec, cfg.agent)
     path = tmp_path / "latest.safetensors"
-    save_checkpoint(path, model, None, to_yaml(cfg), {"step": 0, "frames": 0})
+    save_checkpoint(path, model, None, to_yaml(cfg), {"step": 0, "agent_steps_trained": 0})
     policy = load_policy(path)
     assert isinstance(policy.model, FullyConv) and policy.recurrent == (core == "lstm")
     for name, value in model.state_dict().items():

@@ -34,7 +34,7 @@ def _fake_run(root: Path, name: str, start: float, rows: list[tuple[float, int, 
     (run_dir / "config.yaml").write_text(to_yaml(load_config(None, ["env.name=tictactoe", f"run.seed={seed}"])))
     (run_dir / "started").write_text(str(start))
     (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"time": start + t, "frames": f, "sps": sps, "policy_lag": 1.0, "episode_return": ret}) + "\n"
+        json.dumps({"time": start + t, "agent_steps_trained": f, "sps": sps, "policy_lag": 1.0, "episode_return": ret}) + "\n"
         for t, f, sps, ret in rows))
     return load_run(run_dir)
 
@@ -203,7 +203,7 @@ def test_table_with_intervals_and_replay_pairs(tmp_path):
     summary = summarize(study)
     v, r = summary["variants"]["vtrace"], summary["variants"]["vtrace-replay"]
     assert v["seeds"] == [0, 1, 2] and v["final_score_per_seed"] == [1, 2, 3]
-    for score in ("final_score", "score_at_equal_wall_clock", "score_at_equal_frames"):
+    for score in ("final_score", "score_at_equal_wall_clock", "score_at_equal_agent_steps"):
         assert v[score] == 2 and v[f"{score}_ci95"] == pytest.approx(2.484, abs=1e-3)
         assert r[score] == 7 and r[f"{score}_ci95"] is None and r[f"{score}_per_seed"] == [7]
     assert v["final_eval_score"] is None and v["final_eval_score_ci95"] is None  # no final_eval.json
@@ -224,7 +224,7 @@ def test_table_with_intervals_and_replay_pairs(tmp_path):
     # draws 1, resp. 3, has probability 1/27 = 3.7%, above 2.5%); one seed: one run, no interval.
     assert "| vtrace | final score | 3 | 2.000 ± 2.484 | 2.000 | [1.000, 3.000] | 1.000, 2.000, 3.000 |" in table
     assert "| vtrace-replay | final score | 1 | 7.000 (one run) | 7.000 | one run: none | 7.000 |" in table
-    assert "| is1 | score at equal frames | 2 | 12.0 ± 25.4 | 12.0 | [10.0, 14.0] | 10.0, 14.0 |" in table
+    assert "| is1 | score at equal agent steps | 2 | 12.0 ± 25.4 | 12.0 | [10.0, 14.0] | 10.0, 14.0 |" in table
     assert "final score vs bot" not in table.split("| variant | score |")[1]  # no seed has that score
     assert "2,000 resamples of the seeds with replacement, generator seeded 0" in table
     saved = json.loads((tmp_path / "compare.json").read_text())["variants"]["vtrace"]
@@ -247,18 +247,18 @@ def test_table_values_match_a_hand_computation(tmp_path):
     a3c = _fake_run(tmp_path, "a3c-seed0", 5000.0, [(10, 200, 20, 0.0), (20, 400, 20, 0.3), (30, 600, 20, 0.6)])
     summary = summarize({"impala": [impala], "a3c": [a3c]})
     assert summary["metric"] == "episode_return"
-    assert summary["equal_wall_clock_s"] == 30 and summary["equal_frames"] == 600
+    assert summary["equal_wall_clock_s"] == 30 and summary["equal_agent_steps"] == 600
     i, a = summary["variants"]["impala"], summary["variants"]["a3c"]
     assert i["sps"] == 100 and a["sps"] == 20 and a["sps_ratio"] == pytest.approx(0.2)
     assert i["final_score"] == pytest.approx((0.2 + 0.3 + 0.4) / 3)  # mean of the last 3 records
     assert i["score_at_equal_wall_clock"] == pytest.approx((0.1 + 0.2 + 0.3) / 3)  # records up to 30 s
-    assert i["score_at_equal_frames"] is None  # impala's first record already had 1000 > 600 frames
-    assert a["score_at_equal_frames"] == pytest.approx(0.3) and a["frames"] == 600
+    assert i["score_at_equal_agent_steps"] is None  # impala's first record already had 1000 > 600 frames
+    assert a["score_at_equal_agent_steps"] == pytest.approx(0.3) and a["agent_steps_trained"] == 600
     out = write_outputs({"impala": [impala], "a3c": [a3c]}, tmp_path)
     table = (tmp_path / "compare.md").read_text()
     assert "| impala | 1 | 100 | 1.00 | 4,000 |" in table and "| a3c | 1 | 20 | 0.20 | 600 |" in table
-    assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["frames"] == 600
-    assert out["plots"] == ["curves_wall_clock.png", "curves_frames.png", "curves_seeds.png"]
+    assert json.loads((tmp_path / "compare.json").read_text())["variants"]["a3c"]["agent_steps_trained"] == 600
+    assert out["plots"] == ["curves_wall_clock.png", "curves_agent_steps.png", "curves_seeds.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in out["plots"])
 
 
@@ -281,7 +281,7 @@ def test_the_actors_study_plots_sps_against_actors_and_the_report_shows_it(tmp_p
 def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
     out = tmp_path / "cmp"
     cmd = [sys.executable, str(REPO / "run.py"), "compare", "--config", str(REPO / "configs/tictactoe.yaml"),
-           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--frames", "640",
+           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--agent-steps", "640",
            "--eval-games", "2", "--eval-opponent", "random",
            "--set", "run.wandb_mode=disabled", "--set", "run.log_every_s=1", "--set", "actor.num_actors=1",
            "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4",
@@ -291,7 +291,7 @@ def test_seconds_long_comparison_of_impala_and_a3c(tmp_path, redis_url):
     summary = json.loads((out / "compare.json").read_text())
     assert list(summary["variants"]) == ["impala", "a3c"]
     for name, v in summary["variants"].items():
-        assert v["sps"] > 0 and v["frames"] >= 640, name
+        assert v["sps"] > 0 and v["agent_steps_trained"] >= 640, name
         assert 0.0 <= v["final_eval_score"] <= 1.0
         assert (out / f"{name}-seed0" / "checkpoints" / "latest.safetensors").is_file()
     assert "| impala | 1 |" in (out / "compare.md").read_text()

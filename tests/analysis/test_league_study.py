@@ -98,7 +98,7 @@ def _fake_run(root: Path, arm: str, seed: int, frames: int, snapshots: int = 0):
     (run_dir / "config.yaml").write_text(to_yaml(load_config(None, ["env.name=tictactoe", f"run.seed={seed}"])))
     (run_dir / "started").write_text("1000")
     (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"time": 1000 + t, "frames": frames * t // 30, "sps": 10, "policy_lag": 1.0,
+        json.dumps({"time": 1000 + t, "agent_steps_trained": frames * t // 30, "sps": 10, "policy_lag": 1.0,
                     "episode_return": 0.0}) + "\n" for t in (10, 20, 30)))
     return load_run(run_dir)
 
@@ -137,7 +137,7 @@ def test_judge_scores_and_elo_over_seeds_match_a_hand_computation(tmp_path):
     assert s["elo_per_seed"] == [elo[n] for n in names[:3]] and s["elo"] == pytest.approx(np.mean(s["elo_per_seed"]))
     assert b["elo"] == elo["bots-seed0"] == pytest.approx(-3 * s["elo"]) and b["elo"] > 200
     assert max(s["elo_per_seed"]) - min(s["elo_per_seed"]) < 1e-6 and s["elo_ci95"] == pytest.approx(0, abs=1e-4)
-    assert [row["snapshots"] for row in s["runs"]] == [0, 0, 0] and s["frames"] == 3001
+    assert [row["snapshots"] for row in s["runs"]] == [0, 0, 0] and s["agent_steps_trained"] == 3001
     table = (tmp_path / "compare.md").read_text(encoding="utf-8")
     assert "| selfplay | 3 | 3,001 | 0.400 ± 0.497 | 0.100 ± 0.248 |" in table
     assert f"| bots | 1 | 2,000 | 0.900 (one run) | 0.500 (one run) | {b['elo']:+.0f} (one run) |" in table
@@ -159,7 +159,7 @@ def test_seconds_long_league_study_of_two_arms_on_tictactoe(tmp_path, redis_url)
     out = tmp_path / "cmp"
     cmd = [sys.executable, str(REPO / "run.py"), "compare", "--study", "league",
            "--config", str(REPO / "configs/tictactoe_league.yaml"), "--variants", "selfplay", "bots",
-           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--frames", "640",
+           "--redis-url", redis_url, "--out", str(out), "--seeds", "0", "--minutes", "1", "--agent-steps", "640",
            "--judges", "mcts:10", "--judge-games", "2", "--round-robin-games", "2",
            "--set", "run.wandb_mode=disabled", "--set", "run.log_every_s=1", "--set", "actor.num_actors=1",
            "--set", "actor.num_envs=4", "--set", "actor.unroll_length=8", "--set", "learner.batch_size=4",
@@ -169,7 +169,7 @@ def test_seconds_long_league_study_of_two_arms_on_tictactoe(tmp_path, redis_url)
     summary = json.loads((out / "compare.json").read_text())
     assert list(summary["variants"]) == ["selfplay", "bots"] and summary["judges"] == ["mcts:10"]
     for name, v in summary["variants"].items():
-        assert v["frames"] >= 640 and 0.0 <= v["judge_mcts:10"] <= 1.0, name
+        assert v["agent_steps_trained"] >= 640 and 0.0 <= v["judge_mcts:10"] <= 1.0, name
         judged = json.loads((out / f"{name}-seed0" / "judges.json").read_text())
         assert judged["games_per_seat"] == 2 and set(judged["judges"]["mcts:10"]["seats"]) == {"player_1", "player_2"}
         assert v["elo"] is not None and v["runs"][0]["snapshots"] == 0

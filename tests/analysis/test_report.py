@@ -34,7 +34,7 @@ def _run_dir(root: Path, name: str, overrides: list[str], start: float = 1000.0)
     (run_dir / "started").write_text(str(start))
     with (run_dir / "metrics.jsonl").open("w") as f:
         for i in range(1, 7):
-            f.write(json.dumps({"time": start + 10 * i, "step": 4 * i, "frames": 1000 * i, "sps": 100.0 + i,
+            f.write(json.dumps({"time": start + 10 * i, "step": 4 * i, "agent_steps_trained": 1000 * i, "sps": 100.0 + i,
                                 "queue_depth": 3, "policy_lag": 1.5, "policy_lag_counts": [2, 5, 1],
                                 "mean_rho": 0.9, "rho_clipped_fraction": 0.1, "c_clipped_fraction": 0.1,
                                 "episode_return": 0.1 * i, "league_score": 0.05 * i, "first_seat_win_rate": 0.5,
@@ -109,10 +109,10 @@ def test_report_renders_every_section_with_its_plots_in_headless_chromium(tmp_pa
         for i in range(5)))
     (league_run / "league" / "state.json").write_text(json.dumps(
         {"payoff": [["main", "random", 8, 1, 1], ["random", "main", 1, 1, 8]]}))
-    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.25 * k)}}
+    over = [{"step": 4 * k, "agent_steps_trained": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.25 * k)}}
             for k in range(1, 4)]
     (league_run / "evaluation.json").write_text(json.dumps(
-        {"checkpoint": "c", "step": 12, "frames": 3000, "seed": 0, "games": 100,
+        {"checkpoint": "c", "step": 12, "agent_steps_trained": 3000, "seed": 0, "games": 100,
          "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "over_training": over}))
     cmp = tmp_path / "cmp"
     runs = {"impala": [load_run(_run_dir(cmp, "impala-seed0", []))],
@@ -184,10 +184,10 @@ def _seats(win: float, taken: float | None, blocked: float | None) -> dict:
 
 def test_the_report_plots_the_policies_over_training_beside_the_final_evaluation(tmp_path):
     run_dir = _run_dir(tmp_path, "r", [])
-    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50,
+    over = [{"step": 4 * k, "agent_steps_trained": 1000 * k, "games": 50,
              "opponents": {"tactical": _seats(0.2 * k, 0.25 * k, None if k == 1 else 0.2 * k),
                            "minimax:9": _seats(0.0, None, 0.1 * k)}} for k in range(1, 5)]
-    record = {"checkpoint": "c", "step": 16, "frames": 4000, "seed": 0, "games": 100,
+    record = {"checkpoint": "c", "step": 16, "agent_steps_trained": 4000, "seed": 0, "games": 100,
               "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "over_training": over}
     fig = over_training_figure(record)
     # Rows: opponents; columns: win rate, wins taken, blocks made; a line per seat where it has points.
@@ -211,9 +211,9 @@ def test_the_report_shows_the_held_out_judge_beside_the_bots(tmp_path):
         return {seat: {**result, "wins": 10, "draws": 5, "losses": 35, "games": 50, "score": score,
                        "score_ci95": [low, high]} for seat, result in _seats(0.2, 0.5, 0.5).items()}
 
-    over = [{"step": 4 * k, "frames": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.5)},
+    over = [{"step": 4 * k, "agent_steps_trained": 1000 * k, "games": 50, "opponents": {"tactical": _seats(0.2 * k, 0.5, 0.5)},
              "judges": {"mcts:100": judged(0.1 * k, 0.05 * k, 0.15 * k)}} for k in range(1, 4)]
-    record = {"checkpoint": "c", "step": 12, "frames": 3000, "seed": 0, "games": 100,
+    record = {"checkpoint": "c", "step": 12, "agent_steps_trained": 3000, "seed": 0, "games": 100,
               "opponents": {"tactical": over[-1]["opponents"]["tactical"]}, "judge_games": 50,
               "judges": over[-1]["judges"], "over_training": over}
     fig = over_training_figure(record)

@@ -82,7 +82,7 @@ def test_the_report_plots_the_league_score_per_seat(tmp_path):
     assert run_figures(load_run(run_dir))["learning"][-1] is None  # no per-seat records: no figure
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     with (run_dir / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({**last, "time": 1100.0, "step": 30, "frames": 7000, "league_score": 0.49,
+        f.write(json.dumps({**last, "time": 1100.0, "step": 30, "agent_steps_trained": 7000, "league_score": 0.49,
                             "league_score_seat_1": 0.282, "league_score_seat_0": 0.553}) + "\n")
     fig = run_figures(load_run(run_dir))["learning"][-1]
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]

@@ -27,7 +27,7 @@ def test_the_headline_keeps_the_judges_apart_from_the_bots():
 
 def test_end_summary_reads_the_checkpoint_and_the_evaluation(tmp_path):
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps({"frames": 500480, "elapsed_s": 30.2, "step": 782}))
+    (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps({"agent_steps_trained": 500480, "elapsed_s": 30.2, "step": 782}))
     (tmp_path / "evaluation.json").write_text(json.dumps({"opponents": {"random": {"a": seat(0.75, 20)}}}))
     lines = end_summary(tmp_path, "tictactoe")
     assert lines[0] == "trained 500,480 agent steps in 30 s (782 updates)"

@@ -44,10 +44,10 @@ def test_a_pushed_gradient_applied_by_the_server_equals_the_learners_own_a3c_upd
     batch = _batch(spec)
     loss, parts = actor_critic_loss(*forward_batch(worker, batch), batch, cfg, DiscreteHead())
     loss.backward()
-    data = encode_gradients(worker, policy_version=7, actor_id=2, frames=12, stats={k: float(v) for k, v in parts.items()})
+    data = encode_gradients(worker, policy_version=7, actor_id=2, agent_steps=12, stats={k: float(v) for k, v in parts.items()})
     assert isinstance(data, bytes) and b"pickle" not in data
     header, grads = decode_gradients(data, {n: tuple(p.shape) for n, p in server.named_parameters()})
-    assert header["policy_version"] == 7 and header["frames"] == 12
+    assert header["policy_version"] == 7 and header["agent_steps"] == 12
     assert np.isclose(header["stats"]["loss"], float(loss.detach()))
     server_step = apply_gradients(server, make_optimizer(server, cfg), grads, cfg)
     reference_stats = learn_step(reference, make_optimizer(reference, cfg), batch, cfg)
@@ -68,11 +68,11 @@ def test_malformed_gradients_are_refused_with_a_reason():
         decode_gradients(PICKLED_EMPTY_DICT, shapes)
     with pytest.raises(DecodeError, match="names differ"):
         other = ActorCritic(spec.obs_shape, spec.num_actions, AgentConfig(torso="mlp", hidden=16, mlp_layers=3))
-        decode_gradients(encode_gradients(other, policy_version=0, actor_id=0, frames=1, stats=stats), shapes)
+        decode_gradients(encode_gradients(other, policy_version=0, actor_id=0, agent_steps=1, stats=stats), shapes)
     for p in model.parameters():
         p.grad = torch.full_like(p, float("nan"))
     with pytest.raises(DecodeError, match="nan or inf"):
-        decode_gradients(encode_gradients(model, policy_version=0, actor_id=0, frames=1, stats=stats), shapes)
+        decode_gradients(encode_gradients(model, policy_version=0, actor_id=0, agent_steps=1, stats=stats), shapes)
 
 
 def test_a3c_with_a_league_is_a_config_error():

@@ -150,7 +150,7 @@ def test_an_add_whose_reply_was_lost_is_resent_and_done_once(tmp_path, redis_ser
     assert stream.accounting()["backlog"] == 3 and stream.accounting()["produced"] == 3
     learner = Learner(small_config(run_name, tmp_path), redis_server.url, tmp_path / run_name)
     run_learner_until(learner, lambda: stream.accounting()["backlog"] == 1)  # B = 2: the last one waits
-    assert learner.step == 1 and learner.frames == 2 * T
+    assert learner.step == 1 and learner.agent_steps == 2 * T
     assert stream.accounting() == {"produced": 3, "trained": 2, "dead_lettered": 0, "backlog": 1, "throttled_s": 0.0, "env_steps": 0}
 
 
@@ -177,7 +177,7 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
     """Two actor processes and a learner over real Redis. Faults: two garbage entries and a `kill -9`
     of the learner mid-run; it is restarted with --resume, the actors are stopped, and the learner
     drains the stream. Then produced + garbage == trained + dead-lettered, with nothing left, and the
-    resumed model's frames count exactly the unrolls not rolled back."""
+    resumed model's agent steps count exactly the unrolls not rolled back."""
     run_dir = tmp_path / run_name
     run_dir.mkdir()
     settings = [f"run.name={run_name}", f"run.dir={tmp_path}", "run.wandb_mode=disabled", "run.log_every_s=1",
@@ -241,5 +241,5 @@ def test_every_unroll_is_accounted_for_across_a_kill_9_of_the_learner(tmp_path, 
         assert f"{rolled_back} unrolls acked after the checkpoint (trained count {in_checkpoint} -> " in logs
     final = json.loads(checkpoint.read_text())
     assert final["unrolls_trained"] == counts["trained"]
-    assert final["frames"] == T * (counts["trained"] - rolled_back)  # the model holds every update but those lost
+    assert final["agent_steps_trained"] == T * (counts["trained"] - rolled_back)  # the model holds every update but those lost
     assert "Traceback" not in logs

@@ -224,7 +224,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
                            "env.kwargs.max_cycles=30", "run.total_agent_steps=6000", "actor.num_envs=2",
                            "actor.unroll_length=10", "learner.batch_size=8", "agent.channels=8", "agent.hidden=32",
                            eval_games=2)
-    assert records[-1]["frames"] >= 6000
+    assert records[-1]["agent_steps_trained"] >= 6000
     from impala_league.distributed.wire.transport import ResultsStream
 
     results = ResultsStream(redis_client, run_name).read_new()
@@ -236,7 +236,7 @@ def test_battle_trains_end_to_end_with_dying_units(tmp_path, redis_url, redis_cl
 def test_gym_env_trains_and_reports_returns(tmp_path, redis_url, run_name):
     proc, records = _train(tmp_path, redis_url, "configs/cartpole.yaml", run_name, "run.total_agent_steps=20000",
                            "actor.num_envs=4", eval_games=3)
-    assert records[-1]["frames"] >= 20000
+    assert records[-1]["agent_steps_trained"] >= 20000
     returns = [r["episode_return"] for r in records if "episode_return" in r]
     assert returns and all(r >= 8 for r in returns)  # CartPole ends no earlier than 8 steps
     assert "greedy policy over 3 episodes: mean return" in proc.stdout

@@ -274,7 +274,7 @@ def test_the_learner_goes_on_after_redis_restarts_without_its_data(tmp_path, vol
             feeder.xadd(f"{run_name}:traj", {"data": encode(valid_unroll(reward))})
         thread.join(30)
     assert not thread.is_alive() and thread.error is None, thread.error
-    assert learner.step == 2 and learner.frames == 2 * 2 * T
+    assert learner.step == 2 and learner.agent_steps == 2 * 2 * T
     assert learner.ingest.trajectories.group_losses == 1
     assert messages(caplog, "stream and group lost")
     assert feeder.xlen(f"{run_name}:traj") == 0  # the two sent after the restart were trained on
@@ -361,7 +361,7 @@ def test_a_dead_consumers_two_unrolls_are_trained_on_by_the_live_learner(tmp_pat
         learner.stop()
         thread.join(10)
         pytest.fail("the learner never got the dead consumer's unrolls")
-    assert learner.step == 1 and learner.frames == 2 * T  # one update, on exactly those two unrolls
+    assert learner.step == 1 and learner.agent_steps == 2 * T  # one update, on exactly those two unrolls
     assert learner.ingest.reader.sweeper.claimed == 2 and learner.ingest.reader.sweeper.removed == ["learner-deadhost"]
     assert "learner-deadhost" not in consumers(redis_client, key)
     assert redis_client.xlen(key) == 0  # trained on, acked and deleted
@@ -442,7 +442,7 @@ def test_a_learner_exits_with_redis_unavailable_and_a_checkpoint_when_redis_stay
 
 def test_redis_killed_under_a_running_train_is_restarted_and_the_run_finishes(tmp_path, run_name):
     """Embedded Redis with its AOF: kill -9 it mid-run; the launcher restarts it, actor and learner
-    reconnect, nothing in the stream is lost, and the run reaches its frames."""
+    reconnect, nothing in the stream is lost, and the run reaches its agent steps."""
     cmd = [sys.executable, str(REPO / "run.py"), "train", "--config", str(REPO / "configs/tictactoe.yaml"),
            "--eval-games", "0", "--set", f"run.name={run_name}", "--set", f"run.dir={tmp_path}",
            "--set", "run.wandb_mode=disabled", "--set", "run.total_agent_steps=6000", "--set", "run.log_every_s=1",
@@ -477,6 +477,6 @@ def test_redis_killed_under_a_running_train_is_restarted_and_the_run_finishes(tm
     assert "stream and group lost" not in out  # the AOF kept the stream: nothing had to be recreated
     assert "learner done" in out and "Traceback" not in out
     meta = json.loads((tmp_path / run_name / "checkpoints" / "latest.json").read_text())
-    assert meta["frames"] >= 6000
+    assert meta["agent_steps_trained"] >= 6000
     assert not (tmp_path / run_name / "redis").exists()  # removed with the server
     print(f"reconnected after {backs} s")

@@ -96,7 +96,7 @@ def test_short_training_run_against_the_mock_env(tmp_path, redis_server, run_nam
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no baseline-bot evaluation" in proc.stdout
     meta = json.loads(read_checkpoint(tmp_path / run_name / "checkpoints" / "latest.safetensors")[1]["meta"])
-    assert meta["frames"] >= 160 and meta["step"] == meta["frames"] // 32  # T * B = 32 frames per update
+    assert meta["agent_steps_trained"] >= 160 and meta["step"] == meta["agent_steps_trained"] // 32  # T * B = 32 agent steps per update
     r = connect(redis_server.url)
     assert int(r.get(f"{run_name}:params:version")) == meta["step"]
     assert int(r.get(f"{run_name}:deadletter:count") or 0) == 0  # every SC2 unroll decoded

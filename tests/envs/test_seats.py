@@ -120,7 +120,7 @@ def _duel_checkpoint(path, seats):
     spec = env_spec(DUEL, cfg.env.kwargs, cfg.env.seats)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent), None, to_yaml(cfg),
-                    {"step": 1, "frames": 1})
+                    {"step": 1, "agent_steps_trained": 1})
     return path
 
 

@@ -282,7 +282,7 @@ def test_a_short_run_trains_on_truncations_and_its_targets_match_a_float64_hand_
     config, extra = SHORT_RUNS[env_name]
     overrides = [*extra, *SMALL]
     _, records = _train(tmp_path, redis_url, config, run_name, *overrides)
-    assert records[-1]["frames"] >= 3000
+    assert records[-1]["agent_steps_trained"] >= 3000
     assert any(r["truncated_fraction"] > 0 for r in records)  # the learner trained on truncated steps
     # The run's final weights play 8 more unrolls; the learner's code computes their targets.
     cfg = load_config(REPO / config, [*overrides, f"run.name={run_name}", f"run.dir={tmp_path}"])

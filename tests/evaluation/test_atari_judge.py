@@ -41,7 +41,7 @@ def write_checkpoint(path: Path, env: str, *overrides: str, step: int = 10) -> P
     spec = env_spec(env, cfg.env.kwargs)
     torch.manual_seed(0)
     save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent, spec.obs_image), None,
-                    to_yaml(cfg), {"step": step, "frames": 4 * step})
+                    to_yaml(cfg), {"step": step, "agent_steps_trained": 4 * step})
     return path
 
 

@@ -53,7 +53,7 @@ def test_the_history_keeps_evenly_spaced_copies_of_the_network_alone(tmp_path, m
     assert history.update() is None  # no checkpoint yet
     written = {}
     for step in range(1, 21):
-        write_checkpoint(latest, {"step": step, "frames": 100 * step}, optimizer=True)
+        write_checkpoint(latest, {"step": step, "agent_steps_trained": 100 * step}, optimizer=True)
         written[step] = model_state(read_checkpoint(latest)[0])
         history.update()
         assert history.update() is None  # the same checkpoint is copied once
@@ -71,7 +71,7 @@ def test_the_history_keeps_evenly_spaced_copies_of_the_network_alone(tmp_path, m
 
 
 def test_earlier_policies_are_evenly_spaced_before_the_final_step(tmp_path):
-    paths = [write_checkpoint(tmp_path / f"{s:04d}.safetensors", {"step": s, "frames": 10 * s})
+    paths = [write_checkpoint(tmp_path / f"{s:04d}.safetensors", {"step": s, "agent_steps_trained": 10 * s})
              for s in range(100, 1001, 100)]
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
     candidates = [*paths, tmp_path / "broken.safetensors"]
@@ -88,24 +88,24 @@ def test_the_final_evaluation_logs_tactics_and_plays_the_main_agents_snapshots(t
     (run_dir).mkdir()
     cfg = tiny_config(league)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    checkpoint = write_checkpoint(run_dir / "checkpoints" / "latest.safetensors", {"step": 400, "frames": 4000}, league)
+    checkpoint = write_checkpoint(run_dir / "checkpoints" / "latest.safetensors", {"step": 400, "agent_steps_trained": 4000}, league)
     snapshots = run_dir / "league" / "snapshots"
     for step in (100, 200, 300):
         write_checkpoint(snapshots / f"main-{step:07d}.safetensors",
-                         {"id": f"main-{step:07d}", "player": "main", "step": step, "frames": 10 * step}, league)
+                         {"id": f"main-{step:07d}", "player": "main", "step": step, "agent_steps_trained": 10 * step}, league)
     corrupt = write_checkpoint(snapshots / "main-0000350.safetensors",
-                               {"id": "main-0000350", "player": "main", "step": 350, "frames": 3500}, league)
+                               {"id": "main-0000350", "player": "main", "step": 350, "agent_steps_trained": 3500}, league)
     data = bytearray(corrupt.read_bytes())
     data[-1] ^= 0xFF  # a flipped bit in a weight: its digest no longer matches
     corrupt.write_bytes(bytes(data))
     write_checkpoint(snapshots / "main_exploiter_0-0000250.safetensors",
-                     {"id": "main_exploiter_0-0000250", "player": "main_exploiter_0", "step": 250, "frames": 2500},
+                     {"id": "main_exploiter_0-0000250", "player": "main_exploiter_0", "step": 250, "agent_steps_trained": 2500},
                      league)
     with caplog.at_level(logging.INFO, logger="run"):
         final_evaluation(cfg, checkpoint, 4, run_dir, history=3, history_games=3)
     record = json.loads((run_dir / "evaluation.json").read_text())
     over = record["over_training"]
-    assert [(e["step"], e["frames"], e["games"]) for e in over] == [(100, 1000, 3), (300, 3000, 3), (400, 4000, 4)]
+    assert [(e["step"], e["agent_steps_trained"], e["games"]) for e in over] == [(100, 1000, 3), (300, 3000, 3), (400, 4000, 4)]
     assert over[0]["checkpoint"].endswith("main-0000100.safetensors")
     assert over[-1]["opponents"] == {o: record["opponents"][o] for o in ("tactical", "minimax:9")}
     # The judges, apart from the bots: every one at the end, the first over training too.

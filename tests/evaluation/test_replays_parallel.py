@@ -57,7 +57,7 @@ def write_checkpoint(path: Path, env: str, kwargs: dict) -> Path:
     spec = env_spec(env, kwargs)
     torch.manual_seed(0)
     save_checkpoint(path, ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent), None, to_yaml(cfg),
-                    {"step": 10, "frames": 320})
+                    {"step": 10, "agent_steps_trained": 320})
     return path
 
 

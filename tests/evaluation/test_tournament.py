@@ -100,7 +100,7 @@ def write_checkpoint(path: Path, env: str = "tictactoe", meta: dict | None = Non
     spec = env_spec(env)
     torch.manual_seed(seed)
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent)
-    save_checkpoint(path, model, None, to_yaml(cfg), meta or {"step": 10, "frames": 320})
+    save_checkpoint(path, model, None, to_yaml(cfg), meta or {"step": 10, "agent_steps_trained": 320})
     return path
 
 
@@ -112,9 +112,9 @@ def league_run(tmp_path_factory) -> Path:
     write_checkpoint(run_dir / "checkpoints" / "exploiter" / "latest.safetensors", seed=2)
     snapshots = run_dir / "league" / "snapshots"
     write_checkpoint(snapshots / "b.safetensors", meta={"id": "main-200", "player": "main", "step": 200,
-                                                        "frames": 6400}, seed=3)
+                                                        "agent_steps_trained": 6400}, seed=3)
     write_checkpoint(snapshots / "a.safetensors", meta={"id": "main-100", "player": "main", "step": 100,
-                                                        "frames": 3200}, seed=4)
+                                                        "agent_steps_trained": 3200}, seed=4)
     return run_dir
 
 
@@ -124,7 +124,7 @@ def test_run_directory_expands_to_learners_and_snapshots(league_run):
     assert [p.name for p in players] == ["alpha/main", "alpha/exploiter", "main-100", "main-200", "random",
                                          "minimax:2"]
     assert [p.kind for p in players] == ["checkpoint"] * 4 + ["bot"] * 2
-    assert players[2].meta["frames"] == 3200 and Path(players[2].load).name == "a.safetensors"
+    assert players[2].meta["agent_steps_trained"] == 3200 and Path(players[2].load).name == "a.safetensors"
     # A file given directly is named the same way, and a file reached twice is entered once.
     direct = str(league_run / "checkpoints" / "exploiter" / "latest.safetensors")
     env, players = resolve_players([direct, str(league_run)])

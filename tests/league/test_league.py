@@ -204,11 +204,11 @@ def _config(tmp_path, run_name, *extra):
                               "league.snapshot_every=100", "league.payoff_decay=1.0", *extra])
 
 
-def _publish(redis_client, cfg, player_ns: str, version: int, frames: int = 0, seed: int = 0) -> ActorCritic:
+def _publish(redis_client, cfg, player_ns: str, version: int, agent_steps: int = 0, seed: int = 0) -> ActorCritic:
     spec = env_spec(cfg.env.name, cfg.env.kwargs)
     torch.manual_seed(seed)
     model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.agent)
-    ParamStore(redis_client, player_ns).publish(model.state_dict(), version, frames)
+    ParamStore(redis_client, player_ns).publish(model.state_dict(), version, agent_steps)
     return model
 
 
@@ -230,14 +230,14 @@ def test_manager_snapshots_on_schedule_into_a_loadable_file_and_redis(tmp_path, 
 
     cfg = _config(tmp_path, run_name)
     manager = LeagueManager(cfg, redis_url, tmp_path / run_name)
-    model = _publish(redis_client, cfg, run_name, 99, frames=1234)
+    model = _publish(redis_client, cfg, run_name, 99, agent_steps=1234)
     manager.snapshot_due_learners()
     assert manager.state.snapshots() == []  # 99 < snapshot_every
-    model = _publish(redis_client, cfg, run_name, 100, frames=5678)
+    model = _publish(redis_client, cfg, run_name, 100, agent_steps=5678)
     manager.snapshot_due_learners()
     assert manager.state.snapshots() == ["main-0000100"]
     info = manager.state.members["main-0000100"]
-    assert (info.player, info.role, info.step, info.frames, info.parent) == ("main", "main", 100, 5678, None)
+    assert (info.player, info.role, info.step, info.agent_steps, info.parent) == ("main", "main", 100, 5678, None)
     policy = load_policy(tmp_path / run_name / "league" / "snapshots" / "main-0000100.safetensors")
     for name, tensor in model.state_dict().items():
         assert torch.equal(policy.model.state_dict()[name], tensor)

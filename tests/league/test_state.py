@@ -33,7 +33,7 @@ def _games(player: str, opponent: str, wins: int, losses: int) -> list[dict]:
 
 
 def _snapshot(state: LeagueState, player: str, step: int, created: float = 0.0) -> Member:
-    member = state.new_snapshot(player, step, frames=10 * step, created=created)
+    member = state.new_snapshot(player, step, agent_steps=10 * step, created=created)
     state.add_snapshot(member)
     return member
 
@@ -76,7 +76,7 @@ def test_main_is_due_every_snapshot_every_updates_and_its_snapshots_chain():
     assert state.due_snapshot("main", 99) is None
     assert state.due_snapshot("main", 100) == "100 updates since the last snapshot"
     first = _snapshot(state, "main", 100)
-    assert (first.id, first.parent, first.frames, state.last_snapshot["main"]) == ("main-0000100", None, 1000, 100)
+    assert (first.id, first.parent, first.agent_steps, state.last_snapshot["main"]) == ("main-0000100", None, 1000, 100)
     assert state.due_snapshot("main", 100) is None and state.due_snapshot("main", 199) is None
     assert state.due_snapshot("main", 200) == "100 updates since the last snapshot"
     second = _snapshot(state, "main", 200)
@@ -155,13 +155,13 @@ def test_exploiter_distributions_and_residency_inputs():
 # -- what is persisted ---------------------------------------------------------------------------------
 
 OLD_SNAPSHOT = {"kind": "snapshot", "id": "main-0000100", "player": "main", "role": "main", "step": 100,
-                "frames": 1234, "parent": None, "created": 1700000000.5}
+                "agent_steps_trained": 1234, "parent": None, "created": 1700000000.5}
 """A snapshot as state.json and the snapshot file's meta held it before members were records."""
 
 
 def test_a_member_round_trips_through_json_in_the_format_already_on_disk():
     member = Member.from_json("main-0000100", json.loads(json.dumps(OLD_SNAPSHOT)))
-    assert (member.player, member.step, member.frames, member.created) == ("main", 100, 1234, 1700000000.5)
+    assert (member.player, member.step, member.agent_steps, member.created) == ("main", 100, 1234, 1700000000.5)
     assert member.to_json() == OLD_SNAPSHOT and list(member.to_json()) == list(OLD_SNAPSHOT)
     assert Member("main_exploiter_0", "learner", "main_exploiter").to_json() == {"kind": "learner",
                                                                                 "role": "main_exploiter"}

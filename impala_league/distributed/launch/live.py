@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from impala_league.config import Config
+from impala_league.records import upgraded
 
 
 def describe(record: dict) -> str:
@@ -45,13 +46,13 @@ def clock(seconds: float) -> str:
 
 
 def progress_to_end(record: dict, total_steps: int, max_minutes: float) -> tuple[float, str]:
-    """(fraction of the run done, 'ends in ~M:SS (time limit)') for a metrics `record` (`frames`: agent
-    steps trained, `elapsed_s`: training seconds, `sps`). The run ends at `total_steps` agent steps or
+    """(fraction of the run done, 'ends in ~M:SS (time limit)') for a metrics `record` (`agent_steps_trained`,
+    `elapsed_s`: training seconds, `sps`). The run ends at `total_steps` agent steps or
     `max_minutes` of training (0 = none), whichever comes first; the estimate assumes the current SPS."""
-    frames, elapsed = record.get("frames", 0), record.get("elapsed_s", 0.0)
-    fraction, left, why = frames / total_steps, None, "agent steps"
+    agent_steps, elapsed = record.get("agent_steps_trained", 0), record.get("elapsed_s", 0.0)
+    fraction, left, why = agent_steps / total_steps, None, "agent steps"
     if record.get("sps"):
-        left = max(0.0, (total_steps - frames) / record["sps"])
+        left = max(0.0, (total_steps - agent_steps) / record["sps"])
     if max_minutes > 0:
         fraction = max(fraction, elapsed / (60 * max_minutes))
         time_left = max(0.0, 60 * max_minutes - elapsed)
@@ -92,13 +93,13 @@ class LiveView:
         latest = None
         for line in complete.splitlines():
             try:
-                latest = json.loads(line)
+                latest = upgraded(json.loads(line))  # a resumed run's file may begin with older records
             except json.JSONDecodeError:
                 continue
         if latest is not None:
             fraction, eta = progress_to_end(latest, self.total_steps, self.max_minutes)
-            self.progress.update(self.task, completed=fraction, eta=eta,
-                                 steps=f"{latest.get('frames', 0):,} / {self.total_steps:,} agent steps{self.limit}")
+            steps = f"{latest.get('agent_steps_trained', 0):,} / {self.total_steps:,} agent steps{self.limit}"
+            self.progress.update(self.task, completed=fraction, eta=eta, steps=steps)
             self.status.plain = describe(latest)
         return latest
 

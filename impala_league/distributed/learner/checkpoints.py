@@ -25,6 +25,7 @@ from impala_league.distributed.learner.checkpoint_history import CheckpointHisto
 from impala_league.distributed.learner.clock import TrainingClock
 from impala_league.evaluation.bots import GAMES
 from impala_league.league.players import MAIN, checkpoint_dir
+from impala_league.records import upgraded
 
 log = logging.getLogger("learner")
 
@@ -70,7 +71,7 @@ class Checkpoints:
         self.finished = False
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-        """Load `model` and `optimizer` and the carried state; returns the update step and frames. The
+        """Load `model` and `optimizer` and the carried state; returns the update step and agent steps trained. The
         optimizer's hyperparameters stay the config's. Raises CheckpointError if they do not fit this config."""
         tensors, metadata = read_checkpoint(self.path)
         check_network(metadata, self.cfg, self.path)
@@ -82,8 +83,8 @@ class Checkpoints:
             if len(saved_groups) != len(fresh_groups) or not all(marker in g for g in saved_groups):
                 raise ValueError(f"its optimizer state is not that of learner.optimizer={self.cfg.learner.optimizer}")
             load_optimizer_state(optimizer, tensors, metadata)
-            meta = json.loads(metadata["meta"])
-            step, frames = int(meta["step"]), int(meta["frames"])
+            meta = upgraded(json.loads(metadata["meta"]))
+            step, agent_steps = int(meta["step"]), int(meta["agent_steps_trained"])
             self.league_resets = int(meta.get("league_resets", 0))
             self.clock.restore(meta)
             self.restored_counters = {k: int(v) for k, v in meta.get("counters", {}).items()}
@@ -93,8 +94,8 @@ class Checkpoints:
         # Hyperparameters come from the config, so `--resume --set learner.learning_rate=...` takes effect.
         for group, fresh in zip(optimizer.param_groups, fresh_groups):
             group.update({k: v for k, v in fresh.items() if k != "params"})
-        log.info("resumed from %s at update %s, %s agent steps", self.path, f"{step:,}", f"{frames:,}")
-        return step, frames
+        log.info("resumed from %s at update %s, %s agent steps", self.path, f"{step:,}", f"{agent_steps:,}")
+        return step, agent_steps
 
     def check_fresh_start(self) -> None:
         """A learner started without --resume: refuse where the run directory holds this learner's
@@ -111,8 +112,8 @@ class Checkpoints:
                               "--resume to continue from it, or set learner.overwrite_checkpoint=true to train "
                               "from scratch and replace it")
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, frames: int) -> None:
-        """Save model, optimizer, the update step and frames and the carried state, unless the run
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, agent_steps: int) -> None:
+        """Save model, optimizer, the update step and agent steps trained and the carried state, unless the run
         directory is no longer ours (the launcher that owns it died: a new owner may have resumed the run
         meanwhile). Rank 0 alone writes it."""
         if not self.is_main:
@@ -121,7 +122,7 @@ class Checkpoints:
             log.warning("%s: not writing %s: the launcher that owned the run directory is gone", self.label, self.path)
             return
         save_checkpoint(self.path, model, optimizer, to_yaml(without_secrets(self.cfg)),
-                        {"step": step, "frames": frames, "params_version": step,
+                        {"step": step, "agent_steps_trained": agent_steps, "params_version": step,
                          "league_resets": self.league_resets, **self.clock.meta(),
                          "env": self.env, "time": time.time(),
                          "counters": self.last_counters or self.counter_base,

@@ -159,7 +159,7 @@ def average_tensor(tensor: torch.Tensor, group: Group) -> torch.Tensor:
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
                     group: Group, device: torch.device) -> dict:
     """Make every rank's model and optimizer state (Adam's or RMSProp's moments, steps) rank 0's, and
-    return rank 0's `meta` (JSON-able: update step, frames, ...) on every rank.
+    return rank 0's `meta` (JSON-able: update step, agent steps, ...) on every rank.
 
     Called at every start, fresh or resumed, so the initial weights are identical too. The state travels
     as safetensors bytes in a uint8 tensor (nothing pickled), as a checkpoint would hold it. The

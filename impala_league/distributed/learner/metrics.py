@@ -45,15 +45,15 @@ class MetricsWindow:
     """What the updates since `start` (monotonic seconds) trained on and measured."""
 
     start: float
-    frames: int = 0
+    agent_steps: int = 0
     lags: list = field(default_factory=list)  # policy lag of each fresh unroll
     stats: list = field(default_factory=list)
     replay_lags: list = field(default_factory=list)  # policy lag of each replayed unroll, when it was trained on
     update_s: float = 0.0  # seconds in the updates themselves (`train_on`)
     waited_s: float = 0.0  # seconds the update's thread waited for its next batch
 
-    def add(self, frames: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
-        self.frames += frames
+    def add(self, agent_steps: int, lags: list[int], stats: dict[str, float], replay_lags: list[int] = ()) -> None:
+        self.agent_steps += agent_steps
         self.lags += lags
         self.stats.append(stats)
         self.replay_lags += replay_lags
@@ -79,7 +79,7 @@ class MetricsWindow:
         record = {k: float(np.mean([s[k] for s in self.stats])) for k in self.stats[0] if k != "skipped_update"}
         record["skipped_updates"] = int(sum(s["skipped_update"] for s in self.stats))
         lags = [lag for lag in self.lags if lag >= 0]
-        record.update({"sps": self.frames / max(now - self.start, 1e-9),
+        record.update({"sps": self.agent_steps / max(now - self.start, 1e-9),
                        "policy_lag": float(np.mean(lags)) if lags else math.nan,
                        "policy_lag_max": int(max(lags)) if lags else None,
                        "policy_lag_counts": np.bincount(np.clip(lags, 0, LAG_BINS - 1)).tolist() if lags else [],
@@ -141,9 +141,9 @@ class LearnerMetrics:
         self.started_at = time.time()
         self.window = MetricsWindow(now)
 
-    def log(self, now: float, *, step: int, frames: int, elapsed_s: float, learning_rate: float,
+    def log(self, now: float, *, step: int, agent_steps: int, elapsed_s: float, learning_rate: float,
             counts: dict[str, float], rolled_back: int) -> None:
-        """Write the record of the window ending `now` and start the next window. step, frames (agent
+        """Write the record of the window ending `now` and start the next window. step, agent_steps (agent
         steps trained), elapsed_s (the run's training seconds), learning_rate: the learner's; counts: the
         stream's `accounting()`, with the counts of earlier Redis servers added; rolled_back: unrolls acked
         after the checkpoint this learner resumed from, whose updates it lacks."""
@@ -152,9 +152,9 @@ class LearnerMetrics:
         episodes = [e for e in episodes if not e.get("nonfinite")]
         record = self.window.summary(now)
         record.update({
-            # Agent steps trained (`frames`, its older name; the unit of run.total_agent_steps and SPS) and
+            # Agent steps trained (`frames` in records written before; the unit of run.total_agent_steps and SPS) and
             # env steps played by the actors (each env.step once, whoever acted).
-            "step": step, "frames": frames, "agent_steps_trained": frames,
+            "step": step, "agent_steps_trained": agent_steps,
             "env_steps_played": counts["env_steps"], "time": time.time(),
             "elapsed_s": elapsed_s, "learner_started": self.started_at,
             # Entries hold actor.send_batch unrolls: the queue in unrolls, as actor.high_water_mark counts.
@@ -216,7 +216,7 @@ class LearnerMetrics:
         lag = "-" if record["policy_lag"] is None else f"{record['policy_lag']:.1f}"
         log.info("%sagent steps trained %s/%s  env steps played %s  SPS %s  lag %s  queue %d  loss %.3f  "
                  "entropy %.2f  rho %.2f  %s", "" if self.player == MAIN else f"[{self.player}] ",
-                 f"{record['frames']:,}", f"{self.cfg.run.total_agent_steps:,}", f"{record['env_steps_played']:,}",
+                 f"{record['agent_steps_trained']:,}", f"{self.cfg.run.total_agent_steps:,}", f"{record['env_steps_played']:,}",
                  f"{record['sps']:,.0f}", lag, record["queue_depth"],
                  record["loss"], record["entropy"], record["mean_rho"], "  ".join(games))
 

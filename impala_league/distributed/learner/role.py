@@ -57,7 +57,7 @@ class Learner:
     """One learner process: the model and its optimizer, and `run`, the loop that trains them until the
     run is done: next batch -> train on it -> acknowledge it -> record it, and a checkpoint when one is due.
 
-    step: updates made; frames: agent steps trained (K x F x T an update with K learners of F fresh unrolls
+    step: updates made; agent_steps: agent steps trained (K x F x T an update with K learners of F fresh unrolls
     of T steps). The loop's helpers: `ingest` (the reads: `Ingest`), `checkpoints` (the checkpoint and the
     run's state it carries: distributed/learner/checkpoints.py; among it `clock`, the training seconds and trained
     count: distributed/learner/clock.py), `metrics` (metrics.jsonl and the trackers:
@@ -89,12 +89,12 @@ class Learner:
         self.model = make_model(self.spec, cfg.agent).to(self.device)
         self.head = policy_head(self.spec)
         self.optimizer = make_optimizer(self.model, cfg.learner)
-        self.step = self.frames = 0
+        self.step = self.agent_steps = 0
         self.checkpoints = Checkpoints(cfg, run_dir, player, self.spec.name, self.group.is_main, self.label)
         if resume and not self.group.is_main:
             pass  # rank 0's state reaches this rank in sync_start
         elif resume and self.checkpoints.path.exists():
-            self.step, self.frames = self.checkpoints.restore(self.model, self.optimizer)
+            self.step, self.agent_steps = self.checkpoints.restore(self.model, self.optimizer)
         elif resume:
             log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoints.path)
         else:
@@ -128,9 +128,9 @@ class Learner:
         return self.checkpoints.clock
 
     def checkpoint(self) -> None:
-        """Save model, optimizer, step, frames and the run's carried state (`Checkpoints.save`: rank 0
+        """Save model, optimizer, step, agent steps and the run's carried state (`Checkpoints.save`: rank 0
         alone, while the run directory is ours)."""
-        self.checkpoints.save(self.model, self.optimizer, self.step, self.frames)
+        self.checkpoints.save(self.model, self.optimizer, self.step, self.agent_steps)
 
     def stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Stop before the next update; a signal handler (`signum`: the signal, kept for the exit code)."""
@@ -153,7 +153,7 @@ class Learner:
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
         if self.ingest.replay is not None:  # the new weights learn from their own games, not the old ones'
             self.ingest.replay.clear()
-        self.params.publish(self.model.state_dict(), self.step, self.frames)
+        self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
         log.info("%s: weights reset by the league (reset %d) at update %d", self.label, count, self.step)
 
     # -- reading -----------------------------------------------------------------------------------
@@ -182,9 +182,9 @@ class Learner:
             pin=self.device.type == "cuda", worker_settings=settings)
 
     def unrolls_left(self) -> float:
-        """Unrolls the run may still read before run.total_agent_steps (every rank reads as many: frames count
+        """Unrolls the run may still read before run.total_agent_steps (every rank reads as many: agent steps count
         every rank's unrolls)."""
-        return (self.cfg.run.total_agent_steps - self.frames) / (self.cfg.actor.unroll_length * self.group.size)
+        return (self.cfg.run.total_agent_steps - self.agent_steps) / (self.cfg.actor.unroll_length * self.group.size)
 
     def run_is_over(self) -> bool:
         """An exploiter's reads end with the main agent's run (its actors are gone then)."""
@@ -211,12 +211,12 @@ class Learner:
                 (ids, headers, prepared), lr = got
                 if self.checkpoints.due(time.monotonic()):
                     self.checkpoint_trained()  # here: once the ranks agreed to go on, each has acked its last batch
-                frames = self.frames
+                agent_steps = self.agent_steps
                 stats = self.train(prepared, lr)
                 # Replay first: a worker's batch lives in its shared-memory slot until the ack gives it back.
                 replay_lags = self.ingest.remember(prepared, headers, stats, self.step)
                 self.acknowledge(ids, headers)
-                self.record(self.frames - frames, headers, stats, replay_lags)
+                self.record(self.agent_steps - agent_steps, headers, stats, replay_lags)
                 if self.player != MAIN and self.step % 10 == 0:
                     self.follow_league()
         finally:
@@ -238,7 +238,7 @@ class Learner:
             self.metrics.close()
             return False
         self.sync_start()
-        # A `done` left by an earlier end of this run (now resumed with more frames) would send every
+        # A `done` left by an earlier end of this run (now resumed with more agent steps) would send every
         # actor home at once and starve this learner. The launcher clears it too; standalone learners need this.
         if self.player == MAIN and main:
             self.redis.delete(keys.done(cfg.run.name))
@@ -248,7 +248,7 @@ class Learner:
         self.ingest.claim_stale()
         if main:
             self.metrics.results.skip_to_end()
-            self.params.publish(self.model.state_dict(), self.step, self.frames)
+            self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
             self.metrics.start_tracking(self.step)
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_agent_steps:,}",
@@ -268,7 +268,7 @@ class Learner:
         got = None if self.reached_end() else self.ingest.get()
         self.metrics.window.waited_s += time.monotonic() - waited
         # Rank 0's learning rate for all: `linear` counts rank 0's clock (run.max_minutes).
-        lr = scheduled_learning_rate(self.cfg, self.frames, self.clock.elapsed())
+        lr = scheduled_learning_rate(self.cfg, self.agent_steps, self.clock.elapsed())
         (stop, interrupted), lr = self.group.agree((got is None, self.stopping), lr, self.device)
         if interrupted and not self.stopping:  # a signal to one rank stops them all
             self.stopping, self.stop_signal = True, signal.SIGTERM  # as if it came here: 143
@@ -276,8 +276,8 @@ class Learner:
 
     def reached_end(self) -> bool:
         """This learner's own reasons to stop before the next update: a stop signal, run.total_agent_steps
-        (the same on every rank: frames count every rank's unrolls), run.max_minutes."""
-        if self.stopping or self.frames >= self.cfg.run.total_agent_steps:
+        (the same on every rank: agent steps count every rank's unrolls), run.max_minutes."""
+        if self.stopping or self.agent_steps >= self.cfg.run.total_agent_steps:
             return True
         if self.cfg.run.max_minutes and self.clock.elapsed() > 60 * self.cfg.run.max_minutes:
             log.info("reached run.max_minutes=%s", self.cfg.run.max_minutes)
@@ -286,12 +286,12 @@ class Learner:
 
     # -- several learners (distributed/learner/data_parallel.py) -------------------------------------------
     def sync_start(self) -> None:
-        """Give every rank rank 0's weights, optimizer state, update step, frames and training seconds
+        """Give every rank rank 0's weights, optimizer state, update step, agent steps and training seconds
         (fresh or resumed: identical initial weights too). Nothing with one learner."""
-        meta = broadcast_state(self.model, self.optimizer, {"step": self.step, "frames": self.frames,
+        meta = broadcast_state(self.model, self.optimizer, {"step": self.step, "agent_steps": self.agent_steps,
                                                             "elapsed_s": self.clock.elapsed_before},
                                self.group, self.device)
-        self.step, self.frames = int(meta["step"]), int(meta["frames"])
+        self.step, self.agent_steps = int(meta["step"]), int(meta["agent_steps"])
         self.clock.elapsed_before = float(meta["elapsed_s"])
 
     def checkpoint_trained(self) -> None:
@@ -312,12 +312,12 @@ class Learner:
         self.metrics.window.update_s += time.monotonic() - started
         return stats
 
-    def record(self, frames: int, headers: list[dict], stats: dict[str, float], replay_lags: list[int]) -> None:
-        """Add the update just made to the metrics window (the `frames` it trained on, the policy lag of
+    def record(self, agent_steps: int, headers: list[dict], stats: dict[str, float], replay_lags: list[int]) -> None:
+        """Add the update just made to the metrics window (the agent steps it trained on, the policy lag of
         the unrolls of the entries with `headers`, its `stats`, the lags of the replayed unrolls), and
         log the window when it is due (rank 0)."""
         lags = [self.step - 1 - version for version in self.ingest.unroll_versions(headers)]
-        self.metrics.window.add(frames, lags, stats, replay_lags)
+        self.metrics.window.add(agent_steps, lags, stats, replay_lags)
         now = time.monotonic()
         if now - self.metrics.window.start >= self.cfg.run.log_every_s and self.group.is_main:
             self.log_metrics(now)
@@ -335,11 +335,11 @@ class Learner:
             log.warning("update %d skipped: non-finite loss or gradient (loss %s); the batch held extreme values",
                         self.step + 1, stats["loss"])
         self.step += 1
-        self.frames += self.cfg.actor.unroll_length * unrolls * self.group.size
+        self.agent_steps += self.cfg.actor.unroll_length * unrolls * self.group.size
         if self.cfg.learner.redo_every and self.step % self.cfg.learner.redo_every == 0:
             self.recycle(batch)
         if self.step % self.cfg.learner.publish_every == 0 and self.group.is_main:
-            self.params.publish(self.model.state_dict(), self.step, self.frames)
+            self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
         return stats
 
     def recycle(self, batch: Batch) -> None:
@@ -357,15 +357,15 @@ class Learner:
         (Ranks other than 0 of several learners only log.)"""
         self.checkpoints.finished = not self.stopping
         if not self.group.is_main:
-            log.info("%s done: %s updates, %s agent steps", self.label, f"{self.step:,}", f"{self.frames:,}")
+            log.info("%s done: %s updates, %s agent steps", self.label, f"{self.step:,}", f"{self.agent_steps:,}")
             self.metrics.close()
             return
         self.checkpoint_trained()  # first: it needs no Redis
-        self.params.publish(self.model.state_dict(), self.step, self.frames)
+        self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
         if not self.stopping and self.player == MAIN:  # exploiters end with the main agent's run
             self.redis.set(keys.done(self.cfg.run.name), 1)
         self.lease.release()
-        log.info("%s done: %s updates, %s agent steps; checkpoint %s", self.label, f"{self.step:,}", f"{self.frames:,}",
+        log.info("%s done: %s updates, %s agent steps; checkpoint %s", self.label, f"{self.step:,}", f"{self.agent_steps:,}",
                  self.checkpoints.path)
         self.metrics.close(report=self.player == MAIN and not self.stopping)  # interrupted: no figures, stop now
 
@@ -373,7 +373,7 @@ class Learner:
         """Write the metrics window ending `now` (`LearnerMetrics.log`) with this learner's progress and the
         stream's delivery counts, those of earlier Redis servers of the run added (`Checkpoints.carry`)."""
         counts = self.checkpoints.carry(self.ingest.trajectories.accounting())
-        self.metrics.log(now, step=self.step, frames=self.frames, elapsed_s=self.clock.elapsed(),
+        self.metrics.log(now, step=self.step, agent_steps=self.agent_steps, elapsed_s=self.clock.elapsed(),
                          learning_rate=self.optimizer.param_groups[0]["lr"], counts=counts,
                          rolled_back=self.clock.rolled_back)
 

@@ -96,17 +96,17 @@ def make_optimizer(model: torch.nn.Module, cfg: LearnerConfig) -> torch.optim.Op
     return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
 
 
-def scheduled_learning_rate(cfg: Config, frames: int, elapsed_s: float) -> float:
+def scheduled_learning_rate(cfg: Config, agent_steps: int, elapsed_s: float) -> float:
     """The learning rate for the next update. `linear` anneals `learner.learning_rate` linearly to 0
     (as in the IMPALA experiments, Espeholt et al. 2018) over the run's budget: progress is the larger of
-    frames / run.total_agent_steps and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
+    agent_steps / run.total_agent_steps and elapsed_s / (60 * run.max_minutes), so whichever ends the run first.
     `elapsed_s` is the run's training time so far, as run.max_minutes counts it: a resumed learner starts
     from the seconds its checkpoint recorded (distributed/learner/clock.py), so the schedule and the budget go on
     where they stopped."""
     lr = cfg.learner.learning_rate
     if cfg.learner.lr_schedule == "constant":
         return lr
-    progress = frames / cfg.run.total_agent_steps
+    progress = agent_steps / cfg.run.total_agent_steps
     if cfg.run.max_minutes:
         progress = max(progress, elapsed_s / (60 * cfg.run.max_minutes))
     return lr * max(0.0, 1.0 - progress)

@@ -7,7 +7,7 @@ transport.shard_namespace, the namespace itself for shard 0). An id of "*" makes
 
 from __future__ import annotations
 
-PARAMS_PARTS = ("version", "frames", "history", "history:versions", "sha256", "history:sha256", "corrupt",
+PARAMS_PARTS = ("version", "agent_steps", "history", "history:versions", "sha256", "history:sha256", "corrupt",
                 "replica_fallbacks")
 
 

@@ -1,6 +1,6 @@
 """Parameter store: the learner publishes weights (safetensors bytes) with a version; actors pull them.
 
-Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:frames` (agent steps the
+Keys: `{run}:params` (bytes), `{run}:params:version` (int) and `{run}:params:agent_steps` (agent steps the
 learner had trained on). They are written in one MULTI/EXEC and read in one, so a reader never pairs
 new weights with an old version. Actors poll only the small
 version key and fetch the weights when it changed.
@@ -84,7 +84,7 @@ class ParamStore:
         self._causes_logged: set[str] = set()
         self.key = keys.params(run)
         self.version_key = keys.params(run, "version")
-        self.frames_key = keys.params(run, "frames")
+        self.agent_steps_key = keys.params(run, "agent_steps")
         self.history_key = keys.params(run, "history")
         self.history_versions_key = keys.params(run, "history:versions")
         self.sha_key = keys.params(run, "sha256")
@@ -93,14 +93,14 @@ class ParamStore:
         self.fallbacks_key = keys.params(run, "replica_fallbacks")
         self.fetched_digest: bytes | None = None  # SHA-256 of the blob the last `fetch` returned
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int, frames: int = 0) -> None:
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, agent_steps: int = 0) -> None:
         data = encode_weights(state_dict)
         digest = weights_digest(data)
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.key, data)
         pipe.set(self.sha_key, digest)
         pipe.set(self.version_key, int(version))
-        pipe.set(self.frames_key, int(frames))
+        pipe.set(self.agent_steps_key, int(agent_steps))
         if self.delay:
             pipe.lpush(self.history_key, data)
             pipe.lpush(self.history_sha_key, digest)
@@ -112,7 +112,7 @@ class ParamStore:
 
     def clear(self) -> None:
         """Delete the published weights (a new run must not hand an old run's weights to its actors)."""
-        self.r.delete(self.key, self.version_key, self.frames_key, self.history_key, self.history_versions_key,
+        self.r.delete(self.key, self.version_key, self.agent_steps_key, self.history_key, self.history_versions_key,
                       self.sha_key, self.history_sha_key, self.corrupt_key, self.fallbacks_key)
 
     def corrupt_count(self) -> int:
@@ -166,7 +166,7 @@ class ParamStore:
         return None if raw is None else (raw[0], decode_weights(raw[1]))
 
     def fetch_bytes(self) -> tuple[int, bytes, int] | None:
-        """(version, safetensors bytes, frames; 0 with `delay`) of the weights `fetch` returns: the
+        """(version, safetensors bytes, agent_steps; 0 with `delay`) of the weights `fetch` returns: the
         replica's copy when it holds exactly the weights the run's Redis names now, else read from the
         run's Redis. None before the first publish. Raises WeightsCorrupt (counted) when the run's Redis
         holds bytes that do not match their SHA-256; a replica's bad copy is never returned nor raised."""
@@ -183,21 +183,21 @@ class ParamStore:
         return self._checked(self._read(self.r, delayed=True))
 
     def fetch_raw(self) -> tuple[int, bytes, int] | None:
-        """(version, safetensors bytes, frames) of the latest weights, or None before the first publish.
+        """(version, safetensors bytes, agent_steps) of the latest weights, or None before the first publish.
         Raises WeightsCorrupt (counted) when the bytes do not match their SHA-256."""
         return self._checked(self._read(self.r, delayed=False))
 
     def _checked(self, read: tuple[int, bytes, int, bytes | None] | None) -> tuple[int, bytes, int] | None:
         if read is None:
             return None
-        version, data, frames, digest = read
+        version, data, agent_steps, digest = read
         verified = self._verified(version, data, digest)
         self.fetched_digest = digest
-        return version, verified, frames
+        return version, verified, agent_steps
 
     def _read(self, client: redis.Redis, delayed: bool) -> tuple[int, bytes, int, bytes | None] | None:
-        """(version, blob, frames, SHA-256 as published) from `client`, read atomically, unchecked: the
-        latest, or (`delayed`) the one `delay` publishes behind it (frames 0). None before the first publish."""
+        """(version, blob, agent_steps, SHA-256 as published) from `client`, read atomically, unchecked: the
+        latest, or (`delayed`) the one `delay` publishes behind it (agent_steps 0). None before the first publish."""
         pipe = client.pipeline(transaction=True)
         if delayed:
             length = client.llen(self.history_versions_key)
@@ -207,16 +207,16 @@ class ParamStore:
             pipe.lindex(self.history_versions_key, index)
             pipe.lindex(self.history_key, index)
             pipe.lindex(self.history_sha_key, index)
-            (version, data, digest), frames = pipe.execute(), 0
+            (version, data, digest), agent_steps = pipe.execute(), 0
         else:
             pipe.get(self.version_key)
             pipe.get(self.key)
-            pipe.get(self.frames_key)
+            pipe.get(self.agent_steps_key)
             pipe.get(self.sha_key)
-            version, data, frames, digest = pipe.execute()
+            version, data, agent_steps, digest = pipe.execute()
         if version is None or data is None:
             return None
-        return int(version), data, int(frames or 0), digest
+        return int(version), data, int(agent_steps or 0), digest
 
     def _from_replica(self) -> tuple[int, bytes, int] | None:
         """The replica's copy of the weights the run's Redis names now (version, SHA-256), as

@@ -450,7 +450,7 @@ class ResultsStream:
 class LearnerLease:
     """`{run}:learner`: at most one learner trains a run (and `{run}:league`: one league manager).
 
-    Two learners on one run would each count frames, publish interleaved weight versions, overwrite
+    Two learners on one run would each count agent steps, publish interleaved weight versions, overwrite
     each other's checkpoints and, holding unacked entries that count against the actors'
     high-water mark, can starve each other. The key names its holder and expires unless the holder
     refreshes it (a background thread does, every TTL / 3), so a killed learner's lease lapses by itself.

@@ -17,8 +17,8 @@ def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):
     out = io.StringIO()
     view = LiveView(cfg, metrics, Console(file=out, force_terminal=True, width=200))
     assert view.refresh() is None  # no file yet
-    record = {"frames": 250, "sps": 1234.4, "policy_lag": 1.25, "queue_depth": 7, "first_seat_win_rate": 0.5}
-    metrics.write_text(json.dumps(record) + "\n" + '{"frames": 9')
+    record = {"agent_steps_trained": 250, "sps": 1234.4, "policy_lag": 1.25, "queue_depth": 7, "first_seat_win_rate": 0.5}
+    metrics.write_text(json.dumps(record) + "\n" + '{"agent_steps_trained": 9')
     with view:
         assert view.refresh() == record
         task = view.progress.tasks[0]
@@ -26,7 +26,7 @@ def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):
         assert view.status.plain == "SPS 1,234  lag 1.2  queue 7  first-seat wins 0.50"
         with metrics.open("a") as f:
             f.write('00, "sps": 10, "policy_lag": 0, "queue_depth": 0, "episode_return": 21.5}\n')
-        assert view.refresh()["frames"] == 900  # the completed line, read from where the last read stopped
+        assert view.refresh()["agent_steps_trained"] == 900  # the completed line, read from where the last read stopped
         assert view.progress.tasks[0].fields["eta"] == "ends in ~0:10 (agent steps)"  # 100 steps at 10 SPS
         view.print_line("actor 0: a child's log line")
         view.evaluating("evaluating the final policy")
@@ -37,7 +37,7 @@ def test_bar_follows_the_metrics_file_and_ignores_a_half_written_line(tmp_path):
 
 
 def test_the_bar_runs_to_the_time_limit_when_it_comes_first():
-    record = {"frames": 100_000, "elapsed_s": 270.0, "sps": 1000.0}
+    record = {"agent_steps_trained": 100_000, "elapsed_s": 270.0, "sps": 1000.0}
     # 900k steps left at 1,000/s would take 15 min; the 5-minute limit has 30 s left: the limit ends it.
     assert progress_to_end(record, 1_000_000, 5.0) == (0.9, "ends in ~0:30 (time limit)")
     # Without a limit the agent steps end it: 900 s left.

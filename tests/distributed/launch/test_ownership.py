@@ -105,7 +105,7 @@ class TestALiveRun:
 def test_runs_lists_local_directories_and_shared_redis_runs_and_deletes_only_a_run_that_is_over(
         tmp_path, redis_server, redis_client, run_name):
     base = tmp_path / "runs"
-    for name, meta in (("done", {"frames": 3200, "finished": True}), ("halted", {"frames": 640, "finished": False}),
+    for name, meta in (("done", {"agent_steps_trained": 3200, "finished": True}), ("halted", {"agent_steps_trained": 640, "finished": False}),
                        ("busy", None)):
         (base / name / "checkpoints").mkdir(parents=True)
         (base / name / "config.yaml").write_text("env:\n  name: tictactoe\n")

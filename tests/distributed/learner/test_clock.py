@@ -30,7 +30,7 @@ def test_the_clock_adds_this_processs_seconds_to_the_restored_ones():
 
 def test_an_old_checkpoint_without_the_clocks_keys_restores_a_clock_at_zero():
     clock = TrainingClock()
-    clock.restore({"step": 3, "frames": 12})
+    clock.restore({"step": 3, "agent_steps_trained": 12})
     assert clock.elapsed() == 0.0 and clock.restored_trained == 0
     with pytest.raises(ValueError):
         clock.restore({"elapsed_s": "soon"})
@@ -55,7 +55,7 @@ def test_checkpoints_save_and_restore_the_clock_under_the_meta_keys_they_always_
     saved.clock.restore({"elapsed_s": 50.0})
     saved.start(time.monotonic() - 30.0)  # this process has trained 30 s
     saved.unrolls_trained, saved.league_resets = 9, 0
-    saved.save(model, make_optimizer(model, cfg.learner), step=3, frames=24)
+    saved.save(model, make_optimizer(model, cfg.learner), step=3, agent_steps=24)
     meta = json.loads(read_checkpoint(saved.path)[1]["meta"])
     assert meta["unrolls_trained"] == 9 and 80.0 <= meta["elapsed_s"] < 90.0 and meta["step"] == 3
     restored = Checkpoints(cfg, tmp_path / run_name, "main", "tictactoe", True, "learner")

@@ -195,16 +195,16 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_trains_both_ranks_to_t
     assert f"learner rank 1 (pid {rank1}) was killed by SIGKILL" in out and "--resume" in out
     assert "collective failed" in out  # rank 0 did not wait for the dead rank: its collective failed
     stopped = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])
-    assert stopped["step"] > 0 and stopped["frames"] == stopped["step"] * 2 * 4 * 8
+    assert stopped["step"] > 0 and stopped["agent_steps_trained"] == stopped["step"] * 2 * 4 * 8
 
-    total = stopped["frames"] + 512
+    total = stopped["agent_steps_trained"] + 512
     done = subprocess.run(_train(tmp_path, run_name, redis_server.url, "--resume", "--set", f"run.total_agent_steps={total}"),
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     meta = json.loads(read_checkpoint(run_dir / "checkpoints" / "latest.safetensors")[1]["meta"])
     # Global batch: 2 ranks x 4 unrolls x 8 steps per update; both ranks stopped at the same update.
-    assert meta["frames"] >= total and meta["frames"] == meta["step"] * 64
+    assert meta["agent_steps_trained"] >= total and meta["agent_steps_trained"] == meta["step"] * 64
     assert f"learner rank 1 done: {meta['step']:,} updates" in out
     assert f"learner rank 0 done: {meta['step']:,} updates" in out and out.count("; checkpoint ") == 1
     assert int(r.get(f"{run_name}:params:version")) == meta["step"]

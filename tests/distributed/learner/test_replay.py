@@ -173,7 +173,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
                                                                                   redis_url, run_name, per_entry):
     """24 unrolls, B = 4 with replay_fraction 0.5: 2 fresh and up to 2 replayed per update, so 12
     updates, with one or two unrolls per stream entry. Every entry is acked once, the counts balance,
-    frames count the fresh steps only, and the metrics carry the replay's keys."""
+    agent steps count the fresh steps only, and the metrics carry the replay's keys."""
     N = 24
     cfg = small_config(run_name, tmp_path, "learner.batch_size=4", "learner.replay_fraction=0.5",
                        f"run.total_agent_steps={N * T}", "learner.replay_memory_mb=0.005", f"actor.send_batch={per_entry}")
@@ -191,7 +191,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
         remember(*a), held.append(learner.ingest.replay.nbytes))[0]
     run_learner_until(learner, lambda: False)
 
-    assert learner.step == N // 2 and learner.frames == N * T
+    assert learner.step == N // 2 and learner.agent_steps == N * T
     assert len(acked) == len(set(acked)) == N // per_entry
     assert stream.accounting() == {"produced": N, "trained": N, "dead_lettered": 0, "backlog": 0,
                                    "throttled_s": 0.0, "env_steps": 0}
@@ -200,7 +200,7 @@ def test_a_learner_with_replay_acks_every_unroll_once_and_counts_only_fresh_fram
     records = [json.loads(line) for line in metrics_path(tmp_path / run_name, MAIN).read_text().splitlines()]
     assert records and all({"replay_unrolls", "replay_mb", "replayed_fraction"} <= set(r) for r in records)
     last = records[-1]
-    assert last["frames"] == N * T and last["unrolls_trained"] == N
+    assert last["agent_steps_trained"] == N * T and last["unrolls_trained"] == N
     assert last["replay_unrolls"] == capacity // unroll_nbytes(valid_unroll())
     assert math.isclose(last["replay_mb"], last["replay_unrolls"] * unroll_nbytes(valid_unroll()) / 2**20)
     assert all(0.0 <= r["replayed_fraction"] <= 0.5 for r in records)

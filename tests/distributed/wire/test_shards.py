@@ -123,7 +123,7 @@ def test_three_shards_on_one_redis_train_every_actors_unrolls_and_balance_per_sh
         {"produced": 8, "trained": 8, "dead_lettered": 0, "backlog": 0},
         {"produced": 6, "trained": 6, "dead_lettered": 0, "backlog": 0},
         {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}]
-    assert learner.frames == 18 * T and learner.checkpoints.unrolls_trained == 18
+    assert learner.agent_steps == 18 * T and learner.checkpoints.unrolls_trained == 18
     assert delivery(learner.ingest.trajectories) == {k: sum(c[k] for c in per_shard) for k in UNROLL_COUNTS}
     for s in streams:  # every ack went to the shard its entry came from
         assert redis_client.xpending(s.key, GROUP)["pending"] == 0
@@ -176,7 +176,7 @@ def test_a_shard_server_that_stops_does_not_stop_the_others_and_loses_nothing_ac
                                        "backlog": 0}
         assert delivery(shard1) == {"produced": 8, "trained": 8, "dead_lettered": 0,
                                        "backlog": 0}
-        assert learner.frames == 18 * T
+        assert learner.agent_steps == 18 * T
         assert far.xpending(shard1.key, GROUP)["pending"] == 0 == redis_client.xpending(shard0.key, GROUP)["pending"]
         far.close()
     finally:
@@ -336,6 +336,6 @@ def test_shards_on_a_redis_cluster_are_each_one_slot_and_train_balanced(tmp_path
     assert delivery(shard0) == {"produced": 4, "trained": 4, "dead_lettered": 1, "backlog": 0}
     assert delivery(shard1) == {"produced": 2, "trained": 2, "dead_lettered": 0, "backlog": 0}
     assert delivery(shard2) == {"produced": 2, "trained": 2, "dead_lettered": 0, "backlog": 0}
-    assert learner.frames == 8 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
+    assert learner.agent_steps == 8 * T and cluster.xpending(shard0.key, GROUP)["pending"] == 0
     assert not redis_client.exists(f"{run_name}:traj", f"{run_name}:traj:trained")  # nothing on the run's Redis
     cluster.close()
