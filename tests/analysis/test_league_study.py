@@ -49,7 +49,7 @@ def test_every_arm_is_a_valid_config_without_a_judge_among_its_bots_and_the_arms
     assert (bots.self_play, bots.pfsp, bots.forgotten, bots.bot_share) == (0, 0, 0, 1)
     assert bots.snapshot_every >= 10**9
     assert cfg["main-job"] == load_config(DEFAULT_CONFIG, [])  # the config as it is
-    assert league["main-job"].bot_share == 0.5 and league["main-job"].bots == ["random", "tactical", "minimax:2"]
+    assert league["main-job"].bot_share == 0.2 and league["main-job"].bots == ["random", "tactical", "minimax:2"]
     assert check_arms(DEFAULT_CONFIG, [], arm_plan(), list(DEFAULT_JUDGES)) == cfg
     assert list(arm_plan(["main-job", "selfplay"])) == ["selfplay", "main-job"]  # the table's order
     with pytest.raises(ValueError, match="--variants nope: the league study has selfplay, pfsp"):
