@@ -32,8 +32,8 @@ def duration(seconds: float) -> str:
 
 def evaluation_headline(record: dict) -> str | None:
     """One line of evaluation.json's numbers: the pooled score against each bot, then apart from them the
-    judges' (held out: never trained against) and the built-in player's mean return; one-agent games their
-    mean return. None when the record has none of these."""
+    judges' (held out: never trained against), the solver's positions' blunder rate and the built-in player's
+    mean return; one-agent games their mean return. None when the record has none of these."""
     parts = []
     if "episodes" in record:
         e = record["episodes"]
@@ -41,9 +41,11 @@ def evaluation_headline(record: dict) -> str | None:
     bots = record.get("opponents") or {}
     if bots:
         parts.append("score vs " + ", ".join(f"{name} {pooled_score(seats):.2f}" for name, seats in bots.items()))
-    judges = record.get("judges") or {}
-    if judges:
-        parts.append("held out: " + ", ".join(f"{name} {pooled_score(seats):.2f}" for name, seats in judges.items()))
+    held_out = [f"{name} {pooled_score(seats):.2f}" for name, seats in (record.get("judges") or {}).items()]
+    if "positions" in record:
+        held_out.append(f"solver's positions: blunder {100 * record['positions']['all']['blunder']:.1f}%")
+    if held_out:
+        parts.append("held out: " + ", ".join(held_out))
     built_in = record.get("built_in_player")
     if built_in:
         parts.append(f"held out: {built_in['env_id']}'s built-in player, mean return {built_in['mean_return']:+.1f} "

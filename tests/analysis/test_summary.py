@@ -25,6 +25,12 @@ def test_the_headline_keeps_the_judges_apart_from_the_bots():
     assert evaluation_headline({}) is None
 
 
+def test_the_headline_gives_the_solvers_positions_with_the_judges():
+    record = {"judges": {"mcts:100": {"a": seat(0.5, 4), "b": seat(0.5, 4)}},
+              "positions": {"all": {"blunder": 0.1419, "optimal": 0.795, "positions": 738}}}
+    assert evaluation_headline(record) == "held out: mcts:100 0.50, solver's positions: blunder 14.2%"
+
+
 def test_end_summary_reads_the_checkpoint_and_the_evaluation(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps({"agent_steps_trained": 500480, "elapsed_s": 30.2, "step": 782}))
