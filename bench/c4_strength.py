@@ -43,12 +43,12 @@ def evaluate(args: list[str]) -> dict:
 
 def judge(checkpoint: Path, what: str, count: int, seed: int) -> dict:
     """One judgement of `checkpoint`: `what` "positions" (count positions of seed `seed`: the rates over the
-    positions not already lost) or a judge spec (count games a seat: the pooled score)."""
+    positions not already lost) or a judge spec (count games a seat from seed `seed`: the pooled score)."""
     if what == "positions":
         r = evaluate(["--checkpoint", str(checkpoint), "--positions", str(count), "--seed", str(seed)])
         return {"optimal": r["all"]["optimal"], "blunder": r["all"]["blunder"], "positions": r["all"]["positions"],
                 "phases": {name: p["blunder"] for name, p in r["phases"].items()}}
-    r = evaluate(["--checkpoint", str(checkpoint), "--opponent", what, "--games", str(count)])
+    r = evaluate(["--checkpoint", str(checkpoint), "--opponent", what, "--games", str(count), "--seed", str(seed)])
     seats = list(r["seats"].values())
     return {"score": float(np.mean([s["score"] for s in seats])), "seats": [s["score"] for s in seats],
             "games": count}
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=1000, help="solver's positions a point (0: none)")
     parser.add_argument("--positions-seed", type=int, default=1, help="the positions' seed (default 1)")
     parser.add_argument("--judges", nargs="*", default=[], help="judge specs a point plays, e.g. mcts:400")
+    parser.add_argument("--judges-seed", type=int, default=0, help="seed of the judges' games (default 0)")
     parser.add_argument("--games", type=int, default=50, help="games a seat against each judge")
     parser.add_argument("--jobs", type=int, default=2, help="judgements at once, one process each")
     parser.add_argument("--json", type=Path, required=True, help="judgements kept here (read first if it exists)")
@@ -94,7 +95,7 @@ def main() -> None:
             key = f"{path.resolve()}@{update}"
             rows.append((run_dir.name, label, key, at, agent_steps))
             wanted = ([("positions", args.positions, args.positions_seed)] if args.positions else []) + \
-                [(j, args.games, 0) for j in args.judges]
+                [(j, args.games, args.judges_seed) for j in args.judges]
             for what, count, seed in wanted:
                 name = f"{what}:{count}:{seed}"
                 if name not in kept.get(key, {}):
@@ -111,7 +112,7 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, todo))
     names = ([f"positions:{args.positions}:{args.positions_seed}"] if args.positions else []) + \
-        [f"{j}:{args.games}:0" for j in args.judges]
+        [f"{j}:{args.games}:{args.judges_seed}" for j in args.judges]
     print("run  point  minutes  agent steps  " + "  ".join(names))
     by_label: dict[str, list[list[float]]] = {}
     for run_name, label, key, at, agent_steps in rows:
