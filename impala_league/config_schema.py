@@ -445,6 +445,10 @@ class EvaluationConfig:
                              "same action set: games the final policy and its earlier policies play there as first_0 "
                              "against the game's built-in player at the end of the run (evaluation/atari_judge.py), "
                              "kept apart from the league's payoff; 0 = none", low=0, high=1_000)
+    atari_protocol: str = _f("sticky", "Atari: the protocol of the end-of-run evaluation and the built-in "
+                             "player's games (evaluation/atari_protocol.py, docs/atari.md): sticky (actions "
+                             "repeated with probability 0.25, Machado et al. 2018) or deterministic (none)",
+                             choices=("sticky", "deterministic"))
 
 
 @dataclass

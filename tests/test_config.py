@@ -401,13 +401,14 @@ def test_a_fields_rule_lives_beside_it_and_help_config_prints_it():
 
 
 def test_final_evaluation_defaults_are_fewer_games_for_atari_and_leave_what_was_given():
-    """A 200-game evaluation of Pong would take over an hour on 2 cores: Atari games get 20, 3 and 5."""
+    """A 200-game evaluation of Pong would take over an hour on 2 cores: Atari games get 20, 3 and 5, and
+    one-player Atari the evaluation protocol's 30 games."""
     from argparse import Namespace
 
     from impala_league.cli.train import evaluation_defaults
 
     given = dict(eval_games=None, eval_history=None, eval_history_games=None)
-    for env, want in (("connect_four", (200, 6, 50)), ("atari:Pong", (20, 3, 5)), ("atari2p:boxing", (20, 3, 5))):
+    for env, want in (("connect_four", (200, 6, 50)), ("atari:Pong", (30, 3, 5)), ("atari2p:boxing", (20, 3, 5))):
         args = Namespace(**given)
         evaluation_defaults(args, env)
         assert (args.eval_games, args.eval_history, args.eval_history_games) == want, env

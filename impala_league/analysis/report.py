@@ -417,10 +417,16 @@ def evaluation_table(record: dict) -> str:
     head = (f"<p>checkpoint {html.escape(str(record.get('checkpoint')))} at update {record.get('step')}, "
             f"{record.get('agent_steps_trained') or 0:,} agent steps; greedy, seed {record.get('seed')}, {games}</p>")
     if "episodes" in record:
-        e = record["episodes"]
-        return head + (f"<table><tr><th>mean return</th><th>std</th><th>min</th><th>max</th></tr><tr>"
-                       f"<td>{e['mean_return']:.1f}</td><td>{e['std_return']:.1f}</td><td>{e['min_return']:.1f}</td>"
-                       f"<td>{e['max_return']:.1f}</td></tr></table>")
+        modes = [("greedy", record["episodes"])] + ([("sampled", record["episodes_sampled"])]
+                                                    if record.get("episodes_sampled") else [])
+        protocol = record.get("protocol")
+        note = "" if not protocol else (f"<p>{html.escape(protocol['name'])} protocol: sticky actions "
+                                        f"{protocol['sticky_actions']}, up to {protocol['noop_max']} no-op starts, "
+                                        f"frame skip {protocol['frame_skip']} (docs/atari.md)</p>")
+        rows = "".join(f"<tr><td>{mode}</td><td>{e['mean_return']:.1f}</td><td>{e['std_return']:.1f}</td>"
+                       f"<td>{e['min_return']:.1f}</td><td>{e['max_return']:.1f}</td></tr>" for mode, e in modes)
+        return head + note + ("<table><tr><th>play</th><th>mean return</th><th>std</th><th>min</th><th>max</th></tr>"
+                              f"{rows}</table>")
     rows = "".join(f"<tr><td>{html.escape(opponent)}</td><td>{html.escape(seat)}</td><td>{r['win_rate']:.1%}</td>"
                    f"<td>{r['draw_rate']:.1%}</td><td>{r['loss_rate']:.1%}</td>"
                    f"<td>{_mean_return(r)}</td>"
@@ -464,8 +470,11 @@ def built_in_table(record: dict) -> str:
                    f"<td>{r['mean_return']:+.1f}</td><td>{r['min_return']:+.0f}</td><td>{r['max_return']:+.0f}</td>"
                    f"<td>{r['wins']} / {r['draws']} / {r['losses']}</td></tr>"
                    for e in entries for r in [e["built_in_player"]])
-    return (f"<p>held out: {html.escape(final['env'])} ({html.escape(final['env_id'])}, gymnasium's wrappers) as "
-            f"{html.escape(final['seat'])} against the game's built-in player, greedy, seed {final['seed']} "
+    protocol = f", {html.escape(final['protocol']['name'])} protocol" if final.get("protocol") else ""
+    sampled = record.get("built_in_player_sampled")
+    sampled = f"; sampled, the final policy: mean return {sampled['mean_return']:+.1f}" if sampled else ""
+    return (f"<p>held out: {html.escape(final['env'])} ({html.escape(final['env_id'])}, gymnasium's wrappers{protocol}) "
+            f"as {html.escape(final['seat'])} against the game's built-in player, greedy, seed {final['seed']}{sampled} "
             "(evaluation.built_in_games); the last row is the final policy</p><table><tr><th>update</th>"
             "<th>agent steps</th><th>games</th><th>mean return</th><th>min</th><th>max</th>"
             "<th>won / drew / lost</th></tr>"

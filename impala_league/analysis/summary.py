@@ -37,7 +37,10 @@ def evaluation_headline(record: dict) -> str | None:
     parts = []
     if "episodes" in record:
         e = record["episodes"]
-        parts.append(f"mean return {e['mean_return']:+.1f} over {e.get('games', record.get('games', '?'))} episodes")
+        protocol = f" ({record['protocol']['name']} protocol)" if record.get("protocol") else ""
+        sampled = f", sampled {record['episodes_sampled']['mean_return']:+.1f}" if record.get("episodes_sampled") else ""
+        parts.append(f"mean return {e['mean_return']:+.1f} over {e.get('games', record.get('games', '?'))} "
+                     f"episodes{protocol}{sampled}")
     bots = record.get("opponents") or {}
     if bots:
         parts.append("score vs " + ", ".join(f"{name} {pooled_score(seats):.2f}" for name, seats in bots.items()))
@@ -48,8 +51,11 @@ def evaluation_headline(record: dict) -> str | None:
         parts.append("held out: " + ", ".join(held_out))
     built_in = record.get("built_in_player")
     if built_in:
+        sampled = record.get("built_in_player_sampled")
         parts.append(f"held out: {built_in['env_id']}'s built-in player, mean return {built_in['mean_return']:+.1f} "
-                     f"over {built_in['games']} games")
+                     f"over {built_in['games']} games"
+                     + (f" ({built_in['protocol']['name']} protocol)" if built_in.get("protocol") else "")
+                     + (f", sampled {sampled['mean_return']:+.1f}" if sampled else ""))
     return "; ".join(parts) or None
 
 

@@ -11,6 +11,9 @@ from impala_league.agents.policy import load_policy
 from impala_league.cli.common import MAX_EVAL_GAMES, emit_json
 from impala_league.config import ConfigError
 from impala_league.evaluation.atari_judge import judge, judge_line
+from impala_league.evaluation.atari_protocol import DEFAULT as DEFAULT_PROTOCOL
+from impala_league.evaluation.atari_protocol import GAMES as PROTOCOL_GAMES
+from impala_league.evaluation.atari_protocol import PROTOCOLS, evaluate_atari, summary_text
 from impala_league.evaluation.bots import make_bot
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.final import checkpoint_facts, seat_line
@@ -40,10 +43,14 @@ or drawn position turned lost), by phase, with 95% intervals (docs/evaluation.md
   run.py evaluate --checkpoint runs/connect_four_league/checkpoints/latest.safetensors --positions 1000
   run.py evaluate --players minimax:2 minimax:4 --env connect_four --positions 1000
 
+An Atari policy plays under the evaluation protocol (docs/atari.md, "The evaluation protocol"): --protocol
+sticky (the default: actions repeated with probability 0.25, Machado et al. 2018) or deterministic (none),
+--games games (default 30) seeded --seed + k; one-player Atari (atari:<Game>) greedy, then sampled:
+  run.py evaluate --checkpoint runs/atari_pong --protocol sticky
 A two-player Atari policy (atari2p:<game>) as one seat of the one-player game (atari:<Game>, gymnasium's
 ALE/<Game>-v5 and its own wrappers) against the game's built-in player, its return per game (the policy's
-points minus the built-in player's); game k seeded --seed + k (docs/atari_judge.md):
-  run.py evaluate --checkpoint runs/atari_pong_league/checkpoints/latest.safetensors --env atari:Pong --seat first_0 --games 10
+points minus the built-in player's); docs/atari_judge.md:
+  run.py evaluate --checkpoint runs/atari_pong_league/checkpoints/latest.safetensors --env atari:Pong --seat first_0
 """
 
 
@@ -73,10 +80,13 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
                    "player whose observation the policy gets (its indicator plane lit) in the one-player game, "
                    "against the game's built-in player: first_0, ALE's player one")
     p.add_argument("--games", type=int, help="games per seat (per pair and seat with --players; "
-                   "default 200; with --seat, games of the one-player game, default 10)")
+                   "default 200; Atari: games under the evaluation protocol, default 30)")
+    p.add_argument("--protocol", choices=tuple(PROTOCOLS), help="Atari (atari:<Game>, or atari2p:<game> with --seat): "
+                   "the evaluation protocol, sticky (default; sticky actions 0.25) or deterministic (none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the games and the bots")
     p.add_argument("--sample", action="store_true", help="sample from the policies instead of playing greedily "
-                   "(two greedy policies play the same game every time)")
+                   "(two greedy policies play the same game every time); a one-player Atari policy then plays "
+                   "sampled only")
     p.add_argument("--workers", type=int, default=1, help="with --players: pairs played at once, each in its own "
                    "process (default 1: all in this process)")
     p.add_argument("--json", "--out", dest="json", nargs="?", const="-", metavar="FILE",
@@ -98,7 +108,14 @@ def run(args: argparse.Namespace) -> int:
         return one_player_game(args)
     opponent = args.opponent or "random"
     policy = load_policy(args.checkpoint, seed=args.seed)
+    if args.games is None:  # an Atari game lasts thousands of steps
+        args.games = PROTOCOL_GAMES if policy.spec.name.startswith("atari:") else 200
     name = checkpoint_player(Path(args.checkpoint), args.checkpoint).name if args.record else "checkpoint"
+    if policy.spec.name.startswith("atari:"):
+        return atari_alone(args, policy, name)
+    if args.protocol is not None:
+        raise ConfigError(f"--protocol: {policy.spec.name} has no sticky actions: --protocol is for Atari policies "
+                          "(atari:<Game>, or atari2p:<game> with --seat)")
     if len(policy.spec.seats) == 1:
         result = episode_returns(policy, args.games, seed=args.seed, greedy=not args.sample,
                                  record_dir=args.record, name=name)
@@ -125,6 +142,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def atari_alone(args: argparse.Namespace, policy, name: str) -> int:
+    """A one-player Atari policy under --protocol (evaluation/atari_protocol.py): --games games greedy, then
+    sampled (--sample: sampled only), as lines or JSON."""
+    protocol = args.protocol or DEFAULT_PROTOCOL
+    result = evaluate_atari(policy, args.games, seed=args.seed, name=protocol,
+                            modes=(False,) if args.sample else (True, False), record_dir=args.record, player=name)
+    result.update(checkpoint_facts(args.checkpoint), seed=args.seed, env=policy.spec.name)
+    if args.json:
+        emit_json(result, args.json)
+    if args.json != "-":
+        settings = result["protocol"]
+        print(f"{policy.spec.name}: {plural(args.games, 'game')}, {protocol} protocol (sticky actions "
+              f"{settings['sticky_actions']}, up to {settings['noop_max']} no-op starts, frame skip "
+              f"{settings['frame_skip']}, cut at {settings['max_episode_frames']:,} emulator frames)")
+        for mode in ("greedy", "sampled"):
+            if mode in result:
+                print(f"  {summary_text(result[mode])}")
+    return 0
+
+
 def checkpoint_file(path: str) -> str:
     """--checkpoint as a file: `path` itself, or for a directory (a run directory) its
     checkpoints/latest.safetensors. Raises ConfigError for a directory without that file."""
@@ -148,18 +185,22 @@ def check_evaluate_args(args: argparse.Namespace) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         for flag, given in (("--opponent", args.opponent), ("--seat", args.seat), ("--games", args.games),
-                            ("--record", args.record)):
+                            ("--record", args.record), ("--protocol", args.protocol)):
             if given is not None:
                 raise ConfigError(f"{flag} does not go with --positions, which scores single moves, not games")
-    if args.games is None:
-        args.games = 10 if args.seat is not None else 200  # an Atari game lasts thousands of steps
-    if not 1 <= args.games <= MAX_EVAL_GAMES:
+    if args.games is None and args.checkpoint is None:
+        args.games = 200
+    elif args.games is None and args.seat is not None:
+        args.games = PROTOCOL_GAMES  # an Atari game lasts thousands of steps
+    if args.games is not None and not 1 <= args.games <= MAX_EVAL_GAMES:
         raise ConfigError(f"--games must be in [1, {MAX_EVAL_GAMES}]")  # every game is a live env at once
     if not 0 <= args.seed < 2**31:
         raise ConfigError("--seed must be in [0, 2**31)")
     if args.players is not None:
         if args.opponent is not None:
             raise ConfigError("--opponent goes with --checkpoint; with --players list the bot among the players")
+        if args.protocol is not None:
+            raise ConfigError("--protocol goes with --checkpoint of an Atari policy")
         if args.seat is not None:
             raise ConfigError("--seat goes with --checkpoint (a two-player Atari policy in the one-player game)")
         if not 1 <= args.workers <= MAX_WORKERS:
@@ -213,7 +254,7 @@ def one_player_game(args: argparse.Namespace) -> int:
     player (evaluation/atari_judge.py), as a line or JSON."""
     policy = load_policy(args.checkpoint, seed=args.seed)
     result = judge(policy, args.env, args.seat, args.games, seed=args.seed, greedy=not args.sample,
-                   checkpoint=args.checkpoint)
+                   checkpoint=args.checkpoint, protocol=args.protocol or DEFAULT_PROTOCOL)
     result.update(checkpoint_facts(args.checkpoint))
     if args.json:
         emit_json(result, args.json)

@@ -21,6 +21,7 @@ from impala_league.distributed.launch.launcher import EmbeddedRedis, supervise
 from impala_league.distributed.launch.live import LiveView
 from impala_league.distributed.launch.ownership import (check_resumable, claim_run_dir, has_checkpoint, new_run_dir,
                                                         run_lease, write_run_config)
+from impala_league.evaluation.atari_protocol import GAMES as PROTOCOL_GAMES
 from impala_league.evaluation.judges import require_judge_packages, resolve_judges
 from impala_league.evaluation.solver import SOLVER_GAMES
 from impala_league.text import plural
@@ -47,7 +48,8 @@ def add_parser(sub, help: str) -> argparse.ArgumentParser:
                    "(--set changes values; the network, env and optimizer must stay); without RUN_DIR, continue "
                    "<run.dir>/<run.name> of --config")
     p.add_argument("--eval-games", type=int,
-                   help="games per seat against each baseline bot after training (default 200, Atari games 20; "
+                   help="games per seat against each baseline bot after training (default 200, two-player Atari "
+                   "20; one-player Atari: games under the evaluation protocol, greedy then sampled, default 30; "
                    "0 = skip)")
     p.add_argument("--eval-history", type=int, metavar="N",
                    help="games of several seats: also play up to N earlier policies of the run (a league's main "
@@ -141,9 +143,11 @@ def evaluate_final(args: argparse.Namespace, cfg: Config, run_dir: Path, view: L
 def evaluation_defaults(args: argparse.Namespace, env: str) -> None:
     """Fill the evaluation options not given: 200 games per seat, 6 earlier policies at 50 games; for Atari
     games (atari:, atari2p:), whose games last thousands of steps (a 200-game evaluation of Pong would
-    take over an hour on 2 cores), 20, 3 and 5."""
+    take over an hour on 2 cores), 20, 3 and 5, and for one-player Atari (atari:) the evaluation
+    protocol's games (evaluation/atari_protocol.py: 30)."""
     atari = env.startswith(("atari:", "atari2p:"))
-    for name, board, screen in (("eval_games", 200, 20), ("eval_history", 6, 3), ("eval_history_games", 50, 5)):
+    games = PROTOCOL_GAMES if env.startswith("atari:") else 20
+    for name, board, screen in (("eval_games", 200, games), ("eval_history", 6, 3), ("eval_history_games", 50, 5)):
         if getattr(args, name) is None:
             setattr(args, name, screen if atari else board)
 

@@ -3,9 +3,13 @@
 `atari:<Game>` (e.g. `atari:Pong`, `atari:Breakout`) is gymnasium's `ALE/<Game>-v5` under gymnasium's
 own `AtariPreprocessing` and `FrameStackObservation`: a policy trained here sees exactly what an
 evaluator built from those wrappers shows it. The protocol is the one of the published IMPALA, A3C and
-DQN curves (Mnih et al. 2015; Espeholt et al. 2018; Machado et al. 2018 discuss each choice):
+DQN curves (Mnih et al. 2015; Espeholt et al. 2018; Machado et al. 2018 discuss each choice), with
+Machado et al.'s sticky actions:
 
-* no sticky actions (`sticky_actions`: 0.25 is Machado et al.'s and ALE v5's own default);
+* sticky actions (`sticky_actions`, a probability in [0, 1)): at every emulator frame the ALE repeats
+  the previous action with probability 0.25, Machado et al.'s protocol and ALE v5's own default, so a
+  policy cannot win by replaying a memorised sequence in a deterministic game; 0 turns them off (the
+  protocol of the published IMPALA, A3C and DQN curves);
 * the minimal action set of the game;
 * a frame skip of 4: the action is repeated 4 times, the observation is the max over the last two
   frames (Atari sprites flicker), rewards are summed;
@@ -48,7 +52,7 @@ from gymnasium.wrappers import AtariPreprocessing as AtariPreprocessingBase
 ALE_PACKAGES = "ale-py and opencv-python-headless (in requirements.txt: bash scripts/bootstrap.sh installs them)"
 LIFE_LOST = "life_lost"  # info key: the step lost a life (envs.parallel settles it as done when asked to)
 EMULATORS = ("gymnasium", "ale_vector")  # env.kwargs.emulator: see the module doc
-DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
+DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.25,
                 max_episode_frames=108_000, end_on_life_loss=False, full_action_space=False,
                 emulator="gymnasium", emulator_threads=1)
 
@@ -95,8 +99,7 @@ def settings(kwargs: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"env.kwargs.{key} must be an integer >= 1, got {out[key]!r}")
     if not isinstance(out["noop_max"], int) or out["noop_max"] < 0:
         raise ValueError(f"env.kwargs.noop_max must be an integer >= 0, got {out['noop_max']!r}")
-    if not 0.0 <= float(out["sticky_actions"]) <= 1.0:
-        raise ValueError(f"env.kwargs.sticky_actions must be in [0, 1], got {out['sticky_actions']!r}")
+    check_sticky_actions(out["sticky_actions"])
     if out["emulator"] not in EMULATORS:
         raise ValueError(f"env.kwargs.emulator must be one of {', '.join(EMULATORS)}, got {out['emulator']!r}")
     if not isinstance(out["emulator_threads"], int) or isinstance(out["emulator_threads"], bool) \
@@ -106,6 +109,13 @@ def settings(kwargs: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"env.kwargs.emulator_threads={out['emulator_threads']} is for emulator=ale_vector "
                          f"(the gymnasium path steps each game in the actor's own thread)")
     return out
+
+
+def check_sticky_actions(value: Any) -> None:
+    """Raise a ValueError unless `value` is a probability in [0, 1) (1 would repeat the first action forever)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"env.kwargs.sticky_actions must be a probability in [0, 1) (0.25 is Machado et al.'s "
+                         f"and ALE v5's; 0 turns them off), got {value!r}")
 
 
 def make_atari(game: str, kwargs: dict[str, Any], render_mode: Optional[str] = None):

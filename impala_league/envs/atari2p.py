@@ -6,7 +6,7 @@ gymnasium's `AtariPreprocessing` and `FrameStackObservation`, done here for all 
 (`Preprocessed`), since SuperSuit's wrappers resize with nearest or bilinear interpolation (tinyscaler),
 stack channels last and have no no-op starts:
 
-* no sticky actions (`sticky_actions`; Machado et al.'s 0.25 if you like);
+* sticky actions at 0.25 (`sticky_actions`, in [0, 1); 0 turns them off), Machado et al.'s and `atari:`'s;
 * the minimal action set of the game (`full_action_space` for all 18);
 * a frame skip of 4: the players' actions are repeated 4 frames, the observation is the max over the
   last two frames, each player's rewards are summed; the skip stops early at a frame where a player's
@@ -57,11 +57,11 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 
-from impala_league.envs.atari import read_end_screens
+from impala_league.envs.atari import check_sticky_actions, read_end_screens
 
 PACKAGES = ("multi-agent-ale-py, ale-py (its ROMs) and opencv-python-headless (in requirements.txt: "
             "bash scripts/bootstrap.sh installs them)")
-DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.0,
+DEFAULTS = dict(frame_stack=4, frame_skip=4, noop_max=30, screen_size=84, sticky_actions=0.25,
                 max_cycles=108_000, full_action_space=False, agent_indicator=True, mirrored_players=())
 NOOP = 0  # ALE's action index of NOOP
 
@@ -125,8 +125,7 @@ def settings(game: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"env.kwargs.{key} must be an integer >= 1, got {out[key]!r}")
     if not isinstance(out["noop_max"], int) or isinstance(out["noop_max"], bool) or out["noop_max"] < 0:
         raise ValueError(f"env.kwargs.noop_max must be an integer >= 0, got {out['noop_max']!r}")
-    if not isinstance(out["sticky_actions"], (int, float)) or not 0.0 <= float(out["sticky_actions"]) <= 1.0:
-        raise ValueError(f"env.kwargs.sticky_actions must be in [0, 1], got {out['sticky_actions']!r}")
+    check_sticky_actions(out["sticky_actions"])
     for key in ("full_action_space", "agent_indicator"):
         if not isinstance(out[key], bool):
             raise ValueError(f"env.kwargs.{key} must be true or false, got {out[key]!r}")

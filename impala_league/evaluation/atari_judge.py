@@ -9,9 +9,10 @@ RIGHTFIRE, LEFTFIRE). So a policy trained in self-play can be scored afterwards 
 never met in training: the built-in player, on the left, whose points count against it.
 
 The judged game is gymnasium's own, nothing of ours between the emulator and the policy but the seat's
-indicator planes: `gymnasium.make("ALE/<Game>-v5", frameskip=1, repeat_action_probability=0.0)` under
-`AtariPreprocessing(noop_max=30, frame_skip=4, screen_size=84)` and `FrameStackObservation(4)`: the
-protocol of `atari:` (envs/atari.py), and of `atari2p:` (envs/atari2p.py) with its defaults. The
+indicator planes: `gymnasium.make("ALE/<Game>-v5", frameskip=1, repeat_action_probability=P)` under
+`AtariPreprocessing(noop_max=30, frame_skip=4, screen_size=84)` and `FrameStackObservation(4)`, P the
+sticky actions of the evaluation protocol (evaluation/atari_protocol.py: 0.25 by default, 0 with
+`deterministic`). The
 observation the policy gets is exactly what `atari2p:<game>` gives that seat: uint8
 [frame_stack + players, 84, 84], the 4 stacked frames then one plane per player, 255 on the seat's own
 (`envs.atari2p.indicator_planes`; without `agent_indicator` the frames alone).
@@ -33,11 +34,14 @@ import numpy as np
 from impala_league.agents.policy import Policy
 from impala_league.config import UserError
 from impala_league.envs import atari, atari2p
+from impala_league.evaluation.atari_protocol import DEFAULT, protocol_record, protocol_settings, returns_summary
 
 ONE_PLAYER_SEAT = "first_0"  # ALE's player one: the player of every one-player game
-PROTOCOL = {key: atari.DEFAULTS[key] for key in ("frame_stack", "frame_skip", "screen_size", "noop_max",
-                                                  "sticky_actions", "max_episode_frames")}
-SHAPED = ("frame_stack", "frame_skip", "screen_size")  # settings a policy must have been trained with
+# The judged frames: atari:'s defaults, with the frame skip every protocol shares.
+FRAMES = {"frame_stack": atari.DEFAULTS["frame_stack"], "frame_skip": protocol_settings(DEFAULT)["frame_skip"],
+          "screen_size": atari.DEFAULTS["screen_size"]}
+SHAPED = tuple(FRAMES)  # settings a policy must have been trained with
+MAX_EPISODE_FRAMES = protocol_settings(DEFAULT)["max_episode_frames"]
 
 
 class JudgeError(UserError, ValueError):
@@ -59,22 +63,24 @@ class SeatInGame:
     planes: np.ndarray
 
 
-def make_judged_game(env_id: str, max_episode_frames: int = PROTOCOL["max_episode_frames"]) -> Any:
+def make_judged_game(env_id: str, max_episode_frames: int = MAX_EPISODE_FRAMES, protocol: str = DEFAULT) -> Any:
     """gymnasium's `env_id` (e.g. `ALE/Pong-v5`) under gymnasium's own `AtariPreprocessing` and
-    `FrameStackObservation`, the protocol of `PROTOCOL`: observations uint8 [4, 84, 84], the minimal
-    action set, episodes cut at `max_episode_frames` emulator frames (truncated)."""
+    `FrameStackObservation`, with `FRAMES` and the sticky actions and no-op starts of `protocol`
+    (evaluation/atari_protocol.py): observations uint8 [4, 84, 84], the minimal action set, episodes cut at
+    `max_episode_frames` emulator frames (truncated). Raises ProtocolError for an unknown protocol."""
     import gymnasium
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
+    settings = protocol_settings(protocol)
     atari.env_id(atari_game(env_id))  # registers the ALE ids
     # obs_type grayscale: AtariPreprocessing reads the screens from the emulator itself either way.
     env = gymnasium.make(env_id, frameskip=1, obs_type="grayscale", full_action_space=False,
-                         repeat_action_probability=float(PROTOCOL["sticky_actions"]),
+                         repeat_action_probability=float(settings["sticky_actions"]),
                          max_num_frames_per_episode=max_episode_frames)
-    env = AtariPreprocessing(env, noop_max=PROTOCOL["noop_max"], frame_skip=PROTOCOL["frame_skip"],
-                             screen_size=PROTOCOL["screen_size"], terminal_on_life_loss=False,
+    env = AtariPreprocessing(env, noop_max=settings["noop_max"], frame_skip=FRAMES["frame_skip"],
+                             screen_size=FRAMES["screen_size"], terminal_on_life_loss=False,
                              grayscale_obs=True, scale_obs=False)
-    return FrameStackObservation(env, PROTOCOL["frame_stack"])
+    return FrameStackObservation(env, FRAMES["frame_stack"])
 
 
 def atari_game(env_id: str) -> str:
@@ -169,32 +175,34 @@ def seat_in_game(policy: Policy, env: str, seat: str, checkpoint: str = "the che
         raise JudgeError(f"{checkpoint} saw {seat}'s frames flipped left to right (env.kwargs.mirrored_players); "
                          f"{env} shows them as the emulator draws them")
     for key in SHAPED:
-        if settings[key] != PROTOCOL[key]:
+        if settings[key] != FRAMES[key]:
             raise JudgeError(f"{checkpoint} was trained with env.kwargs.{key}={settings[key]}; the judge plays "
-                             f"{env} with {key}={PROTOCOL[key]} ({_protocol_text()})")
+                             f"{env} with {key}={FRAMES[key]} ({_protocol_text()})")
     judged_actions = minimal_actions(env_id)
     if actions != judged_actions:
         raise JudgeError(f"{checkpoint}'s actions are the ALE actions {actions} (env.kwargs.full_action_space="
                          f"{str(settings['full_action_space']).lower()}); {env} plays its minimal action set "
                          f"{judged_actions}")
-    size = PROTOCOL["screen_size"]
+    size = FRAMES["screen_size"]
     planes = atari2p.indicator_planes(players, seat, size) if settings["agent_indicator"] \
         else np.zeros((0, size, size), np.uint8)
-    shape = (PROTOCOL["frame_stack"] + len(planes), size, size)
+    shape = (FRAMES["frame_stack"] + len(planes), size, size)
     if tuple(spec.obs_shape) != shape:
         raise JudgeError(f"{checkpoint} reads observations of shape {tuple(spec.obs_shape)}; {env} as {seat} gives "
-                         f"{shape} ({PROTOCOL['frame_stack']} frames and {len(planes)} indicator planes)")
+                         f"{shape} ({FRAMES['frame_stack']} frames and {len(planes)} indicator planes)")
     return SeatInGame(spec.name, env, env_id, seat, planes)
 
 
 def _protocol_text() -> str:
-    return ", ".join(f"{key} {PROTOCOL[key]}" for key in SHAPED) + ", the minimal action set"
+    return ", ".join(f"{key} {FRAMES[key]}" for key in SHAPED) + ", the minimal action set"
 
 
 def judge(policy: Policy, env: str, seat: str, games: int, seed: int = 0, greedy: bool = True,
-          max_episode_frames: int = PROTOCOL["max_episode_frames"], checkpoint: str = "the checkpoint") -> dict:
+          max_episode_frames: int = MAX_EPISODE_FRAMES, checkpoint: str = "the checkpoint",
+          protocol: str = DEFAULT) -> dict:
     """Play `games` games of the one-player `env` (`atari:<Game>`) with `policy` as `seat` against the
-    game's built-in player (`seat_in_game` checks the pairing first).
+    game's built-in player (`seat_in_game` checks the pairing first), under the evaluation `protocol`
+    (evaluation/atari_protocol.py: `sticky` by default).
 
     Game k is reset with seed `seed + k` (the ALE and the no-op start), so a rerun plays the same games.
     All games advance together, one forward pass a step (greedy: argmax, else a sample from the policy's
@@ -203,14 +211,15 @@ def judge(policy: Policy, env: str, seat: str, games: int, seed: int = 0, greedy
       truncated with the score so far.
 
     Returns a JSON-ready dict: `env`, `env_id`, `trained_env`, `seat`, `games`, `seed`, `greedy`,
-    `max_episode_frames`; `returns` (one per game: the policy's points minus the built-in player's),
-    their `mean_return`, `std_return`, `min_return`, `max_return`; `wins`, `draws`, `losses` (the sign of
-    each return); `truncated` (games cut by the time limit); `mean_length` (agent steps per game).
+    `max_episode_frames`, `protocol` (`protocol_record`); `returns` (one per game: the policy's points minus
+    the built-in player's), their `mean_return` with its 95% `interval` (half-width), `std_return`,
+    `min_return`, `max_return` and `distinct_returns` (`returns_summary`); `wins`, `draws`, `losses` (the
+    sign of each return); `truncated` (games cut by the time limit); `mean_length` (agent steps per game).
 
-    Raises JudgeError as `seat_in_game` does.
+    Raises JudgeError as `seat_in_game` does, ProtocolError for an unknown protocol.
     """
     pairing = seat_in_game(policy, env, seat, checkpoint)
-    envs = [make_judged_game(pairing.env_id, max_episode_frames) for _ in range(games)]
+    envs = [make_judged_game(pairing.env_id, max_episode_frames, protocol) for _ in range(games)]
     observations = [game.reset(seed=seed + k)[0] for k, game in enumerate(envs)]
     returns, lengths, truncated = [0.0] * games, [0] * games, [False] * games
     active = list(range(games))
@@ -237,18 +246,23 @@ def judge(policy: Policy, env: str, seat: str, games: int, seed: int = 0, greedy
     scores = np.array(returns)
     return {"env": pairing.env, "env_id": pairing.env_id, "trained_env": pairing.trained_env, "seat": seat,
             "games": games, "seed": seed, "greedy": greedy, "max_episode_frames": max_episode_frames,
-            "returns": returns, "mean_return": float(scores.mean()), "std_return": float(scores.std()),
-            "min_return": float(scores.min()), "max_return": float(scores.max()),
+            "protocol": {**protocol_record(protocol, games), "max_episode_frames": max_episode_frames}, "returns": returns, **returns_summary(returns),
             "wins": int((scores > 0).sum()), "draws": int((scores == 0).sum()), "losses": int((scores < 0).sum()),
             "truncated": int(sum(truncated)), "mean_length": float(np.mean(lengths))}
 
 
 def judge_line(result: dict) -> str:
-    """'atari:Pong (ALE/Pong-v5) as first_0 of atari2p:pong against the built-in player, 10 games, greedy:
-    mean return +12.3 (std 2.1, min +9, max +16); won 10, drew 0, lost 0' for `judge`'s result."""
+    """'atari:Pong (ALE/Pong-v5) as first_0 of atari2p:pong against the built-in player, 30 games, sticky
+    protocol, greedy: mean return +12.3 ± 0.8 (std 2.1, min +9, max +16, 11 distinct); won 30, drew 0,
+    lost 0' for `judge`'s result (one written before protocols were recorded: no protocol, interval or
+    distinct count)."""
     cut = f", {result['truncated']} cut at the time limit" if result["truncated"] else ""
     games = f"{result['games']} game{'s' if result['games'] != 1 else ''}"
+    protocol = f", {result['protocol']['name']} protocol" if result.get("protocol") else ""
+    half = f" ± {result['interval']:.1f}" if result.get("interval") is not None else ""
+    distinct = f", {result['distinct_returns']} distinct" if "distinct_returns" in result else ""
     return (f"{result['env']} ({result['env_id']}) as {result['seat']} of {result['trained_env']} against the built-in "
-            f"player, {games}, {'greedy' if result['greedy'] else 'sampled'}: mean return "
-            f"{result['mean_return']:+.1f} (std {result['std_return']:.1f}, min {result['min_return']:+.0f}, "
-            f"max {result['max_return']:+.0f}); won {result['wins']}, drew {result['draws']}, lost {result['losses']}{cut}")
+            f"player, {games}{protocol}, {'greedy' if result['greedy'] else 'sampled'}: mean return "
+            f"{result['mean_return']:+.1f}{half} (std {result['std_return']:.1f}, min {result['min_return']:+.0f}, "
+            f"max {result['max_return']:+.0f}{distinct}); won {result['wins']}, drew {result['draws']}, "
+            f"lost {result['losses']}{cut}")

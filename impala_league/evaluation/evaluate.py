@@ -189,20 +189,24 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
 
 
 def episode_returns(policy: Policy, games: int, seed: int = 0, greedy: bool = True,
-                    record_dir: str | Path | None = None, name: str = "checkpoint") -> dict:
-    """The policy alone in a one-seat env (a gymnasium env): `games` episodes, JSON-ready summary of
-    their returns (mean, std, min, max) and lengths. With `record_dir`, every episode is saved there
-    as a replay, the policy named `name`."""
-    records = play_games(policy.spec.name, (policy,), games, seed, greedy, policy.config.env.kwargs,
+                    record_dir: str | Path | None = None, name: str = "checkpoint",
+                    kwargs: Mapping[str, Any] | None = None) -> dict:
+    """The policy alone in a one-seat env (a gymnasium env) built with `kwargs` (default: the policy's own
+    env.kwargs): `games` episodes, JSON-ready summary of their returns (mean, std, min, max, and each
+    game's in `returns`) and lengths. With `record_dir`, every episode is saved there as a replay, the
+    policy named `name`."""
+    kwargs = policy.config.env.kwargs if kwargs is None else kwargs
+    records = play_games(policy.spec.name, (policy,), games, seed, greedy, kwargs,
                          policy.config.env.seats, policy.config.env.empty_mask)
     if record_dir is not None:
         from impala_league.evaluation.replays import save_match
 
-        save_match(record_dir, policy.spec.name, (name,), records, policy.config.env.kwargs, policy.config.env.seats)
+        save_match(record_dir, policy.spec.name, (name,), records, kwargs, policy.config.env.seats)
     returns = np.array([r.returns[0] for r in records])
     return {"env": policy.spec.name, "episodes": games, "greedy": greedy, "mean_return": float(returns.mean()),
             "std_return": float(returns.std()), "min_return": float(returns.min()),
-            "max_return": float(returns.max()), "mean_length": float(np.mean([r.length for r in records]))}
+            "max_return": float(returns.max()), "mean_length": float(np.mean([r.length for r in records])),
+            "returns": returns.tolist()}
 
 
 def evaluate(policy: Policy, opponent: str, games: int, seed: int = 0, greedy: bool = True,

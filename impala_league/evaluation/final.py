@@ -18,6 +18,7 @@ from impala_league.config import Config
 from impala_league.distributed.learner.checkpoint_history import history_files
 from impala_league.envs import atari2p
 from impala_league.evaluation.atari_judge import ONE_PLAYER_SEAT, JudgeError, judge, judge_line, one_player_game
+from impala_league.evaluation.atari_protocol import evaluate_atari, summary_text
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.judges import resolve_judges
 from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
@@ -42,10 +43,7 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
     policy = load_policy(checkpoint)
     record = {**checkpoint_facts(checkpoint), "seed": 0, "games": games}
     if len(policy.spec.seats) == 1:
-        r = episode_returns(policy, games)
-        record["episodes"] = r
-        log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,
-                 r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
+        play_alone(cfg, policy, games, record)
         log.info("checkpoint: %s  (.venv/bin/python run.py evaluate --checkpoint %s)", checkpoint, checkpoint)
         record_final_evaluation(cfg, run_dir, record)
         return
@@ -68,6 +66,27 @@ def final_evaluation(cfg: Config, checkpoint: Path, games: int, run_dir: Path, h
         record["over_training"] = play_earlier_policies(cfg, run_dir, record, opponents, history, history_games,
                                                         judges[:1], positions)
     record_final_evaluation(cfg, run_dir, record)
+
+
+def play_alone(cfg: Config, policy, games: int, record: dict) -> None:
+    """A one-seat env's final policy alone, `games` episodes, kept in `record` as `episodes` (greedy) and
+    logged. An `atari:<Game>` policy plays under the run's `evaluation.atari_protocol`
+    (evaluation/atari_protocol.py), greedy and then sampled (`episodes_sampled`), the protocol kept as
+    `protocol`."""
+    if not policy.spec.name.startswith("atari:"):
+        r = episode_returns(policy, games)
+        record["episodes"] = r
+        log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,
+                 r["mean_return"], r["std_return"], r["min_return"], r["max_return"])
+        return
+    start = time.monotonic()
+    result = evaluate_atari(policy, games, name=cfg.evaluation.atari_protocol)
+    record.update(protocol=result["protocol"], episodes=result["greedy"], episodes_sampled=result["sampled"])
+    log.info("%s under the %s protocol (sticky actions %s), %s (%.0f s):", policy.spec.name,
+             result["protocol"]["name"], result["protocol"]["sticky_actions"], plural(games, "game"),
+             time.monotonic() - start)
+    for mode in ("greedy", "sampled"):
+        log.info("  %s", summary_text(result[mode]))
 
 
 def play_judges(cfg: Config, policy, record: dict) -> tuple[str, ...]:
@@ -156,10 +175,11 @@ def play_earlier_policies(cfg: Config, run_dir: Path, record: dict, opponents: t
 
 def play_built_in_player(cfg: Config, policy, checkpoint: Path, record: dict) -> None:
     """Two-player Atari (`atari2p:<game>`) whose ROM has a one-player `atari:<Game>` of the same action set:
-    the final policy, greedy, as first_0 there against the game's built-in player (evaluation/atari_judge.py),
-    `evaluation.built_in_games` games, seed 0, cut at the run's own time limit (`env.kwargs.max_cycles`
-    emulator frames). Kept in `record` as `built_in_player` (`judge`'s dict), apart from the league's payoff
-    and the training opponents; a policy the judge cannot play is logged and left out."""
+    the final policy as first_0 there against the game's built-in player (evaluation/atari_judge.py),
+    `evaluation.built_in_games` games greedy and as many sampled, seed 0, under `evaluation.atari_protocol`,
+    cut at the run's own time limit (`env.kwargs.max_cycles` emulator frames). Kept in `record` as
+    `built_in_player` and `built_in_player_sampled` (`judge`'s dicts), apart from the league's payoff and the
+    training opponents; a policy the judge cannot play is logged and left out."""
     games = cfg.evaluation.built_in_games
     if games <= 0 or not cfg.env.name.startswith("atari2p:"):
         return
@@ -171,12 +191,12 @@ def play_built_in_player(cfg: Config, policy, checkpoint: Path, record: dict) ->
     start = time.monotonic()
     try:
         limit = atari2p.settings(cfg.env.name.split(":", 1)[1], cfg.env.kwargs)["max_cycles"]
-        record["built_in_player"] = judge(policy, env, ONE_PLAYER_SEAT, games, max_episode_frames=limit,
-                                          checkpoint=str(checkpoint))
+        for key, greedy in (("built_in_player", True), ("built_in_player_sampled", False)):
+            record[key] = judge(policy, env, ONE_PLAYER_SEAT, games, greedy=greedy, max_episode_frames=limit,
+                                checkpoint=str(checkpoint), protocol=cfg.evaluation.atari_protocol)
+            log.info("held out: %s (%.0f s)", judge_line(record[key]), time.monotonic() - start)
     except JudgeError as e:
         log.warning("no game against the built-in player: %s", e)
-        return
-    log.info("held out: %s (%.0f s)", judge_line(record["built_in_player"]), time.monotonic() - start)
 
 
 def built_in_over_training(entries: list[dict], final: dict) -> None:
@@ -188,7 +208,8 @@ def built_in_over_training(entries: list[dict], final: dict) -> None:
             entry["built_in_player"] = judge(load_policy(entry["checkpoint"]), final["env"], final["seat"],
                                              final["games"], final["seed"],
                                              max_episode_frames=final["max_episode_frames"],
-                                             checkpoint=entry["checkpoint"])
+                                             checkpoint=entry["checkpoint"],
+                                             protocol=final.get("protocol", {}).get("name", "deterministic"))
         except (CheckpointError, JudgeError) as e:
             log.warning("over training: %s not played against the built-in player: %s", entry["checkpoint"], e)
 

@@ -77,8 +77,12 @@ def test_bad_names_and_kwargs_say_what_to_do():
         env_spec("atari:Pongg")
     with pytest.raises(ValueError, match="frame_stak"):
         env_spec("atari:Pong", {"frame_stak": 4})
-    with pytest.raises(ValueError, match="sticky_actions"):
-        env_spec("atari:Pong", {"sticky_actions": 2.0})
+    for game, bad in (("atari:Pong", 2.0), ("atari:Pong", 1.0), ("atari:Pong", -0.1), ("atari2p:pong", 1.0)):
+        with pytest.raises(ValueError, match=r"sticky_actions must be a probability in \[0, 1\)"):
+            env_spec(game, {"sticky_actions": bad})
+    from impala_league.envs import atari, atari2p
+
+    assert atari.DEFAULTS["sticky_actions"] == atari2p.DEFAULTS["sticky_actions"] == 0.25  # Machado et al.'s
 
 
 def test_torsos_that_cannot_read_the_observation_are_refused_before_anything_starts():

@@ -18,6 +18,9 @@ from impala_league.envs.registry import env_spec, make_env, make_envs
 
 VECTOR = {"emulator": "ale_vector"}
 
+# The two paths draw sticky actions from random numbers of their own: compared frame by frame, they play without.
+DETERMINISTIC = {"sticky_actions": 0.0}
+
 
 def _lockstep(game: str, kwargs: dict, actions: list[int], seed: int = 7):
     """Play `actions` in the gymnasium adapter and in slot 0 of a two-slot vector env (slot 1 plays
@@ -80,7 +83,7 @@ def test_acting_order_is_checked():
 def test_frames_match_gymnasium_once_the_stack_is_full():
     """noop_max=0 and equal seeds: identical frames and rewards for the same actions, except the first
     frames of an episode's stack (zeros in the vector env, the reset frame repeated in gymnasium)."""
-    kwargs = {"noop_max": 0}
+    kwargs = {"noop_max": 0, **DETERMINISTIC}
     actions = np.random.default_rng(1).integers(6, size=48).tolist()
     for t, ref, vec in _lockstep("Pong", kwargs, actions):
         a, b = ref.observations[0], vec.observations[0]
@@ -94,7 +97,7 @@ def test_frames_match_gymnasium_once_the_stack_is_full():
 
 def _unlimited_observation(actions: list[int], seed: int = 7):
     """The gymnasium path's observation after `actions` in a game without a time limit (no no-ops)."""
-    env = atari.make_atari("Pong", {"noop_max": 0})
+    env = atari.make_atari("Pong", {"noop_max": 0, **DETERMINISTIC})
     env.reset(seed=seed)
     for action in actions:
         obs = env.step(action)[0]
@@ -108,7 +111,7 @@ def test_time_limit_cuts_at_a_step_s_end_with_its_true_frames_and_play_goes_on(l
     played without a limit, the episode's result is reported, the slot sits one step out (the vector
     env resets the game) and the next game goes on."""
     steps = -(-limit // 4)
-    slots = make_envs("atari:Pong", [7, 8], {"noop_max": 0, "max_episode_frames": limit, **VECTOR})
+    slots = make_envs("atari:Pong", [7, 8], {"noop_max": 0, "max_episode_frames": limit, **DETERMINISTIC, **VECTOR})
     actions = np.random.default_rng(2).integers(6, size=steps + 6).tolist()
     vec, other = slots[0].advance(), slots[1].advance()
     played: list[int] = []
@@ -136,7 +139,7 @@ def test_time_limit_cuts_at_a_step_s_end_with_its_true_frames_and_play_goes_on(l
 
 def test_lost_lives_settle_as_done_with_end_on_life_loss():
     """Breakout, 5 lives: the same steps settle as done in both paths; the game (and its score) goes on."""
-    kwargs = {"noop_max": 0, "end_on_life_loss": True}
+    kwargs = {"noop_max": 0, "end_on_life_loss": True, **DETERMINISTIC}
     rng = np.random.default_rng(3)
     actions = [1 if t % 10 == 0 else int(rng.integers(4)) for t in range(400)]  # FIRE launches the ball
     lost = 0

@@ -24,7 +24,9 @@ from impala_league.analysis.report import evaluation_table
 from impala_league.config import load_config, to_yaml
 from impala_league.envs import atari2p
 from impala_league.envs.registry import env_spec
-from impala_league.evaluation.atari_judge import JudgeError, judge, judge_line, one_player_game, seat_in_game
+from impala_league.evaluation.atari_judge import (JudgeError, judge, judge_line, make_judged_game, one_player_game,
+                                                  seat_in_game)
+from impala_league.evaluation.atari_protocol import ProtocolError
 from impala_league.evaluation.final import final_evaluation
 
 pytest.importorskip("multi_agent_ale_py")
@@ -57,7 +59,7 @@ def gymnasium_pong(max_frames: int):
 
 
 def test_two_player_pong_draws_the_one_player_screen_and_first_0_is_its_right_paddle():
-    two = atari2p.make_atari2p("pong", {"noop_max": 0}).raw
+    two = atari2p.make_atari2p("pong", {"noop_max": 0, "sticky_actions": 0.0}).raw
     one = gymnasium.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0).unwrapped
     two.reset(seed=0)
     one.reset(seed=0)
@@ -90,7 +92,8 @@ def test_the_policy_sees_gymnasiums_frames_and_its_own_plane_and_reruns_agree(po
         return actions
 
     monkeypatch.setattr(policy, "act_batch", spy)
-    result = judge(policy, "atari:Pong", "first_0", 2, seed=7, greedy=False, max_episode_frames=FRAMES)
+    result = judge(policy, "atari:Pong", "first_0", 2, seed=7, greedy=False, max_episode_frames=FRAMES,
+                   protocol="deterministic")  # replayed below in a gymnasium Pong without sticky actions
     assert result["games"] == 2 and result["truncated"] == 2 and result["losses"] == 2  # the untrained one misses
     assert result["mean_return"] == sum(result["returns"]) / 2 < 0
     first = seen[0][0][0]
@@ -115,10 +118,24 @@ def test_the_policy_sees_gymnasiums_frames_and_its_own_plane_and_reruns_agree(po
         assert FRAMES // 4 - 8 <= len(seen[k]) <= FRAMES // 4  # 1 to 30 no-op frames
     assert result["mean_length"] == (len(seen[0]) + len(seen[1])) / 2
     again = judge(load_policy(pong, seed=3), "atari:Pong", "first_0", 2, seed=7, greedy=False,
-                  max_episode_frames=FRAMES)
+                  max_episode_frames=FRAMES, protocol="deterministic")
     assert again == result
     assert judge_line(result).startswith("atari:Pong (ALE/Pong-v5) as first_0 of atari2p:pong against the built-in "
-                                         "player, 2 games, sampled: mean return -")
+                                         "player, 2 games, deterministic protocol, sampled: mean return -")
+
+
+def test_the_judge_plays_sticky_actions_by_default_and_a_rerun_plays_the_same_games(pong):
+    assert make_judged_game("ALE/Pong-v5").unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+    assert make_judged_game("ALE/Pong-v5", protocol="deterministic").unwrapped.ale.getFloat(
+        "repeat_action_probability") == 0.0
+    with pytest.raises(ProtocolError, match="unknown Atari evaluation protocol 'machado'; valid: sticky, deterministic"):
+        make_judged_game("ALE/Pong-v5", protocol="machado")
+    first, again = (judge(load_policy(pong, seed=3), "atari:Pong", "first_0", 2, seed=7, max_episode_frames=FRAMES)
+                    for _ in range(2))
+    assert first == again
+    assert first["protocol"] == {"name": "sticky", "sticky_actions": 0.25, "frame_skip": 4, "noop_max": 30,
+                                 "max_episode_frames": FRAMES, "full_action_space": False, "games": 2}
+    assert 1 <= first["distinct_returns"] <= 2 and first["interval"] is not None
 
 
 def test_seats_games_and_policies_that_do_not_fit_are_refused(pong, tmp_path):
