@@ -4,8 +4,10 @@ Both train Atari Pong from pixels for the same minutes, one after the other (Sam
 same network (IMPALA's shallow torso: conv 16 8x8 stride 4, conv 32 4x4 stride 2, FC 256, ReLU, policy and
 value heads; both parameter counts are printed), 2 workers of 16 games each (ours: actor.num_actors=2,
 actor.num_envs=16), unrolls of 20, batches of 80 agent steps (ours: learner.batch_size=4 unrolls of 20),
-Adam at 0.0006, V-trace, both learners on the CPU, and the same preprocessing (ALE/Pong-v5 without sticky
-actions, the minimal 6 actions, frame skip 4, 84 x 84 grayscale, a stack of 4, up to 30 no-op starts).
+Adam at 0.0006, V-trace, both learners on the CPU, and the same preprocessing: ALE/Pong-v5 with the
+evaluation protocol's sticky actions (`--sticky-actions`, default 0.25, Machado et al.'s and ALE v5's own,
+on which Sample Factory's own Atari numbers are trained; 0 for the older protocol without them), the
+minimal 6 actions, frame skip 4, 84 x 84 grayscale, a stack of 4, up to 30 no-op starts.
 
     .venv/bin/python bench/bench_vs_sample_factory.py [--minutes 8] [--json PATH] [--out DIR]
 
@@ -60,6 +62,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
+
+from impala_league.evaluation.atari_protocol import DEFAULT, PROTOCOLS  # noqa: E402
 
 CONFIG = REPO / "configs" / "atari_pong.yaml"
 SF_VENV = REPO / "bench" / ".venv-sample-factory"
@@ -206,8 +210,9 @@ def check_exit(name: str, launch: Launch, log: Path) -> None:
         raise SystemExit(f"{name} exited with status {launch.status}; the end of {log}:\n{tail}")
 
 
-def run_ours(minutes: float, out: Path) -> Side:
-    """`run.py train` on configs/atari_pong.yaml for `minutes`, its run folder under `out`; its metrics.jsonl."""
+def run_ours(minutes: float, out: Path, sticky: float) -> Side:
+    """`run.py train` on configs/atari_pong.yaml for `minutes` with sticky actions `sticky`, its run folder
+    under `out`; its metrics.jsonl."""
     from impala_league.agents.model import make_model
     from impala_league.config import load_config
     from impala_league.envs.registry import env_spec
@@ -219,7 +224,8 @@ def run_ours(minutes: float, out: Path) -> Side:
     name = "bench_vs_sample_factory"
     cmd = [sys.executable, "run.py", "train", "--config", str(CONFIG), "--set", f"run.max_minutes={minutes}",
            "--set", f"run.name={name}", "--set", f"run.dir={out}", "--set", "run.wandb_mode=disabled",
-           "--set", "run.log_every_s=1", "--eval-games", "0", "--eval-history", "0"]
+           "--set", "run.log_every_s=1", "--set", f"env.kwargs.sticky_actions={sticky}",
+           "--eval-games", "0", "--eval-history", "0"]
     log = out / "run.log"
     out.mkdir(parents=True, exist_ok=True)
     launch = run_tree(cmd, log, 60 * minutes + GRACE_S)
@@ -233,8 +239,9 @@ def run_ours(minutes: float, out: Path) -> Side:
     return side
 
 
-def run_sample_factory(minutes: float, out: Path, python: Path) -> Side:
-    """bench/sample_factory_appo.py for `minutes` in Sample Factory's venv (`python`), its folder `out`."""
+def run_sample_factory(minutes: float, out: Path, python: Path, sticky: float) -> Side:
+    """bench/sample_factory_appo.py for `minutes` with sticky actions `sticky` in Sample Factory's venv
+    (`python`), its folder `out`."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # nothing of this venv in Sample Factory's
@@ -243,7 +250,7 @@ def run_sample_factory(minutes: float, out: Path, python: Path) -> Side:
     params = json.loads(counted.stdout.strip().splitlines()[-1])["params"]
     progress = out / "progress.jsonl"
     cmd = [str(python), str(SF_LAUNCHER), "--train-dir", str(out), "--experiment", "pong_appo",
-           "--seconds", str(round(60 * minutes)), "--progress", str(progress)]
+           "--seconds", str(round(60 * minutes)), "--progress", str(progress), "--sticky-actions", str(sticky)]
     log = out / "run.log"
     launch = run_tree(cmd, log, 60 * minutes + GRACE_S, env)
     check_exit("Sample Factory", launch, log)
@@ -340,18 +347,24 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="training minutes of each side (default 8)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     parser.add_argument("--out", default=None, help="folder of both runs (default: a new temporary folder)")
+    parser.add_argument("--sticky-actions", type=float, default=PROTOCOLS[DEFAULT]["sticky_actions"],
+                        help="sticky actions of both sides' games (default 0.25, the evaluation protocol's; 0: none)")
     args = parser.parse_args()
+    if not 0.0 <= args.sticky_actions < 1.0:
+        parser.error("--sticky-actions must be in [0, 1)")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_vs_sample_factory-"))
     python = ensure_sf_venv()
-    print(f"runs in {out}; Sample Factory first, {args.minutes:g} minutes each", flush=True)
-    sf = run_sample_factory(args.minutes, out / "sample_factory", python)
-    ours = run_ours(args.minutes, out / "ours")
+    print(f"runs in {out}; Sample Factory first, {args.minutes:g} minutes each, sticky actions "
+          f"{args.sticky_actions:g}", flush=True)
+    sf = run_sample_factory(args.minutes, out / "sample_factory", python, args.sticky_actions)
+    ours = run_ours(args.minutes, out / "ours", args.sticky_actions)
     minutes = math.ceil(max(s.progress[-1][0] - s.launch.launched for s in (sf, ours)) / 60)
     summaries = {"sample_factory": summarize(sf, minutes), "ours": summarize(ours, minutes)}
     print(table(summaries["sample_factory"], summaries["ours"]))
     if args.json:
         ratios = {key: ratio(summaries["ours"][key], summaries["sample_factory"][key]) for _, key, _ in ROWS}
-        report = {"minutes": args.minutes, "cpus": os.cpu_count(), "pins": PINS, "out": str(out),
+        report = {"minutes": args.minutes, "sticky_actions": args.sticky_actions, "cpus": os.cpu_count(),
+                  "pins": PINS, "out": str(out),
                   **summaries, "ratio_ours_to_sample_factory": ratios}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

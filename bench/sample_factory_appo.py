@@ -10,7 +10,8 @@ nothing of the project.
 What it sets up:
 
 * The env `bench_pong`: ALE/Pong-v5 under gymnasium 0.29's `AtariPreprocessing` and `FrameStack`, the
-  protocol of envs/atari.py: no sticky actions, the minimal action set (6), a frame skip of 4 (max over the
+  protocol of envs/atari.py: sticky actions at `--sticky-actions` (default 0.25, ALE v5's own and the
+  project's; 0 for none), the minimal action set (6), a frame skip of 4 (max over the
   last two frames), 84 x 84 grayscale (area interpolation), a stack of 4 ([4, 84, 84] uint8), up to 30
   no-op starts, episodes cut at 108,000 emulator frames. Rewards unclipped: Pong's are -1 / +1, so the
   project's clipping for the loss changes nothing, and the returns are the game's scores.
@@ -55,6 +56,8 @@ from sample_factory.envs.env_wrappers import NumpyObsWrapper
 from sample_factory.train import make_runner
 
 ENV_NAME = "bench_pong"
+# The sticky actions of every env, in the environment: Sample Factory builds its envs in processes it spawns.
+STICKY_ENV = "BENCH_PONG_STICKY_ACTIONS"
 ADVANTAGE_STATS = ("adv_min", "adv_max", "adv_std", "adv_mean")
 
 # configs/atari_pong.yaml in Sample Factory's flags. V-trace needs recurrence == rollout (an unroll of 20);
@@ -79,7 +82,8 @@ def make_pong(full_env_name: str, cfg=None, env_config=None, render_mode: str | 
     [4, 84, 84], Discrete(6), rewards the game's. Sample Factory's env factory (`register_env`)."""
     import ale_py  # noqa: F401  (registers the ALE/* ids with gymnasium)
 
-    env = gymnasium.make("ALE/Pong-v5", frameskip=1, obs_type="grayscale", repeat_action_probability=0.0,
+    sticky = float(os.environ.get(STICKY_ENV, "0.25"))
+    env = gymnasium.make("ALE/Pong-v5", frameskip=1, obs_type="grayscale", repeat_action_probability=sticky,
                          full_action_space=False, max_num_frames_per_episode=108_000, render_mode=render_mode)
     env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                                                 terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
@@ -188,7 +192,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=480, help="Sample Factory's --train_for_seconds")
     parser.add_argument("--progress", default=None, help="the progress file (JSON lines); none if unset")
     parser.add_argument("--count-params", action="store_true", help="print the network's parameter count, exit")
+    parser.add_argument("--sticky-actions", type=float, default=0.25,
+                        help="the probability that the emulator repeats the previous action (default 0.25)")
     args = parser.parse_args()
+    if not 0.0 <= args.sticky_actions < 1.0:
+        parser.error("--sticky-actions must be in [0, 1)")
+    os.environ[STICKY_ENV] = str(args.sticky_actions)
     register_env(ENV_NAME, make_pong)
     cfg = parse_cfg(sf_argv(args.train_dir, args.experiment, args.seconds))
     if args.count_params:
