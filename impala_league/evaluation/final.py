@@ -233,12 +233,14 @@ def record_final_evaluation(cfg: Config, run_dir: Path, record: dict) -> None:
     """The one place the final evaluation of `train` is kept: RUN_DIR/evaluation.json (shown by
     `run.py report`), and its numbers in the run's trackers (wandb, TensorBoard) as
     `final_evaluation/<opponent>/<seat>/<rate>`, `final_evaluation/judges/<judge>/<seat>/<rate>` and
-    `final_evaluation/built_in_player/<stat>` (one-agent envs: `final_evaluation/episodes/<stat>`)."""
+    `final_evaluation/built_in_player/<stat>` and `.../built_in_player_sampled/<stat>` (one-agent envs:
+    `final_evaluation/episodes/<stat>`, Atari's sampled play `final_evaluation/episodes_sampled/<stat>`)."""
     (run_dir / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     log.info("final evaluation saved to %s", run_dir / EVALUATION_FILE)
-    results = {"episodes": record["episodes"]} if "episodes" in record else {
-        **record.get("opponents", {}), **({"judges": record["judges"]} if record.get("judges") else {}),
-        **({"built_in_player": record["built_in_player"]} if "built_in_player" in record else {})}
+    kept = ("episodes", "episodes_sampled") if "episodes" in record else ("judges", "built_in_player",
+                                                                          "built_in_player_sampled")
+    results = {**({} if "episodes" in record else record.get("opponents", {})),
+               **{key: record[key] for key in kept if record.get(key)}}
     log_final_evaluation(cfg, run_dir, flat(results), step=record.get("step"))
 
 
