@@ -18,7 +18,7 @@ from impala_league.config import Config
 from impala_league.distributed.learner.checkpoint_history import history_files
 from impala_league.envs import atari2p
 from impala_league.evaluation.atari_judge import ONE_PLAYER_SEAT, JudgeError, judge, judge_line, one_player_game
-from impala_league.evaluation.atari_protocol import evaluate_atari, summary_text
+from impala_league.evaluation.atari_protocol import ProtocolError, evaluate_atari, protocol_kwargs, summary_text
 from impala_league.evaluation.evaluate import episode_returns, evaluate
 from impala_league.evaluation.judges import resolve_judges
 from impala_league.evaluation.over_training import earlier_policies, evaluate_over_training
@@ -72,8 +72,17 @@ def play_alone(cfg: Config, policy, games: int, record: dict) -> None:
     """A one-seat env's final policy alone, `games` episodes, kept in `record` as `episodes` (greedy) and
     logged. An `atari:<Game>` policy plays under the run's `evaluation.atari_protocol`
     (evaluation/atari_protocol.py), greedy and then sampled (`episodes_sampled`), the protocol kept as
-    `protocol`."""
-    if not policy.spec.name.startswith("atari:"):
+    `protocol`; one the protocol cannot play (another frame skip or action set) plays its own game greedily,
+    with a warning."""
+    atari = policy.spec.name.startswith("atari:")
+    if atari:
+        try:
+            protocol_kwargs(policy.spec.name, policy.config.env.kwargs, cfg.evaluation.atari_protocol)
+        except ProtocolError as e:
+            log.warning("not evaluated under the %s protocol: %s; playing its own game instead",
+                        cfg.evaluation.atari_protocol, e)
+            atari = False
+    if not atari:
         r = episode_returns(policy, games)
         record["episodes"] = r
         log.info("greedy policy over %d episodes: mean return %.3g (std %.3g, min %.3g, max %.3g)", games,

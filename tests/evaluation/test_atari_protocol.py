@@ -84,3 +84,13 @@ def test_run_py_evaluate_names_the_protocol_and_refuses_it_for_a_board_game(pong
     refused = _evaluate("--checkpoint", str(board), "--protocol", "sticky")
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.strip().count("\n") == 0 and "connect_four has no sticky actions" in refused.stderr
+
+
+def test_the_end_of_run_evaluation_plays_a_policy_the_protocol_cannot_in_its_own_game(tmp_path, caplog):
+    from impala_league.evaluation.final import play_alone
+
+    skip3 = load_policy(write_checkpoint(tmp_path / "skip3.safetensors", "atari:Pong", "env.kwargs.frame_skip=3"))
+    record = {}
+    play_alone(skip3.config, skip3, 1, record)
+    assert "protocol" not in record and record["episodes"]["episodes"] == 1
+    assert "not evaluated under the sticky protocol" in caplog.text
