@@ -22,6 +22,10 @@ from impala_league.evaluation.tactics import Tactics, count_tactics
 
 Side = Union[Policy, Bot, MCTSJudge]
 
+SEAT_SEED_STRIDE = 1_000_003
+"""Seat s of `evaluate(..., seed)` plays from seed `seed + SEAT_SEED_STRIDE * s`: more than any match's games,
+so no two seats share a game's seed."""
+
 
 @dataclass(frozen=True)
 class GameRecord:
@@ -162,6 +166,25 @@ def count_outcomes(records: list[GameRecord], seat: int) -> MatchResult:
     return MatchResult(seat, len(records), wins, draws, len(records) - wins - draws, mean_return)
 
 
+def play_seat(player: Side, env_name: str, opponent: str, games: int, seat: int, seed: int = 0,
+              greedy: bool = True, kwargs: Mapping[str, Any] | None = None,
+              seats: Sequence[Sequence[str]] | None = None,
+              empty_mask: str = "error") -> tuple[list[GameRecord], MatchResult]:
+    """Play `games` games of `env_name` (built as in `play_games`), `player` (any side) in `seat` and bot
+    `opponent` (seeded `seed`) in every other; game k is seeded `seed + k`.
+
+    Returns the games' records and `player`'s MatchResult, with its tactics counted in a game of `GAMES`.
+    Raises ValueError if `opponent` is not a valid bot spec for the env.
+    """
+    bot = make_bot(opponent, env_name, seed=seed)
+    sides = tuple(player if s == seat else bot for s in range(len(env_spec(env_name, kwargs, seats).seats)))
+    records = play_games(env_name, sides, games, seed, greedy, kwargs, seats, empty_mask)
+    result = count_outcomes(records, seat)
+    if env_name in GAMES:
+        result.tactics = count_tactics(GAMES[env_name], (r.actions for r in records), seat)
+    return records, result
+
+
 def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int = 0,
                greedy: bool = True, record_dir: str | Path | None = None,
                name: str = "checkpoint") -> MatchResult:
@@ -172,19 +195,14 @@ def play_match(policy: Policy, opponent: str, games: int, seat: int, seed: int =
 
     Raises ValueError if `opponent` is not a valid bot spec for the env.
     """
-    spec = policy.spec
-    bot = make_bot(opponent, spec.name, seed=seed)
-    sides = tuple(policy if s == seat else bot for s in range(len(spec.seats)))
-    records = play_games(spec.name, sides, games, seed, greedy, policy.config.env.kwargs, policy.config.env.seats,
-                         policy.config.env.empty_mask)
+    spec, env = policy.spec, policy.config.env
+    records, result = play_seat(policy, spec.name, opponent, games, seat, seed, greedy, env.kwargs, env.seats,
+                                env.empty_mask)
     if record_dir is not None:
         from impala_league.evaluation.replays import save_match
 
         names = tuple(name if s == seat else opponent for s in range(len(spec.seats)))
-        save_match(record_dir, spec.name, names, records, policy.config.env.kwargs, policy.config.env.seats)
-    result = count_outcomes(records, seat)
-    if spec.name in GAMES:
-        result.tactics = count_tactics(GAMES[spec.name], (r.actions for r in records), seat)
+        save_match(record_dir, spec.name, names, records, env.kwargs, env.seats)
     return result
 
 
@@ -217,7 +235,7 @@ def evaluate(policy: Policy, opponent: str, games: int, seed: int = 0, greedy: b
     """
     per_seat = {}
     for seat, seat_name in enumerate(policy.spec.seats):
-        per_seat[seat_name] = play_match(policy, opponent, games, seat, seed + 1_000_003 * seat, greedy,
+        per_seat[seat_name] = play_match(policy, opponent, games, seat, seed + SEAT_SEED_STRIDE * seat, greedy,
                                          record_dir, name).as_dict()
     return {"env": policy.spec.name, "opponent": opponent, "games_per_seat": games, "greedy": greedy,
             "seats": per_seat}

@@ -9,8 +9,9 @@ player to move (channel 0 its pieces, channel 1 the opponent's, row 0 the top), 
 * in the solver's positions by ``evaluation.positions.evaluate_positions(player, "connect_four", N, seed)``,
   which already takes one;
 * in games by ``evaluate_player`` here: the games ``evaluation.evaluate.evaluate`` plays for a checkpoint,
-  with the same seeds (seat s: ``seed + 1_000_003 * s``), so a foreign player and a checkpoint meet the same
-  judge's games (an ``mcts:N`` judge's game k of a seat draws from the same RandomState for both).
+  through the same ``evaluate.play_seat`` with the same seeds (seat s: ``seed + SEAT_SEED_STRIDE * s``), so a
+  foreign player and a checkpoint meet the same judge's games (an ``mcts:N`` judge's game k of a seat draws
+  from the same RandomState for both).
 
 A policy trained on OpenSpiel's board (RLlib's ``OpenSpielEnv`` gives its networks the flat
 ``state.observation_tensor()``) reads our observation through ``spiel_observation_tensors``.
@@ -21,14 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from impala_league.envs.registry import env_spec
-from impala_league.evaluation.bots import GAMES, make_bot
-from impala_league.evaluation.evaluate import count_outcomes, play_games
+from impala_league.evaluation.evaluate import SEAT_SEED_STRIDE, play_seat
 from impala_league.evaluation.judges import OPENSPIEL_GAMES
-from impala_league.evaluation.tactics import count_tactics
-
-SEAT_SEED_STRIDE = 1_000_003
-"""Seat s of ``evaluate_player(..., seed)`` plays from seed ``seed + SEAT_SEED_STRIDE * s``, as
-``evaluate.evaluate`` does for a checkpoint."""
 
 
 def spiel_observation_tensors(env_name: str, observations: np.ndarray) -> np.ndarray:
@@ -84,15 +79,8 @@ def evaluate_player(player, env_name: str, opponent: str, games: int, seed: int 
     Raises:
       ValueError: ``opponent`` is not a bot or judge of ``env_name``.
     """
-    spec = env_spec(env_name)
     per_seat = {}
-    for seat, seat_name in enumerate(spec.seats):
-        seat_seed = seed + SEAT_SEED_STRIDE * seat
-        bot = make_bot(opponent, env_name, seed=seat_seed)
-        sides = tuple(player if s == seat else bot for s in range(len(spec.seats)))
-        records = play_games(env_name, sides, games, seat_seed)
-        result = count_outcomes(records, seat)
-        if env_name in GAMES:
-            result.tactics = count_tactics(GAMES[env_name], (r.actions for r in records), seat)
+    for seat, seat_name in enumerate(env_spec(env_name).seats):
+        _, result = play_seat(player, env_name, opponent, games, seat, seed + SEAT_SEED_STRIDE * seat)
         per_seat[seat_name] = result.as_dict()
     return {"env": env_name, "opponent": opponent, "games_per_seat": games, "seats": per_seat}
