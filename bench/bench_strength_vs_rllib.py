@@ -233,7 +233,7 @@ def ours_facts(run_dir: Path) -> dict:
     if policy.spec.name != "connect_four":
         raise SystemExit(f"--ours {run_dir}: a run of {policy.spec.name}, not connect_four")
     return {"run_dir": str(run_dir), "checkpoint": str(checkpoint), "minutes": meta["elapsed_s"] / 60,
-            "agent_steps": meta["frames"], "env_steps": meta.get("counters", {}).get("env_steps"),
+            "agent_steps": meta["agent_steps_trained"], "env_steps": meta.get("counters", {}).get("env_steps"),
             "updates": meta["step"], "params": sum(p.numel() for p in policy.model.parameters() if p.requires_grad)}
 
 
