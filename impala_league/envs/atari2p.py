@@ -165,6 +165,14 @@ def indicator_planes(players: list[str], player: str, size: int) -> np.ndarray:
     return planes
 
 
+def ale_seed(seed: int) -> int:
+    """The ALE's `random_seed` for an episode seed: the seed itself where it is in [1, 2**31 - 1] (as
+    PettingZoo's `reset(seed)` passes it), else `seed % (2**31 - 1) + 1`. The ALE seeds its sticky actions
+    from the clock when `random_seed` is 0, so `reset(seed=0)` replayed differently each second."""
+    seed = int(seed)
+    return seed if 0 < seed < 2**31 else seed % (2**31 - 1) + 1
+
+
 class Preprocessed:
     """gymnasium's AtariPreprocessing + FrameStackObservation over a PettingZoo `ParallelAtariEnv`, for
     all its players at once (they share the screen), as a PettingZoo Parallel env. See the module's
@@ -226,18 +234,22 @@ class Preprocessed:
         return {agent: np.concatenate([seen[agent], self._indicators[agent]]) for agent in agents}
 
     def _reset_raw(self, seed: Optional[int], options: Optional[dict]) -> dict:
-        """`raw.reset(seed)`, without its ROM reload where that changes nothing: PettingZoo reloads the ROM
-        at every seeded reset (0.3 s) so that the ALE reads its seed, which it uses only for sticky
-        actions; without them the ALE's reset alone starts the same game, and the seed seeds the env's
+        """`raw.reset(seed)` with the ALE's seed `ale_seed(seed)`, and without the ROM reload where that
+        changes nothing: the ALE reads its seed when a ROM is loaded (0.3 s) and uses it only for sticky
+        actions; without them the ALE's reset alone starts the same game. The seed seeds the env's
         generator (the no-op starts) as `raw.reset(seed)` would."""
-        if seed is None or self.sticky:
-            return self.raw.reset(seed=seed, options=options)[1]
+        if seed is None:
+            return self.raw.reset(options=options)[1]
+        if self.sticky:
+            self.raw.ale.setInt(b"random_seed", ale_seed(seed))
+            self.raw.ale.loadROM(self.raw.rom_path)
+            self.raw.ale.setMode(self.raw.mode)
         infos = self.raw.reset(options=options)[1]
         self.raw.np_random, _ = seeding.np_random(seed)
         return infos
 
     def reset(self, seed: Optional[int] = None, options: Optional[dict] = None):
-        """A new game: `raw.reset(seed)` (ALE takes the seed's low 32 bits), then 1..noop_max NOOP frames
+        """A new game: `raw.reset(seed)` (the ALE's seed is `ale_seed(seed)`), then 1..noop_max NOOP frames
         drawn from the env's generator, which that seed seeds (AtariPreprocessing's no-op reset)."""
         infos = self._reset_raw(seed, options)
         noops = int(self.raw.np_random.integers(1, self.noop_max + 1)) if self.noop_max > 0 else 0
