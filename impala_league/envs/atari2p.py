@@ -193,8 +193,7 @@ class Preprocessed:
                              "set env.kwargs.noop_max=0")
         if self.sticky:  # PettingZoo sets 0; the ALE reads it when a ROM is loaded
             raw.ale.setFloat(b"repeat_action_probability", self.sticky)
-            raw.ale.loadROM(raw.rom_path)
-            raw.ale.setMode(raw.mode)
+            self._load_rom()
         width, height = raw.ale.getScreenDims()
         self._buffer = [np.zeros((height, width), np.uint8), np.zeros((height, width), np.uint8)]
         self._frames: deque[np.ndarray] = deque(maxlen=settings["frame_stack"])
@@ -233,6 +232,11 @@ class Preprocessed:
             return {agent: seen[agent].copy() for agent in agents}  # C-contiguous, flipped or not
         return {agent: np.concatenate([seen[agent], self._indicators[agent]]) for agent in agents}
 
+    def _load_rom(self) -> None:
+        """Reload the game, so that the ALE reads its settings (sticky probability, seed), in its mode."""
+        self.raw.ale.loadROM(self.raw.rom_path)
+        self.raw.ale.setMode(self.raw.mode)
+
     def _reset_raw(self, seed: Optional[int], options: Optional[dict]) -> dict:
         """`raw.reset(seed)` with the ALE's seed `ale_seed(seed)`, and without the ROM reload where that
         changes nothing: the ALE reads its seed when a ROM is loaded (0.3 s) and uses it only for sticky
@@ -242,8 +246,7 @@ class Preprocessed:
             return self.raw.reset(options=options)[1]
         if self.sticky:
             self.raw.ale.setInt(b"random_seed", ale_seed(seed))
-            self.raw.ale.loadROM(self.raw.rom_path)
-            self.raw.ale.setMode(self.raw.mode)
+            self._load_rom()
         infos = self.raw.reset(options=options)[1]
         self.raw.np_random, _ = seeding.np_random(seed)
         return infos
