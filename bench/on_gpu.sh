@@ -20,9 +20,18 @@
 #      (default 8) the same way, then its greedy final policy and three earlier snapshots against ALE's
 #      built-in player as first_0 (evaluation.json's built_in_player and over_training), the player it
 #      never trained against; on 2 cores its hour of 4.0M agent steps scored -19.5 there.
+#   9. pongreplay (not in the default set): bench_sps.py on configs/atari_pong.yaml pinned to 2 cores
+#      (taskset -c 0,1: the reference machine's cores) with the learner on CUDA, as configured, with
+#      learner.replay_fraction=0.5 and with learner.batch_size=8: whether replay's or a larger batch's extra
+#      updates still take the actors' cores once the update runs on a GPU (on 2 CPU cores replay 0.5 halved
+#      the agent steps trained, docs/atari.md).
+#  10. c4wide (not in the default set): bench_sps.py on configs/connect_four_league.yaml pinned to 2 cores with
+#      the learner on CUDA, as configured and with a twice-as-wide network (agent.channels 128, agent.hidden
+#      512): on 2 CPU cores the wide one trains half the agent steps/s and so no fewer blunders in 13.5 minutes,
+#      though fewer at equal agent steps (docs/league.md); whether a GPU learner removes that cost.
 # STEPS chooses the parts (default all but boxing and pongleague: "ingest sps algos core pixels pong");
 # about 14 minutes in all, "pixels pong" about 7, "boxing" about BOXING_MINUTES + 3, "pongleague" about
-# PONG_MINUTES + 4. Everything goes to OUT (default
+# PONG_MINUTES + 4, "pongreplay" about 4, "c4wide" about 3. Everything goes to OUT (default
 # /tmp/on_gpu) and to standard output. The Atari parts need ale-py, multi-agent-ale-py, opencv-python-headless
 # and zstandard among the machine's wheels (requirements.txt pins them).
 #
@@ -30,6 +39,8 @@
 #   STEPS="pixels pong" bash bench/on_gpu.sh          # the Atari parts only
 #   STEPS=boxing BOXING_MINUTES=7 bash bench/on_gpu.sh # the Boxing league with 14 actors, then against random
 #   STEPS=pongleague PONG_MINUTES=8 bash bench/on_gpu.sh  # two-player Pong's league, then the built-in player
+#   STEPS=pongreplay bash bench/on_gpu.sh             # Pong on 2 cores and a GPU: replay and a larger batch
+#   STEPS=c4wide bash bench/on_gpu.sh                 # connect four on 2 cores and a GPU: the wide network
 #   DEVICE=cpu ACTORS=2 WORKERS=1 SECONDS_MEASURED=10 MINUTES=0.3 bash bench/on_gpu.sh   # a quick try without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,4 +96,14 @@ want pongleague && "$PY" run.py train --config configs/atari_pong_league.yaml --
   --set run.max_minutes="$PONG_MINUTES" --set actor.num_actors="$ACTORS" --set learner.device="$DEVICE" \
   --set learner.batch_size=32 --set learner.num_threads=1 --set actor.high_water_mark=256 \
   --eval-games 10 --eval-history 3 2>&1 | tee "$OUT/pongleague.txt"
+want pongreplay && for setting in "learner.replay_fraction=0" "learner.replay_fraction=0.5" "learner.batch_size=8"; do
+  taskset -c 0,1 "$PY" bench/bench_sps.py --config configs/atari_pong.yaml --seconds "$SECONDS_MEASURED" --warmup 20 \
+    --set learner.device="$DEVICE" --set "$setting" | tee "$OUT/bench_sps_pong_2cores_${setting//[.=]/_}.txt"
+done
+want c4wide && for width in "64 256" "128 512"; do
+  set -- $width
+  taskset -c 0,1 "$PY" bench/bench_sps.py --config configs/connect_four_league.yaml --seconds "$SECONDS_MEASURED" \
+    --warmup 20 --set learner.device="$DEVICE" --set agent.channels="$1" --set agent.hidden="$2" \
+    | tee "$OUT/bench_sps_c4_2cores_channels$1.txt"
+done
 true
