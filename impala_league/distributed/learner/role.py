@@ -39,7 +39,8 @@ from impala_league.distributed.learner.ingest import Ingest, Prepared
 from impala_league.distributed.learner.ingest_workers import IngestWorkerError, worker_settings
 from impala_league.distributed.learner.metrics import LearnerMetrics
 from impala_league.distributed.learner.replay import make_replay
-from impala_league.distributed.learner.update import learn_step, make_optimizer, pick_device, scheduled_learning_rate
+from impala_league.distributed.learner.update import (learn_step, make_optimizer, pick_device, scheduled_learning_rate,
+                                                     slow_bf16_warning)
 from impala_league.distributed.wire import keys
 from impala_league.distributed.wire.codec import UnrollSpec
 from impala_league.distributed.wire.params import ParamStore
@@ -250,6 +251,8 @@ class Learner:
             self.metrics.results.skip_to_end()
             self.params.publish(self.model.state_dict(), self.step, self.agent_steps)
             self.metrics.start_tracking(self.step)
+        if warning := slow_bf16_warning(cfg.learner.precision, self.device):
+            log.warning("%s", warning)
         log.info("%s on %s, %s, %d params; training to %s agent steps%s", self.label, self.device, self.spec.name,
                  sum(p.numel() for p in self.model.parameters()), f"{cfg.run.total_agent_steps:,}",
                  f" or {cfg.run.max_minutes:g} minutes, whichever comes first" if cfg.run.max_minutes else "")

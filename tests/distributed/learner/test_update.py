@@ -17,7 +17,7 @@ from impala_league.agents.torsos import scale_frames
 from impala_league.batch import Batch
 from impala_league.config import AgentConfig, Config, LearnerConfig, RunConfig
 from impala_league.distributed.learner.update import (autocast_dtype, cpu_has_amx_bf16, learn_step, make_optimizer,
-                                                      scheduled_learning_rate)
+                                                      scheduled_learning_rate, slow_bf16_warning)
 from impala_league.envs.registry import env_spec
 
 
@@ -180,6 +180,16 @@ def test_precision_auto_is_bfloat16_only_for_pixel_torsos_on_an_amx_cpu():
     assert autocast_dtype("auto", cpu, board) is None
     assert autocast_dtype("auto", cpu, pixels) is (torch.bfloat16 if cpu_has_amx_bf16() else None)
     assert autocast_dtype("auto", torch.device("cuda"), pixels) is None
+
+
+def test_bf16_on_a_cpu_without_bfloat16_kernels_is_warned_of_and_nothing_else_is():
+    cpu, native = torch.device("cpu"), torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    warning = slow_bf16_warning("bf16", cpu)
+    assert (warning is None) == native
+    if warning:
+        assert "learner.precision=fp32" in warning
+    assert slow_bf16_warning("fp32", cpu) is None and slow_bf16_warning("auto", cpu) is None
+    assert slow_bf16_warning("bf16", torch.device("cuda")) is None
 
 
 def test_a_bfloat16_update_keeps_float32_weights_and_the_float32_loss_within_bfloat16s_precision():
