@@ -66,7 +66,10 @@ def test_a_killed_actor_is_restarted_with_its_id_released(redis_client, redis_ur
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
             time.sleep(0.1)
         assert not redis_client.exists(f"{run_name}:actor:1")
-        assert int(redis_client.get(f"{run_name}:actor:0:starts")) == 2
+        # The start count is incremented just after the id's lease is taken (claim_actor_id): wait for it.
+        while int(redis_client.get(f"{run_name}:actor:0:starts")) != 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         out = _finish(proc, lines)
